@@ -1,0 +1,211 @@
+//! Providers: the LLM backends behind one trait (SPEC §1): scripted now; OpenAI-compatible and
+//! Anthropic HTTP slot in as further implementations of [`Provider`].
+//!
+//! Owns the provider-neutral conversation types and error classification. A provider must never
+//! touch the ledger, the transcript or the registry: it returns usage and the thread accounts.
+
+pub mod scripted;
+
+use crate::ids::ThreadId;
+use crate::money::Usage;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Who said a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The user (prompt, tool results, notices).
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One piece of a message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call by the model.
+    ToolUse {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments.
+        input: serde_json::Value,
+    },
+    /// A tool's result.
+    ToolResult {
+        /// Id of the call answered.
+        id: String,
+        /// Result text (JSON for built-ins).
+        content: String,
+        /// The call failed or was refused.
+        is_error: bool,
+    },
+}
+
+/// One conversation message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Speaker.
+    pub role: Role,
+    /// Content blocks.
+    pub content: Vec<Block>,
+}
+
+impl Message {
+    /// A user text message.
+    pub fn user(text: impl Into<String>) -> Message {
+        Message { role: Role::User, content: vec![Block::Text { text: text.into() }] }
+    }
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON schema of the input.
+    pub input_schema: serde_json::Value,
+}
+
+/// One LLM call.
+#[derive(Debug, Clone)]
+pub struct LlmRequest {
+    /// Model id.
+    pub model: String,
+    /// System prompt.
+    pub system: String,
+    /// Conversation so far.
+    pub messages: Vec<Message>,
+    /// Tools offered.
+    pub tools: Vec<ToolSpec>,
+    /// Output token cap granted by the ledger.
+    pub max_tokens: u64,
+    /// Directive name (the scripted provider keys its script by it).
+    pub directive: String,
+    /// The calling thread.
+    pub thread_id: ThreadId,
+    /// How many calls (attempts included) this thread made before this one.
+    pub call_index: u64,
+}
+
+/// A tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Call id.
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments.
+    pub input: serde_json::Value,
+}
+
+/// A completed call.
+#[derive(Debug, Clone, Default)]
+pub struct LlmResponse {
+    /// Text answer (possibly empty).
+    pub text: String,
+    /// Tool calls (possibly none).
+    pub tool_calls: Vec<ToolCall>,
+    /// Billed usage.
+    pub usage: Usage,
+    /// Why generation stopped (`end_turn`, `tool_use`, `max_tokens`).
+    pub stop_reason: String,
+}
+
+/// The classes of LLM failure (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// 429.
+    RateLimited,
+    /// 529 / overloaded.
+    Overloaded,
+    /// 5xx.
+    Server,
+    /// No answer in time.
+    Timeout,
+    /// Connection failed or dropped.
+    Connection,
+    /// 401/403.
+    Auth,
+    /// 400/422.
+    InvalidRequest,
+    /// Prompt larger than the model's window.
+    ContextOverflow,
+    /// The call was cancelled.
+    Cancelled,
+    /// The scripted provider has no such turn, or its script is wrong.
+    Script,
+}
+
+impl ErrorKind {
+    /// Parses a script's `error.kind`.
+    pub fn parse(s: &str) -> Option<ErrorKind> {
+        serde_json::from_value(serde_json::Value::String(s.into())).ok()
+    }
+    /// Worth retrying?
+    pub fn retryable(self) -> bool {
+        matches!(self, ErrorKind::RateLimited | ErrorKind::Overloaded | ErrorKind::Server | ErrorKind::Timeout | ErrorKind::Connection)
+    }
+}
+
+/// A failed call.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ProviderError {
+    /// Class.
+    pub kind: ErrorKind,
+    /// What happened and what to do.
+    pub message: String,
+    /// Server-requested wait before retrying.
+    pub retry_after: Option<Duration>,
+    /// Usage billed despite the failure.
+    pub usage: Usage,
+}
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// An LLM backend.
+pub trait Provider: Send + Sync {
+    /// Provider name for transcripts.
+    fn name(&self) -> &str;
+    /// Prompt tokens the request will be billed for (worst case); used for reservations.
+    fn estimate_prompt_tokens(&self, req: &LlmRequest) -> u64 {
+        heuristic_prompt_tokens(req)
+    }
+    /// Makes the call; must return promptly with `Cancelled` when `cancel` fires.
+    fn complete(&self, req: LlmRequest, cancel: CancellationToken) -> BoxFuture<Result<LlmResponse, ProviderError>>;
+}
+
+/// A conservative estimate: one token per 3 bytes plus per-message overhead.
+pub fn heuristic_prompt_tokens(req: &LlmRequest) -> u64 {
+    let mut bytes = req.system.len() + req.model.len();
+    for m in &req.messages {
+        bytes += 16;
+        for b in &m.content {
+            bytes += match b {
+                Block::Text { text } => text.len(),
+                Block::ToolUse { name, input, .. } => name.len() + input.to_string().len(),
+                Block::ToolResult { content, .. } => content.len(),
+            };
+        }
+    }
+    for t in &req.tools {
+        bytes += t.name.len() + t.description.len() + t.input_schema.to_string().len();
+    }
+    (bytes as u64).div_ceil(3) + 8
+}

@@ -1,0 +1,81 @@
+//! Verification of signed state: thread.json signatures, transcript chains and checkpoints,
+//! and that thread.json's recorded head matches the transcript (SPEC §11).
+//!
+//! Read-only: it never repairs anything, it names the file and the first broken place.
+
+use crate::ids::ThreadId;
+use crate::runtime::Project;
+use crate::signing::Trust;
+use crate::state::ThreadDoc;
+use serde::Serialize;
+
+/// The result of verifying one thread.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    /// Thread id.
+    pub id: String,
+    /// Everything checks.
+    pub ok: bool,
+    /// What is wrong, each naming the file (and line).
+    pub problems: Vec<String>,
+    /// The transcript ends in a torn line (a crash mid-append); reported, not fatal.
+    pub torn_last_line: bool,
+}
+
+/// Verifies one thread's files.
+pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict {
+    let dir = project.thread_dir(id);
+    let doc_path = dir.join("thread.json");
+    let tr_path = dir.join("transcript.jsonl");
+    let mut problems = Vec::new();
+    let doc = match ThreadDoc::read_verified(&doc_path, trust) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    };
+    let mut torn = false;
+    match crate::transcript::read(&tr_path, id.as_str(), Some(trust)) {
+        Err(e) => problems.push(format!("{}: cannot read: {e}", tr_path.display())),
+        Ok(rep) => {
+            torn = rep.torn_last_line;
+            if let Some((line, msg)) = &rep.broken {
+                problems.push(format!("{}:{line}: {msg}", tr_path.display()));
+            } else if let Some(doc) = &doc {
+                let want = &doc.transcript_head;
+                let at = usize::try_from(want.seq).ok().and_then(|i| rep.events.get(i));
+                let hash_at = at.map(|_| {
+                    // Recompute the hash of line `seq` from the file's bytes.
+                    line_hash(&tr_path, want.seq as usize)
+                });
+                let matches = want.seq < 0 && rep.events.is_empty() || hash_at.flatten().as_deref() == Some(want.hash.as_str());
+                if !matches {
+                    problems.push(format!(
+                        "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
+                        doc_path.display(),
+                        want.seq + 1,
+                        &want.hash[..12.min(want.hash.len())]
+                    ));
+                } else if doc.status.is_terminal() {
+                    let last = rep.head.as_ref().map_or(-1, |h| h.seq);
+                    if last != want.seq {
+                        problems.push(format!(
+                            "{}: {} line(s) after the head that the final thread.json signed (line {})",
+                            tr_path.display(),
+                            last - want.seq,
+                            want.seq + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Verdict { id: id.to_string(), ok: problems.is_empty(), problems, torn_last_line: torn }
+}
+
+fn line_hash(path: &std::path::Path, index: usize) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let line = bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).nth(index)?;
+    Some(crate::signing::sha256_hex(line))
+}
