@@ -280,18 +280,29 @@ impl Book {
         t0.spent = t0.spent.add(actual);
         t0.own_spent = t0.own_spent.add(actual);
         let mut remaining = actual;
+        // Pool amounts now spent, and unspent ones whose owner closed meanwhile: both were held
+        // in-flight above their edge and are released there.
         let mut consumed_below = Nanos::ZERO;
+        let mut released_below = Nanos::ZERO;
         for (k, (carried, cover)) in r.edges.iter().enumerate() {
             let consumed = remaining.min(*cover);
             remaining = remaining.sub(consumed);
             let back = cover.sub(consumed);
-            let below = self.acct_mut(&r.chain[k]);
-            below.pool_left = below.pool_left.add(back);
+            let below_closed = self.acct(&r.chain[k]).closed;
+            if !below_closed {
+                let below = self.acct_mut(&r.chain[k]);
+                below.pool_left = below.pool_left.add(back);
+            }
             let up = self.acct_mut(&r.chain[k + 1]);
-            up.inflight = up.inflight.sub(*carried).sub(consumed_below);
-            up.guaranteed = up.guaranteed.add(back);
+            up.inflight = up.inflight.sub(*carried).sub(consumed_below).sub(released_below);
+            if !below_closed {
+                up.guaranteed = up.guaranteed.add(back);
+            }
             up.spent = up.spent.add(actual);
             consumed_below = consumed_below.add(consumed);
+            if below_closed {
+                released_below = released_below.add(back);
+            }
         }
         true
     }
@@ -540,7 +551,7 @@ mod tests {
     fn id(s: &str) -> ThreadId {
         ThreadId::parse(s).unwrap()
     }
-    const P: Price = Price { input: 1_000_000_000, output: 1_000_000_000, cache_read: 0 }; // 1 nano/token
+    const P: Price = Price { input: 1_000_000, output: 1_000_000, cache_read: 0 }; // 1 nano/token
 
     #[test]
     fn reservations_cascade_and_lower_max_tokens() {

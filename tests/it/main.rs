@@ -1,1 +1,7 @@
+//! weft's integration tests: one binary, one module per area.
 
+mod budget;
+mod cli;
+mod directives;
+mod support;
+mod tree;

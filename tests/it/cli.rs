@@ -1,0 +1,141 @@
+//! The `weft` binary end to end: the demo, `--json`, exit codes, and tamper detection by `verify`.
+
+use crate::support::{directive, weft_home, Fixture};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn weft(project: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .arg("--project")
+        .arg(project)
+        .env("WEFT_HOME", weft_home())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A copy of the research demo in a temp dir.
+fn demo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/research");
+    for rel in ["directives/research/fanout.md", "directives/research/question.md", "directives/research/source.md", "script.yaml", ".weft/config.yaml"] {
+        let to = dir.path().join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(src.join(rel), to).unwrap();
+    }
+    dir
+}
+
+fn run_demo(dir: &Path) -> Value {
+    let script = dir.join("script.yaml");
+    let o = weft(dir, &["run", "research/fanout", "-i", "topic=looms", "--script", script.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn demo_runs_and_reports_json() {
+    let dir = demo();
+    let out = run_demo(dir.path());
+    assert_eq!(out["status"], "completed");
+    assert_eq!(out["outputs"]["answers"], 3);
+    assert_eq!(out["cost"]["turns"], 3);
+    assert_eq!(out["cost"]["threads"], 10, "root + 3 questions + 6 sources");
+    // 3 questions × (1800 in, 170 out + 2 sources × (300 in, 60 out)) + root (4900 in, 360 out).
+    let expected = 4900 * 1000 + 360 * 4000 + 3 * ((1800 + 600) * 1000 + (170 + 120) * 4000);
+    assert_eq!(out["cost"]["spend_nanos"], expected);
+    let o = weft(dir.path(), &["threads", "--json"]);
+    let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 10);
+    assert!(rows.iter().all(|r| r["status"] == "completed" && r["id"].is_string() && r.get("parent_id").is_some()));
+    let o = weft(dir.path(), &["verify", "--all"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("10 verified, 0 failed"));
+}
+
+#[test]
+fn verify_detects_an_edited_thread_json_and_an_edited_transcript_line() {
+    let dir = demo();
+    let out = run_demo(dir.path());
+    let id = out["thread_id"].as_str().unwrap();
+    let tdir = dir.path().join(".weft/threads").join(id);
+    // Edit the signed spend in thread.json.
+    let doc_path = tdir.join("thread.json");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let spend = out["cost"]["spend_nanos"].as_i64().unwrap().to_string();
+    std::fs::write(&doc_path, doc.replacen(&spend, "1", 1)).unwrap();
+    let o = weft(dir.path(), &["verify", id]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("thread.json") && text(&o).contains("bad signature"), "{}", text(&o));
+    std::fs::write(&doc_path, doc).unwrap();
+    assert!(weft(dir.path(), &["verify", id]).status.success());
+    // Edit one transcript line (line 3) without touching its hash links.
+    let tr_path = tdir.join("transcript.jsonl");
+    let tr = std::fs::read_to_string(&tr_path).unwrap();
+    let mut lines: Vec<String> = tr.lines().map(String::from).collect();
+    lines[2] = lines[2].replacen("\"seq\":2", "\"seq\":2,\"x\":1", 1);
+    std::fs::write(&tr_path, lines.join("\n") + "\n").unwrap();
+    let o = weft(dir.path(), &["verify", id]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("transcript.jsonl:4: broken chain"), "{}", text(&o));
+}
+
+#[test]
+fn a_torn_last_line_is_reported_not_fatal() {
+    let dir = demo();
+    let out = run_demo(dir.path());
+    let id = out["thread_id"].as_str().unwrap();
+    let tr_path = dir.path().join(".weft/threads").join(id).join("transcript.jsonl");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&tr_path).unwrap();
+    std::io::Write::write_all(&mut f, b"{\"seq\":99,\"ty").unwrap();
+    let o = weft(dir.path(), &["verify", id]);
+    assert!(text(&o).contains("torn last transcript line"), "{}", text(&o));
+}
+
+#[test]
+fn bad_directives_and_inputs_exit_2_naming_file_line_and_input() {
+    let fx = Fixture::new(
+        &[
+            ("typo", &directive("limits: { turnz: 3 }", "x")),
+            ("broken", "---\nname: broken\nlimits: [unclosed\n---\nbody\n"),
+            ("needs", &directive("inputs:\n  topic: { type: string, required: true }\n  n: { type: integer }", "{input:topic}")),
+        ],
+        "default:\n  - text: hi\n",
+        "",
+    );
+    let script = fx.root().join("script.yaml");
+    let s = script.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["run", "typo", "--script", s], "typo.md:2:1: unknown limit `turnz`"),
+        (&["run", "broken", "--script", s], "broken.md:3"),
+        (&["run", "needs", "--script", s], "missing required input `topic`"),
+        (&["run", "needs", "-i", "topic=x", "-i", "n=many", "--script", s], "input `n`: `many` is not of type integer"),
+        (&["run", "needs", "-i", "topic=x", "-i", "colour=red", "--script", s], "unknown input `colour`"),
+    ];
+    for (args, want) in cases {
+        let o = weft(fx.root(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: wanted `{want}` in {}", text(&o));
+    }
+    assert!(fx.root().join(".weft/state/registry.db").exists().then(|| fx.rows().is_empty()).unwrap_or(true), "no thread registered");
+    let o = weft(fx.root(), &["run", "needs", "-i", "topic=x", "--limit", "depth=-1", "--script", s]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("limit exceeded: depth"), "{}", text(&o));
+    let o = weft(fx.root(), &["show", "../../etc"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_thread_error_exits_1() {
+    let fx = Fixture::new(&[("solo", &directive("limits: { turns: 1 }", "x"))], "solo:\n  - tool_calls: [ { name: nope, input: {} } ]\n", "");
+    let script = fx.root().join("script.yaml");
+    let o = weft(fx.root(), &["run", "solo", "--script", script.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["error"], "limit exceeded: turns 1/1");
+}

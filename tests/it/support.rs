@@ -1,0 +1,117 @@
+//! Shared fixtures: a temporary project with directives, config and a script.
+
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use weft::limits::LimitSet;
+use weft::runtime::{Project, Runtime, RuntimeOptions};
+use weft::thread::ThreadReport;
+
+/// One signing-key home for the whole test binary (set before any runtime opens).
+pub fn weft_home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("weft-test-home-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("WEFT_HOME", &dir);
+        dir
+    })
+}
+
+/// Default test price: input $1/M (1000 nanos/token), output $4/M (4000 nanos/token).
+pub const IN_NANOS: i64 = 1000;
+pub const OUT_NANOS: i64 = 4000;
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// A project with `directives` (name → text), `script` and optional extra config lines.
+    pub fn new(directives: &[(&str, &str)], script: &str, extra_config: &str) -> Fixture {
+        weft_home();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join(".weft")).unwrap();
+        for (name, text) in directives {
+            let p = root.join("directives").join(format!("{name}.md"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        std::fs::write(root.join("script.yaml"), script).unwrap();
+        let config = format!(
+            "pricing:\n  scripted: {{ input: 1.00, output: 4.00 }}\ncancel_grace: 2s\n{extra_config}"
+        );
+        std::fs::write(root.join(".weft/config.yaml"), config).unwrap();
+        Fixture { dir }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn project(&self) -> Project {
+        Project { root: self.root().to_path_buf() }
+    }
+
+    pub async fn runtime(&self) -> Runtime {
+        Runtime::open(self.project(), RuntimeOptions { script: Some(self.root().join("script.yaml")) }).await.unwrap()
+    }
+
+    /// Runs a root thread and returns its report with the runtime (for audits).
+    pub async fn run(&self, directive: &str, inputs: Value) -> (ThreadReport, Runtime) {
+        let rt = self.runtime().await;
+        let inputs: Map<String, Value> = inputs.as_object().cloned().unwrap_or_default();
+        let report = rt.run(directive, inputs, LimitSet::default()).await.unwrap();
+        (report, rt)
+    }
+
+    /// Every registry row of the project.
+    pub fn rows(&self) -> Vec<weft::registry::ThreadRow> {
+        weft::registry::Store::open_read_only(&self.root().join(".weft/state/registry.db")).unwrap().list(false, 100_000).unwrap()
+    }
+
+    /// The transcript events of a thread.
+    pub fn events(&self, id: &str) -> Vec<Value> {
+        let p = self.root().join(".weft/threads").join(id).join("transcript.jsonl");
+        weft::transcript::read(&p, id, None).unwrap().events
+    }
+
+    /// Verifies every thread; returns the failures.
+    pub fn verify_all(&self) -> Vec<weft::verify::Verdict> {
+        let project = self.project();
+        let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
+        self.rows()
+            .iter()
+            .map(|r| weft::verify::verify_thread(&project, &trust, &weft::ids::ThreadId::parse(&r.id).unwrap()))
+            .filter(|v| !v.ok)
+            .collect()
+    }
+
+    /// The signed thread.json of a thread.
+    pub fn doc(&self, id: &str) -> weft::state::ThreadDoc {
+        let project = self.project();
+        let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
+        weft::state::ThreadDoc::read_verified(&project.thread_dir(&weft::ids::ThreadId::parse(id).unwrap()).join("thread.json"), &trust).unwrap()
+    }
+}
+
+/// Sum over every llm_call event of every thread: usage × test price, one ceiling per call.
+pub fn expected_spend(fx: &Fixture) -> i64 {
+    let mut total = 0i64;
+    for r in fx.rows() {
+        for e in fx.events(&r.id) {
+            if e["type"] == "llm_call" {
+                let i = e["usage"]["input_tokens"].as_i64().unwrap();
+                let o = e["usage"]["output_tokens"].as_i64().unwrap();
+                total += i * IN_NANOS + o * OUT_NANOS; // prices are whole nanos per token: no rounding
+            }
+        }
+    }
+    total
+}
+
+/// A directive text.
+pub fn directive(front: &str, body: &str) -> String {
+    format!("---\n{front}\n---\n{body}\n")
+}
