@@ -142,7 +142,10 @@ mod tests {
         let child = v(&["thread.spawn.**"]);
         let parent = v(&["thread.spawn.research.*", "thread.spawn.worker"]);
         let got = attenuate(&child, &parent);
-        assert!(got.contains(&"thread.spawn.research.*".to_string()), "{got:?}");
+        assert!(
+            got.contains(&"thread.spawn.research.*".to_string()),
+            "{got:?}"
+        );
         assert!(got.contains(&"thread.spawn.worker".to_string()), "{got:?}");
         assert!(!allowed(&got, "thread.spawn.other"));
         assert!(allowed(&got, "thread.spawn.research.answer"));

@@ -93,14 +93,23 @@ pub struct Exit {
 }
 
 fn usage(message: impl Into<String>) -> Exit {
-    Exit { code: 2, message: message.into() }
+    Exit {
+        code: 2,
+        message: message.into(),
+    }
 }
 
 /// Runs the CLI; returns the exit code.
 pub async fn main(cli: Cli) -> i32 {
     let res = match cli.cmd {
         Cmd::Init => init(cli.project),
-        Cmd::Run { directive, inputs, script, limits, json } => run(cli.project, directive, inputs, script, limits, json).await,
+        Cmd::Run {
+            directive,
+            inputs,
+            script,
+            limits,
+            json,
+        } => run(cli.project, directive, inputs, script, limits, json).await,
         Cmd::Threads { tree, active, json } => threads(cli.project, tree, active, json),
         Cmd::Show { id, json } => show(cli.project, id, json),
         Cmd::Verify { ids, all, json } => verify(cli.project, ids, all, json),
@@ -119,12 +128,20 @@ pub async fn main(cli: Cli) -> i32 {
 fn find_project(explicit: Option<PathBuf>) -> Result<Project, Exit> {
     if let Some(p) = explicit {
         if !p.join(".weft").is_dir() {
-            return Err(usage(format!("{} has no .weft/ folder; run `weft init` there first", p.display())));
+            return Err(usage(format!(
+                "{} has no .weft/ folder; run `weft init` there first",
+                p.display()
+            )));
         }
         return Ok(Project { root: p });
     }
     let cwd = std::env::current_dir().map_err(|e| usage(format!("no working directory: {e}")))?;
-    Project::find(&cwd).ok_or_else(|| usage(format!("no .weft/ folder in {} or above; run `weft init` first", cwd.display())))
+    Project::find(&cwd).ok_or_else(|| {
+        usage(format!(
+            "no .weft/ folder in {} or above; run `weft init` first",
+            cwd.display()
+        ))
+    })
 }
 
 fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
@@ -134,19 +151,39 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     };
     let weft = root.join(".weft");
     for d in ["state", "threads", "trust"] {
-        std::fs::create_dir_all(weft.join(d)).map_err(|e| Exit { code: 1, message: format!("{}: {e}", weft.join(d).display()) })?;
+        std::fs::create_dir_all(weft.join(d)).map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", weft.join(d).display()),
+        })?;
     }
-    std::fs::create_dir_all(root.join("directives")).map_err(|e| Exit { code: 1, message: e.to_string() })?;
+    std::fs::create_dir_all(root.join("directives")).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })?;
     let cfg = weft.join("config.yaml");
     if cfg.exists() {
         println!("{} already exists; left as it is", cfg.display());
     } else {
-        std::fs::write(&cfg, crate::config::DEFAULT_CONFIG_YAML).map_err(|e| Exit { code: 1, message: format!("{}: {e}", cfg.display()) })?;
+        std::fs::write(&cfg, crate::config::DEFAULT_CONFIG_YAML).map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", cfg.display()),
+        })?;
         println!("wrote {}", cfg.display());
     }
-    let signer = crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(|e| Exit { code: 1, message: e.to_string() })?;
-    signer.trust_in(&weft.join("trust")).map_err(|e| Exit { code: 1, message: e.to_string() })?;
-    println!("signing key {} trusted in {}", signer.key_id, weft.join("trust").display());
+    let signer =
+        crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(|e| Exit {
+            code: 1,
+            message: e.to_string(),
+        })?;
+    signer.trust_in(&weft.join("trust")).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    println!(
+        "signing key {} trusted in {}",
+        signer.key_id,
+        weft.join("trust").display()
+    );
     Ok(0)
 }
 
@@ -170,22 +207,37 @@ async fn run(
     as_json: bool,
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
-    let d = project.library().load(&directive).map_err(|e| usage(e.to_string()))?;
+    let d = project
+        .library()
+        .load(&directive)
+        .map_err(|e| usage(e.to_string()))?;
     let mut given = Map::new();
     for (k, v) in parse_pairs(&inputs, "input")? {
-        let value = d.coerce_cli_input(&k, &v).map_err(|e| usage(e.to_string()))?;
+        let value = d
+            .coerce_cli_input(&k, &v)
+            .map_err(|e| usage(e.to_string()))?;
         given.insert(k, value);
     }
     let mut overrides = LimitSet::default();
     for (k, v) in parse_pairs(&limits, "limit")? {
-        overrides.set(&k, &Value::String(v)).map_err(|e| usage(format!("--limit: {e}")))?;
+        overrides
+            .set(&k, &Value::String(v))
+            .map_err(|e| usage(format!("--limit: {e}")))?;
     }
-    let rt = Runtime::open(project.clone(), RuntimeOptions { script }).await.map_err(|e| usage(e.to_string()))?;
+    let rt = Runtime::open(project.clone(), RuntimeOptions { script })
+        .await
+        .map_err(|e| usage(e.to_string()))?;
     let mut events = rt.events();
-    let (id, _actor, done) = rt.start(&directive, given, overrides).await.map_err(|e| match e {
-        crate::runtime::SpawnError::Storage(m) => Exit { code: 1, message: m },
-        other => usage(other.to_string()),
-    })?;
+    let (id, _actor, done) = rt
+        .start(&directive, given, overrides)
+        .await
+        .map_err(|e| match e {
+            crate::runtime::SpawnError::Storage(m) => Exit {
+                code: 1,
+                message: m,
+            },
+            other => usage(other.to_string()),
+        })?;
     let live = !as_json && std::io::stdout().is_terminal();
     let show_lines = !as_json;
     let printer = tokio::spawn(async move {
@@ -213,7 +265,9 @@ async fn run(
         }
     };
     printer.abort();
-    let rows = Store::open_read_only(&project.state_dir().join("registry.db")).and_then(|s| s.tree(id.as_str())).unwrap_or_default();
+    let rows = Store::open_read_only(&project.state_dir().join("registry.db"))
+        .and_then(|s| s.tree(id.as_str()))
+        .unwrap_or_default();
     let code = match report.status {
         Status::Completed => 0,
         Status::Cancelled => 130,
@@ -231,9 +285,20 @@ async fn run(
         println!();
         print_tree(&rows);
         println!();
-        println!("{} {} — {} turns, {} in / {} out tokens, {} spent by the tree", report.thread_id, report.status.as_str(), report.turns, report.input_tokens, report.output_tokens, report.spend_nanos);
+        println!(
+            "{} {} — {} turns, {} in / {} out tokens, {} spent by the tree",
+            report.thread_id,
+            report.status.as_str(),
+            report.turns,
+            report.input_tokens,
+            report.output_tokens,
+            report.spend_nanos
+        );
         if let Some(o) = &report.outputs {
-            println!("outputs: {}", serde_json::to_string_pretty(o).unwrap_or_default());
+            println!(
+                "outputs: {}",
+                serde_json::to_string_pretty(o).unwrap_or_default()
+            );
         }
         if let Some(r) = &report.result {
             println!("result: {r}");
@@ -249,7 +314,13 @@ async fn run(
 fn print_event(ev: &Event) {
     match ev {
         Event::Started { id, directive, .. } => println!("started  {id} ({directive})"),
-        Event::Finished(r) => println!("{:<8} {} — {} turns, {}", r.status.as_str(), r.thread_id, r.turns, r.spend_nanos),
+        Event::Finished(r) => println!(
+            "{:<8} {} — {} turns, {}",
+            r.status.as_str(),
+            r.thread_id,
+            r.turns,
+            r.spend_nanos
+        ),
         Event::Turn { .. } => {}
     }
     let _ = std::io::stdout().flush();
@@ -264,8 +335,21 @@ struct LiveTree {
 impl LiveTree {
     fn apply(&mut self, ev: &Event) {
         match ev {
-            Event::Started { id, parent, directive } => {
-                self.rows.insert(id.to_string(), (parent.as_ref().map(ToString::to_string), directive.clone(), "running".into(), 0, Nanos::ZERO));
+            Event::Started {
+                id,
+                parent,
+                directive,
+            } => {
+                self.rows.insert(
+                    id.to_string(),
+                    (
+                        parent.as_ref().map(ToString::to_string),
+                        directive.clone(),
+                        "running".into(),
+                        0,
+                        Nanos::ZERO,
+                    ),
+                );
             }
             Event::Turn { id, turns, spend } => {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
@@ -287,7 +371,15 @@ impl LiveTree {
         let rows: Vec<ThreadRow> = self
             .rows
             .iter()
-            .map(|(id, (p, d, s, t, sp))| ThreadRow { id: id.clone(), parent_id: p.clone(), directive: d.clone(), status: s.clone(), turns: *t, spend_nanos: sp.0, ..Default::default() })
+            .map(|(id, (p, d, s, t, sp))| ThreadRow {
+                id: id.clone(),
+                parent_id: p.clone(),
+                directive: d.clone(),
+                status: s.clone(),
+                turns: *t,
+                spend_nanos: sp.0,
+                ..Default::default()
+            })
             .collect();
         let lines = tree_lines(&rows);
         let mut out = std::io::stdout().lock();
@@ -315,11 +407,17 @@ fn tree_lines(rows: &[ThreadRow]) -> Vec<String> {
             r.turns,
             Nanos(r.spend_nanos)
         ));
-        for c in rows.iter().filter(|c| c.parent_id.as_deref() == Some(r.id.as_str())) {
+        for c in rows
+            .iter()
+            .filter(|c| c.parent_id.as_deref() == Some(r.id.as_str()))
+        {
             walk(rows, c, depth + 1, out);
         }
     }
-    for r in rows.iter().filter(|r| r.parent_id.as_deref().is_none_or(|p| !ids.contains(p))) {
+    for r in rows
+        .iter()
+        .filter(|r| r.parent_id.as_deref().is_none_or(|p| !ids.contains(p)))
+    {
         walk(rows, r, 0, &mut out);
     }
     out
@@ -332,13 +430,24 @@ fn print_tree(rows: &[ThreadRow]) {
 }
 
 fn open_store(project: &Project) -> Result<Store, Exit> {
-    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(|e| Exit { code: 1, message: e.to_string() })
+    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })
 }
 
-fn threads(explicit: Option<PathBuf>, tree: bool, active: bool, as_json: bool) -> Result<i32, Exit> {
+fn threads(
+    explicit: Option<PathBuf>,
+    tree: bool,
+    active: bool,
+    as_json: bool,
+) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
     let store = open_store(&project)?;
-    let rows = store.list(active, 100_000).map_err(|e| Exit { code: 1, message: e.to_string() })?;
+    let rows = store.list(active, 100_000).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })?;
     if as_json {
         println!("{}", serde_json::to_string(&rows).unwrap_or_default());
     } else if tree {
@@ -347,7 +456,14 @@ fn threads(explicit: Option<PathBuf>, tree: bool, active: bool, as_json: bool) -
         print_tree(&rows);
     } else {
         for r in &rows {
-            println!("{:<9} {:<50} {:<24} {} turns {}", r.status, r.id, r.directive, r.turns, Nanos(r.spend_nanos));
+            println!(
+                "{:<9} {:<50} {:<24} {} turns {}",
+                r.status,
+                r.id,
+                r.directive,
+                r.turns,
+                Nanos(r.spend_nanos)
+            );
         }
     }
     Ok(0)
@@ -357,9 +473,21 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
     let store = open_store(&project)?;
-    let row = store.get(id.as_str()).map_err(|e| Exit { code: 1, message: e.to_string() })?.ok_or_else(|| Exit { code: 1, message: format!("no thread {id} in this project") })?;
+    let row = store
+        .get(id.as_str())
+        .map_err(|e| Exit {
+            code: 1,
+            message: e.to_string(),
+        })?
+        .ok_or_else(|| Exit {
+            code: 1,
+            message: format!("no thread {id} in this project"),
+        })?;
     let (trust, _) = crate::signing::Trust::load(&project.trust_dir());
-    let doc = crate::state::ThreadDoc::read_verified(&project.thread_dir(&id).join("thread.json"), &trust);
+    let doc = crate::state::ThreadDoc::read_verified(
+        &project.thread_dir(&id).join("thread.json"),
+        &trust,
+    );
     if as_json {
         let out = json!({ "row": row, "thread": doc.as_ref().ok(), "verified": doc.is_ok() });
         println!("{out}");
@@ -370,8 +498,15 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     println!("  parent     {}", row.parent_id.as_deref().unwrap_or("-"));
     println!("  root       {}", row.root_id);
     println!("  model      {}", row.model);
-    println!("  turns      {}   tokens {} in / {} out", row.turns, row.input_tokens, row.output_tokens);
-    println!("  spend      own {}   subtree {}", Nanos(row.own_spend_nanos), Nanos(row.spend_nanos));
+    println!(
+        "  turns      {}   tokens {} in / {} out",
+        row.turns, row.input_tokens, row.output_tokens
+    );
+    println!(
+        "  spend      own {}   subtree {}",
+        Nanos(row.own_spend_nanos),
+        Nanos(row.spend_nanos)
+    );
     println!("  children   {}", row.spawn_count);
     match &doc {
         Ok(d) => println!("  limits     turns {} tokens {} spend {} duration {}ms depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, d.limits.duration_ms, d.limits.depth, d.limits.spawns, d.limits.concurrency),
@@ -389,15 +524,27 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     Ok(0)
 }
 
-fn verify(explicit: Option<PathBuf>, ids: Vec<String>, all: bool, as_json: bool) -> Result<i32, Exit> {
+fn verify(
+    explicit: Option<PathBuf>,
+    ids: Vec<String>,
+    all: bool,
+    as_json: bool,
+) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
-    let mut targets: Vec<ThreadId> = ids.iter().map(|i| ThreadId::parse(i)).collect::<Result<_, _>>().map_err(usage)?;
+    let mut targets: Vec<ThreadId> = ids
+        .iter()
+        .map(|i| ThreadId::parse(i))
+        .collect::<Result<_, _>>()
+        .map_err(usage)?;
     if all || targets.is_empty() {
         if !all {
             return Err(usage("name thread ids or pass --all"));
         }
         let dir = project.weft().join("threads");
-        let entries = std::fs::read_dir(&dir).map_err(|e| Exit { code: 1, message: format!("{}: {e}", dir.display()) })?;
+        let entries = std::fs::read_dir(&dir).map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", dir.display()),
+        })?;
         for e in entries.flatten() {
             if let Some(id) = e.file_name().to_str().and_then(|n| ThreadId::parse(n).ok()) {
                 targets.push(id);
@@ -406,14 +553,25 @@ fn verify(explicit: Option<PathBuf>, ids: Vec<String>, all: bool, as_json: bool)
         targets.sort();
     }
     let (trust, _) = crate::signing::Trust::load(&project.trust_dir());
-    let verdicts: Vec<_> = targets.iter().map(|id| crate::verify::verify_thread(&project, &trust, id)).collect();
+    let verdicts: Vec<_> = targets
+        .iter()
+        .map(|id| crate::verify::verify_thread(&project, &trust, id))
+        .collect();
     let bad = verdicts.iter().filter(|v| !v.ok).count();
     if as_json {
         println!("{}", serde_json::to_string(&verdicts).unwrap_or_default());
     } else {
         for v in &verdicts {
             if v.ok {
-                println!("ok       {}{}", v.id, if v.torn_last_line { " (torn last transcript line)" } else { "" });
+                println!(
+                    "ok       {}{}",
+                    v.id,
+                    if v.torn_last_line {
+                        " (torn last transcript line)"
+                    } else {
+                        ""
+                    }
+                );
             } else {
                 for p in &v.problems {
                     println!("FAILED   {}: {p}", v.id);

@@ -150,12 +150,19 @@ impl Default for Config {
         let mut providers = BTreeMap::new();
         providers.insert(
             "scripted".to_string(),
-            ProviderConfig { kind: "scripted".into(), ..Default::default() },
+            ProviderConfig {
+                kind: "scripted".into(),
+                ..Default::default()
+            },
         );
         let mut pricing = BTreeMap::new();
         pricing.insert(
             "scripted".to_string(),
-            Price { input: 1_000_000_000, output: 4_000_000_000, cache_read: 100_000_000 },
+            Price {
+                input: 1_000_000_000,
+                output: 4_000_000_000,
+                cache_read: 100_000_000,
+            },
         );
         Config {
             default_limits: LimitSet::default(),
@@ -173,7 +180,10 @@ impl Default for Config {
 
 impl Config {
     /// Built-in defaults, then the user file, then the project file (each optional).
-    pub fn load(user_file: Option<&Path>, project_file: Option<&Path>) -> Result<Config, ConfigError> {
+    pub fn load(
+        user_file: Option<&Path>,
+        project_file: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
         let mut cfg = Config::default();
         for file in [user_file, project_file].into_iter().flatten() {
             if file.exists() {
@@ -195,7 +205,11 @@ impl Config {
 
     /// Overlays YAML text (`file` only names it in errors).
     pub fn overlay_text(&mut self, file: &Path, text: &str) -> Result<(), ConfigError> {
-        let err = |line: Option<(u64, u64)>, message: String| ConfigError { file: file.into(), line, message };
+        let err = |line: Option<(u64, u64)>, message: String| ConfigError {
+            file: file.into(),
+            line,
+            message,
+        };
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
@@ -206,7 +220,8 @@ impl Config {
         };
         if let Some(d) = raw.defaults {
             if let Some(l) = d.limits {
-                let set = LimitSet::from_map(&l).map_err(|m| err(find_line(text, "limits"), format!("defaults.limits: {m}")))?;
+                let set = LimitSet::from_map(&l)
+                    .map_err(|m| err(find_line(text, "limits"), format!("defaults.limits: {m}")))?;
                 self.default_limits = self.default_limits.overlay(&set);
             }
             if let Some(p) = d.provider {
@@ -227,7 +242,12 @@ impl Config {
         }
         for (model, p) in raw.pricing {
             let usd = |v: &serde_json::Value, what: &str| {
-                Nanos::from_json_usd(v).map_err(|m| err(find_line(text, &model), format!("pricing.{model}.{what}: {m}")))
+                Nanos::from_json_usd(v).map_err(|m| {
+                    err(
+                        find_line(text, &model),
+                        format!("pricing.{model}.{what}: {m}"),
+                    )
+                })
             };
             let price = Price {
                 input: usd(&p.input, "input")?.0,
@@ -243,15 +263,24 @@ impl Config {
             self.durability = match d.as_str() {
                 "normal" => Durability::Normal,
                 "strict" => Durability::Strict,
-                other => return Err(err(find_line(text, "durability"), format!("durability: `{other}` (expected normal or strict)"))),
+                other => {
+                    return Err(err(
+                        find_line(text, "durability"),
+                        format!("durability: `{other}` (expected normal or strict)"),
+                    ))
+                }
             };
         }
         if let Some(r) = raw.retries {
             self.retries = r;
         }
         if let Some(g) = raw.cancel_grace {
-            self.cancel_grace = humantime::parse_duration(&g)
-                .map_err(|_| err(find_line(text, "cancel_grace"), format!("cancel_grace: `{g}` is not a duration (e.g. 5s)")))?;
+            self.cancel_grace = humantime::parse_duration(&g).map_err(|_| {
+                err(
+                    find_line(text, "cancel_grace"),
+                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
+                )
+            })?;
         }
         if let Some(c) = raw.checkpoint_every {
             self.checkpoint_every = c.max(1);
@@ -273,8 +302,10 @@ impl Config {
 pub fn find_line(text: &str, key: &str) -> Option<(u64, u64)> {
     text.lines().enumerate().find_map(|(i, l)| {
         let t = l.trim_start();
-        (t.starts_with(&format!("{key}:")) || t.contains(&format!(" {key}:")) || t.contains(&format!("{{{key}:")))
-            .then(|| (i as u64 + 1, (l.len() - t.len()) as u64 + 1))
+        (t.starts_with(&format!("{key}:"))
+            || t.contains(&format!(" {key}:"))
+            || t.contains(&format!("{{{key}:")))
+        .then(|| (i as u64 + 1, (l.len() - t.len()) as u64 + 1))
     })
 }
 
@@ -285,7 +316,8 @@ mod tests {
     #[test]
     fn default_config_text_parses_to_defaults() {
         let mut c = Config::default();
-        c.overlay_text(Path::new("config.yaml"), DEFAULT_CONFIG_YAML).unwrap();
+        c.overlay_text(Path::new("config.yaml"), DEFAULT_CONFIG_YAML)
+            .unwrap();
         assert_eq!(c.default_limits.turns, Some(15));
         assert_eq!(c.default_limits.spend, Some(Nanos(500_000_000)));
         assert_eq!(c.price("scripted").unwrap().output, 4_000_000_000);
@@ -295,12 +327,21 @@ mod tests {
     #[test]
     fn errors_name_file_and_key() {
         let mut c = Config::default();
-        let e = c.overlay_text(Path::new("c.yaml"), "defaults:\n  limits: { turnz: 3 }\n").unwrap_err();
+        let e = c
+            .overlay_text(Path::new("c.yaml"), "defaults:\n  limits: { turnz: 3 }\n")
+            .unwrap_err();
         assert!(e.to_string().contains("c.yaml:2"), "{e}");
         assert!(e.to_string().contains("turnz"), "{e}");
-        let e = c.overlay_text(Path::new("c.yaml"), "pricing:\n  m: { input: cheap, output: 1 }\n").unwrap_err();
+        let e = c
+            .overlay_text(
+                Path::new("c.yaml"),
+                "pricing:\n  m: { input: cheap, output: 1 }\n",
+            )
+            .unwrap_err();
         assert!(e.to_string().contains("pricing.m.input"), "{e}");
-        let e = c.overlay_text(Path::new("c.yaml"), "bogus: 1\n").unwrap_err();
+        let e = c
+            .overlay_text(Path::new("c.yaml"), "bogus: 1\n")
+            .unwrap_err();
         assert!(e.to_string().contains("c.yaml:1"), "{e}");
         assert!(c.price("gpt-x").unwrap_err().contains("pricing"));
     }

@@ -161,7 +161,11 @@ impl Library {
         self.load_chain(name_or_path, &mut Vec::new())
     }
 
-    fn load_chain(&self, name_or_path: &str, seen: &mut Vec<String>) -> Result<Directive, DirectiveError> {
+    fn load_chain(
+        &self,
+        name_or_path: &str,
+        seen: &mut Vec<String>,
+    ) -> Result<Directive, DirectiveError> {
         let (source, text, default_name) = self.find(name_or_path)?;
         if seen.contains(&source) {
             return Err(DirectiveError {
@@ -173,24 +177,40 @@ impl Library {
         seen.push(source.clone());
         let mut d = parse(&source, &text, &default_name)?;
         if let Some(base_name) = d.extends.clone() {
-            let base = self.load_chain(&base_name, seen).map_err(|e| DirectiveError {
-                message: format!("{} (while loading `extends: {base_name}` of {})", e.message, source),
-                ..e
-            })?;
+            let base = self
+                .load_chain(&base_name, seen)
+                .map_err(|e| DirectiveError {
+                    message: format!(
+                        "{} (while loading `extends: {base_name}` of {})",
+                        e.message, source
+                    ),
+                    ..e
+                })?;
             d = inherit(d, &base, &text);
         }
         Ok(d)
     }
 
     fn find(&self, name_or_path: &str) -> Result<(String, String, String), DirectiveError> {
-        let missing = |what: String| DirectiveError { file: name_or_path.into(), line: None, message: what };
+        let missing = |what: String| DirectiveError {
+            file: name_or_path.into(),
+            line: None,
+            message: what,
+        };
         if name_or_path.ends_with(".md") {
             let p = Path::new(name_or_path);
-            let text = std::fs::read_to_string(p).map_err(|e| missing(format!("cannot read directive file: {e}")))?;
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| missing(format!("cannot read directive file: {e}")))?;
             let stem = self
                 .project_dir
                 .as_ref()
-                .and_then(|d| p.canonicalize().ok()?.strip_prefix(d.canonicalize().ok()?).ok().map(Path::to_path_buf))
+                .and_then(|d| {
+                    p.canonicalize()
+                        .ok()?
+                        .strip_prefix(d.canonicalize().ok()?)
+                        .ok()
+                        .map(Path::to_path_buf)
+                })
                 .unwrap_or_else(|| PathBuf::from(p.file_name().unwrap_or_default()));
             let name = stem.with_extension("").to_string_lossy().replace('\\', "/");
             return Ok((p.display().to_string(), text, name));
@@ -203,7 +223,8 @@ impl Library {
         for dir in [&self.project_dir, &self.user_dir].into_iter().flatten() {
             let p = dir.join(format!("{name_or_path}.md"));
             if p.is_file() {
-                let text = std::fs::read_to_string(&p).map_err(|e| missing(format!("cannot read {}: {e}", p.display())))?;
+                let text = std::fs::read_to_string(&p)
+                    .map_err(|e| missing(format!("cannot read {}: {e}", p.display())))?;
                 return Ok((p.display().to_string(), text, name_or_path.into()));
             }
         }
@@ -216,7 +237,10 @@ impl Library {
             .map(|d| d.join(format!("{name_or_path}.md")).display().to_string())
             .collect();
         looked.push("built-in directives".into());
-        Err(missing(format!("no directive named `{name_or_path}` (looked in {})", looked.join(", "))))
+        Err(missing(format!(
+            "no directive named `{name_or_path}` (looked in {})",
+            looked.join(", ")
+        )))
     }
 }
 
@@ -224,7 +248,12 @@ impl Library {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.split('/').all(|seg| {
-            !seg.is_empty() && seg != "." && seg != ".." && seg.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         })
 }
 
@@ -254,7 +283,8 @@ fn inherit(mut d: Directive, base: &Directive, text: &str) -> Directive {
     if !has("on_child_error") {
         d.on_child_error = base.on_child_error;
     }
-    d.content_hash = crate::signing::sha256_hex(format!("{}{}", d.content_hash, base.content_hash).as_bytes());
+    d.content_hash =
+        crate::signing::sha256_hex(format!("{}{}", d.content_hash, base.content_hash).as_bytes());
     d
 }
 
@@ -264,7 +294,12 @@ fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
     let mut lines = t.lines();
     match lines.next() {
         Some(first) if first.trim_end() == "---" => {}
-        _ => return Err((1, "expected front matter: the file must start with a line `---`".into())),
+        _ => {
+            return Err((
+                1,
+                "expected front matter: the file must start with a line `---`".into(),
+            ))
+        }
     }
     let mut yaml = String::new();
     let mut n = 1u64;
@@ -277,20 +312,32 @@ fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
         yaml.push_str(line);
         yaml.push('\n');
     }
-    Err((n, "front matter is not closed: expected a line `---` after the YAML".into()))
+    Err((
+        n,
+        "front matter is not closed: expected a line `---` after the YAML".into(),
+    ))
 }
 
 /// The message of a YAML error without its rendered snippet.
 pub fn yaml_message(e: &serde_saphyr::Error) -> String {
     let full = e.to_string();
-    let first = full.lines().next().unwrap_or("invalid YAML").trim().to_string();
+    let first = full
+        .lines()
+        .next()
+        .unwrap_or("invalid YAML")
+        .trim()
+        .to_string();
     first.trim_start_matches("error: ").to_string()
 }
 
 /// Parses a directive's text. `source` names it in errors; `default_name` is used when the
 /// front matter has no `name`.
 pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, DirectiveError> {
-    let err = |line: Option<(u64, u64)>, message: String| DirectiveError { file: source.into(), line, message };
+    let err = |line: Option<(u64, u64)>, message: String| DirectiveError {
+        file: source.into(),
+        line,
+        message,
+    };
     if text.contains("```xml") && !text.trim_start().starts_with("---") {
         return crate::directive_rye::parse(source, text, default_name);
     }
@@ -308,16 +355,25 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         Some(m) => LimitSet::from_map(m).map_err(|m| err(at("limits"), m))?,
         None => LimitSet::default(),
     };
-    let name = front.name.clone().unwrap_or_else(|| default_name.to_string());
+    let name = front
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name.to_string());
     if !valid_name(&name) {
-        return Err(err(at("name"), format!("`{name}` is not a valid directive name")));
+        return Err(err(
+            at("name"),
+            format!("`{name}` is not a valid directive name"),
+        ));
     }
     let inputs = front.inputs.unwrap_or_default();
     for (k, spec) in &inputs {
         check_type_name(&spec.kind).map_err(|m| err(at(k), format!("input `{k}`: {m}")))?;
         if let Some(d) = &spec.default {
             if !type_matches(&spec.kind, d) {
-                return Err(err(at(k), format!("input `{k}`: default {d} is not of type {}", spec.kind)));
+                return Err(err(
+                    at(k),
+                    format!("input `{k}`: default {d} is not of type {}", spec.kind),
+                ));
             }
         }
     }
@@ -330,12 +386,18 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         Some("cancel_siblings") => OnChildError::CancelSiblings,
         Some("fail") => OnChildError::Fail,
         Some(other) => {
-            return Err(err(at("on_child_error"), format!("on_child_error: `{other}` (expected continue, cancel_siblings or fail)")))
+            return Err(err(
+                at("on_child_error"),
+                format!("on_child_error: `{other}` (expected continue, cancel_siblings or fail)"),
+            ))
         }
     };
     for p in front.permissions.iter().flatten() {
         if p.is_empty() || p.split('.').any(str::is_empty) {
-            return Err(err(at("permissions"), format!("permission `{p}` has an empty segment")));
+            return Err(err(
+                at("permissions"),
+                format!("permission `{p}` has an empty segment"),
+            ));
         }
     }
     let _ = front.version;
@@ -379,14 +441,26 @@ pub fn type_matches(kind: &str, v: &serde_json::Value) -> bool {
 
 impl Directive {
     /// Coerces `-i k=v` text to the declared type of input `k`.
-    pub fn coerce_cli_input(&self, key: &str, text: &str) -> Result<serde_json::Value, DirectiveError> {
-        let kind = self.inputs.get(key).map(|s| s.kind.as_str()).unwrap_or("any");
+    pub fn coerce_cli_input(
+        &self,
+        key: &str,
+        text: &str,
+    ) -> Result<serde_json::Value, DirectiveError> {
+        let kind = self
+            .inputs
+            .get(key)
+            .map(|s| s.kind.as_str())
+            .unwrap_or("any");
         let v = match kind {
             "string" => Some(serde_json::Value::String(text.into())),
-            "any" => Some(serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.into()))),
+            "any" => Some(
+                serde_json::from_str(text)
+                    .unwrap_or_else(|_| serde_json::Value::String(text.into())),
+            ),
             _ => serde_json::from_str(text).ok(),
         };
-        v.filter(|v| type_matches(kind, v)).ok_or_else(|| self.error(format!("input `{key}`: `{text}` is not of type {kind}")))
+        v.filter(|v| type_matches(kind, v))
+            .ok_or_else(|| self.error(format!("input `{key}`: `{text}` is not of type {kind}")))
     }
 
     /// Validates inputs (unknown, missing required, type) and fills defaults.
@@ -400,7 +474,11 @@ impl Directive {
                 let known: Vec<&str> = self.inputs.keys().map(String::as_str).collect();
                 return Err(self.error(format!(
                     "unknown input `{k}` (this directive takes: {})",
-                    if known.is_empty() { "no inputs".to_string() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "no inputs".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 )));
             };
             if !type_matches(&spec.kind, v) {
@@ -419,7 +497,10 @@ impl Directive {
                 (None, true) => {
                     return Err(self.error(format!(
                         "missing required input `{k}`{} (pass -i {k}=...)",
-                        spec.description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()
+                        spec.description
+                            .as_ref()
+                            .map(|d| format!(" ({d})"))
+                            .unwrap_or_default()
                     )))
                 }
                 (None, false) => {}
@@ -429,7 +510,10 @@ impl Directive {
     }
 
     /// The body with `{input:k}`, `{input:k?}` and `{input:k|default}` replaced.
-    pub fn render(&self, inputs: &serde_json::Map<String, serde_json::Value>) -> Result<String, DirectiveError> {
+    pub fn render(
+        &self,
+        inputs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, DirectiveError> {
         let mut out = String::with_capacity(self.body.len());
         let mut rest = self.body.as_str();
         while let Some(start) = rest.find("{input:") {
@@ -452,7 +536,11 @@ impl Directive {
                 Some(serde_json::Value::String(s)) => out.push_str(s),
                 Some(v) if !v.is_null() => out.push_str(&v.to_string()),
                 _ if optional => out.push_str(fallback.unwrap_or("")),
-                _ => return Err(self.error(format!("the body uses {{input:{key}}} but input `{key}` was not given"))),
+                _ => {
+                    return Err(self.error(format!(
+                        "the body uses {{input:{key}}} but input `{key}` was not given"
+                    )))
+                }
             }
             rest = &after[end + 1..];
         }
@@ -462,11 +550,16 @@ impl Directive {
 
     /// Checks `directive_return` outputs: required ones present and not null, types right.
     /// Falsy values (0, false, "") count as present.
-    pub fn check_outputs(&self, given: &serde_json::Map<String, serde_json::Value>) -> Result<(), String> {
+    pub fn check_outputs(
+        &self,
+        given: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), String> {
         let mut problems = Vec::new();
         for (k, spec) in &self.outputs {
             match given.get(k) {
-                None | Some(serde_json::Value::Null) if spec.required => problems.push(format!("`{k}` is required")),
+                None | Some(serde_json::Value::Null) if spec.required => {
+                    problems.push(format!("`{k}` is required"))
+                }
                 Some(v) if !v.is_null() && !type_matches(&spec.kind, v) => {
                     problems.push(format!("`{k}` must be of type {}, got {v}", spec.kind))
                 }
@@ -481,6 +574,10 @@ impl Directive {
     }
 
     fn error(&self, message: String) -> DirectiveError {
-        DirectiveError { file: self.source.clone(), line: None, message: format!("directive `{}`: {message}", self.name) }
+        DirectiveError {
+            file: self.source.clone(),
+            line: None,
+            message: format!("directive `{}`: {message}", self.name),
+        }
     }
 }

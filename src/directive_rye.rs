@@ -11,52 +11,92 @@ use std::collections::BTreeMap;
 
 /// Parses a Rye directive.
 pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, DirectiveError> {
-    let err = |line: u64, message: String| DirectiveError { file: source.into(), line: Some((line, 1)), message };
-    let start = text.find("```xml").ok_or_else(|| err(1, "expected a ```xml fence".into()))?;
+    let err = |line: u64, message: String| DirectiveError {
+        file: source.into(),
+        line: Some((line, 1)),
+        message,
+    };
+    let start = text
+        .find("```xml")
+        .ok_or_else(|| err(1, "expected a ```xml fence".into()))?;
     let fence_line = text[..start].lines().count() as u64 + 1;
     let xml_start = start + 6;
-    let xml_len = text[xml_start..].find("```").ok_or_else(|| err(fence_line, "the ```xml fence is not closed".into()))?;
+    let xml_len = text[xml_start..]
+        .find("```")
+        .ok_or_else(|| err(fence_line, "the ```xml fence is not closed".into()))?;
     let xml = &text[xml_start..xml_start + xml_len];
-    let line_of = |needle: &str| xml.find(needle).map_or(fence_line, |i| fence_line + xml[..i].lines().count() as u64);
+    let line_of = |needle: &str| {
+        xml.find(needle)
+            .map_or(fence_line, |i| fence_line + xml[..i].lines().count() as u64)
+    };
 
-    let (dir_attrs, _) = tag(xml, "directive").ok_or_else(|| err(fence_line, "expected a <directive> element in the xml fence".into()))?;
-    let meta = tag(xml, "metadata").map(|(_, inner)| inner).unwrap_or_default();
-    let description = tag(&meta, "description").map(|(_, t)| unescape(t.trim())).unwrap_or_default();
+    let (dir_attrs, _) = tag(xml, "directive").ok_or_else(|| {
+        err(
+            fence_line,
+            "expected a <directive> element in the xml fence".into(),
+        )
+    })?;
+    let meta = tag(xml, "metadata")
+        .map(|(_, inner)| inner)
+        .unwrap_or_default();
+    let description = tag(&meta, "description")
+        .map(|(_, t)| unescape(t.trim()))
+        .unwrap_or_default();
     let model = tag(&meta, "model")
-        .map(|(a, _)| ModelSpec { tier: attr(&a, "tier"), id: attr(&a, "id"), provider: attr(&a, "provider") })
+        .map(|(a, _)| ModelSpec {
+            tier: attr(&a, "tier"),
+            id: attr(&a, "id"),
+            provider: attr(&a, "provider"),
+        })
         .unwrap_or_default();
     let mut limits = LimitSet::default();
     if let Some((a, _)) = tag(&meta, "limits") {
         for name in crate::limits::LIMIT_NAMES {
             if let Some(v) = attr(&a, name) {
-                limits.set(name, &serde_json::Value::String(v)).map_err(|m| err(line_of("<limits"), m))?;
+                limits
+                    .set(name, &serde_json::Value::String(v))
+                    .map_err(|m| err(line_of("<limits"), m))?;
             }
         }
     }
-    let permissions = tag(&meta, "permissions").map(|(_, inner)| rye_permissions(&inner)).unwrap_or_default();
+    let permissions = tag(&meta, "permissions")
+        .map(|(_, inner)| rye_permissions(&inner))
+        .unwrap_or_default();
     let mut inputs = BTreeMap::new();
     if let Some((_, inner)) = tag(xml, "inputs") {
         for (a, body) in all_tags(&inner, "input") {
-            let Some(name) = attr(&a, "name") else { return Err(err(line_of("<input"), "<input> without name".into())) };
+            let Some(name) = attr(&a, "name") else {
+                return Err(err(line_of("<input"), "<input> without name".into()));
+            };
             let kind = attr(&a, "type").unwrap_or_else(|| "any".into());
-            let kind = if kind == "float" { "number".into() } else { kind };
-            inputs.insert(name, InputSpec {
-                kind,
-                required: attr(&a, "required").as_deref() == Some("true"),
-                default: None,
-                description: Some(unescape(body.trim())).filter(|d| !d.is_empty()),
-            });
+            let kind = if kind == "float" {
+                "number".into()
+            } else {
+                kind
+            };
+            inputs.insert(
+                name,
+                InputSpec {
+                    kind,
+                    required: attr(&a, "required").as_deref() == Some("true"),
+                    default: None,
+                    description: Some(unescape(body.trim())).filter(|d| !d.is_empty()),
+                },
+            );
         }
     }
     let mut outputs = BTreeMap::new();
     if let Some((_, inner)) = tag(xml, "outputs") {
         for (a, body) in all_tags(&inner, "output") {
             if let Some(name) = attr(&a, "name") {
-                outputs.insert(name, OutputSpec {
-                    kind: attr(&a, "type").unwrap_or_else(|| "any".into()),
-                    required: attr(&a, "required").as_deref() == Some("true"),
-                    description: Some(unescape(body.trim())).filter(|d| !d.is_empty()),
-                });
+                outputs.insert(
+                    name,
+                    OutputSpec {
+                        kind: attr(&a, "type").unwrap_or_else(|| "any".into()),
+                        required: attr(&a, "required").as_deref() == Some("true"),
+                        description: Some(unescape(body.trim())).filter(|d| !d.is_empty()),
+                    },
+                );
             }
         }
     }
@@ -66,7 +106,11 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
     } else {
         attr(&dir_attrs, "name").unwrap_or_else(|| "rye".into())
     };
-    let body: String = text.lines().filter(|l| !l.starts_with("<!-- rye:signed:") && !l.starts_with("# rye:signed:")).collect::<Vec<_>>().join("\n");
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("<!-- rye:signed:") && !l.starts_with("# rye:signed:"))
+        .collect::<Vec<_>>()
+        .join("\n");
     Ok(Directive {
         name,
         source: source.into(),
@@ -131,7 +175,9 @@ fn all_tags(xml: &str, name: &str) -> Vec<(String, String)> {
             continue;
         }
         let inner_all = &after[gt + 1..];
-        let Some(end) = inner_all.find(&close) else { break };
+        let Some(end) = inner_all.find(&close) else {
+            break;
+        };
         out.push((attrs, inner_all[..end].to_string()));
         rest = &inner_all[end + close.len()..];
     }
@@ -157,5 +203,9 @@ fn attr(attrs: &str, name: &str) -> Option<String> {
 }
 
 fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
 }

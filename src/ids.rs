@@ -45,7 +45,9 @@ impl ThreadId {
             && text.len() <= 160
             && !text.starts_with('.')
             && !text.contains("..")
-            && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if ok {
             Ok(ThreadId(text.to_string()))
         } else {
@@ -83,10 +85,12 @@ impl fmt::Display for ThreadId {
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Decodes lower- or upper-case hex.
@@ -106,8 +110,9 @@ mod tests {
 
     #[test]
     fn generated_ids_are_unique_and_valid() {
-        let ids: std::collections::HashSet<_> =
-            (0..2000).map(|_| ThreadId::generate("research/fanout")).collect();
+        let ids: std::collections::HashSet<_> = (0..2000)
+            .map(|_| ThreadId::generate("research/fanout"))
+            .collect();
         assert_eq!(ids.len(), 2000);
         for id in &ids {
             assert!(id.as_str().starts_with("research.fanout-"));

@@ -29,7 +29,9 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
     /// Some account on the chain cannot cover the amount.
-    #[error("limit exceeded: spend — {needed} needed but only {available} remains (account {account})")]
+    #[error(
+        "limit exceeded: spend — {needed} needed but only {available} remains (account {account})"
+    )]
     Insufficient {
         /// The account that is short.
         account: ThreadId,
@@ -78,7 +80,7 @@ pub struct Account {
 impl Account {
     /// `spent + inflight + guaranteed`.
     pub fn used(&self) -> Nanos {
-        self.spent.add(self.inflight).add(self.guaranteed)
+        self.spent.plus(self.inflight).plus(self.guaranteed)
     }
     /// `max − used` (never negative).
     pub fn headroom(&self) -> Nanos {
@@ -137,13 +139,19 @@ impl Book {
     /// The ids from `id` up to its root.
     pub fn chain(&self, id: &ThreadId) -> Result<Vec<ThreadId>, LedgerError> {
         let mut out = vec![id.clone()];
-        let mut cur = self.accounts.get(id).ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        let mut cur = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
         while let Some(p) = &cur.parent {
             if out.len() > 10_000 || out.contains(p) {
                 break;
             }
             out.push(p.clone());
-            cur = self.accounts.get(p).ok_or_else(|| LedgerError::Unknown(p.clone()))?;
+            cur = self
+                .accounts
+                .get(p)
+                .ok_or_else(|| LedgerError::Unknown(p.clone()))?;
         }
         Ok(out)
     }
@@ -154,7 +162,9 @@ impl Book {
     }
 
     fn acct_mut(&mut self, id: &ThreadId) -> &mut Account {
-        self.accounts.get_mut(id).expect("chain holds present accounts")
+        self.accounts
+            .get_mut(id)
+            .expect("chain holds present accounts")
     }
 
     /// The largest reservation `id` could make now: `min(h0, min_k(h_{k+1} + pools up to k))`.
@@ -163,9 +173,9 @@ impl Book {
         let mut best = (self.acct(id).headroom(), id.clone());
         let mut pools = Nanos::ZERO;
         for k in 0..chain.len().saturating_sub(1) {
-            pools = pools.add(self.acct(&chain[k]).pool_left);
+            pools = pools.plus(self.acct(&chain[k]).pool_left);
             let up = &chain[k + 1];
-            let a = self.acct(up).headroom().add(pools);
+            let a = self.acct(up).headroom().plus(pools);
             if a < best.0 {
                 best = (a, up.clone());
             }
@@ -188,7 +198,10 @@ impl Book {
         }
         let mut pool = Nanos::ZERO;
         if let Some(p) = parent {
-            let pa = self.accounts.get(p).ok_or_else(|| LedgerError::Unknown(p.clone()))?;
+            let pa = self
+                .accounts
+                .get(p)
+                .ok_or_else(|| LedgerError::Unknown(p.clone()))?;
             if pa.closed {
                 return Err(LedgerError::Closed(p.clone()));
             }
@@ -197,18 +210,30 @@ impl Book {
             if guarantee > Nanos::ZERO {
                 // The guarantee is held at the parent and in-flight on every ancestor above it.
                 if let Some(short) = chain.iter().find(|a| self.acct(a).headroom() < guarantee) {
-                    let available = chain.iter().map(|a| self.acct(a).headroom()).min().unwrap_or_default();
-                    return Err(LedgerError::Insufficient { account: short.clone(), needed: guarantee, available });
+                    let available = chain
+                        .iter()
+                        .map(|a| self.acct(a).headroom())
+                        .min()
+                        .unwrap_or_default();
+                    return Err(LedgerError::Insufficient {
+                        account: short.clone(),
+                        needed: guarantee,
+                        available,
+                    });
                 }
-                self.acct_mut(p).guaranteed = self.acct(p).guaranteed.add(guarantee);
+                self.acct_mut(p).guaranteed = self.acct(p).guaranteed.plus(guarantee);
                 for a in &chain[1..] {
-                    self.acct_mut(a).inflight = self.acct(a).inflight.add(guarantee);
+                    self.acct_mut(a).inflight = self.acct(a).inflight.plus(guarantee);
                 }
                 pool = guarantee;
             } else {
                 let (available, account) = self.allowance(p)?;
                 if available < min_first_call || available <= Nanos::ZERO {
-                    return Err(LedgerError::Insufficient { account, needed: min_first_call, available });
+                    return Err(LedgerError::Insufficient {
+                        account,
+                        needed: min_first_call,
+                        available,
+                    });
                 }
             }
         }
@@ -239,7 +264,10 @@ impl Book {
         want_output: u64,
         min_output: u64,
     ) -> Result<Grant, LedgerError> {
-        let acct = self.accounts.get(id).ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        let acct = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
         if acct.closed {
             return Err(LedgerError::Closed(id.clone()));
         }
@@ -247,38 +275,63 @@ impl Book {
         let fit = price.max_output_within(allow, prompt_tokens);
         let out = want_output.min(fit);
         if out < min_output.max(1).min(want_output.max(1)) {
-            let needed = price.cost(&crate::money::Usage { input_tokens: prompt_tokens, output_tokens: min_output.max(1), cache_read_tokens: 0 });
-            return Err(LedgerError::Insufficient { account: short, needed, available: allow });
+            let needed = price.cost(&crate::money::Usage {
+                input_tokens: prompt_tokens,
+                output_tokens: min_output.max(1),
+                cache_read_tokens: 0,
+            });
+            return Err(LedgerError::Insufficient {
+                account: short,
+                needed,
+                available: allow,
+            });
         }
-        let amount = price.cost(&crate::money::Usage { input_tokens: prompt_tokens, output_tokens: out, cache_read_tokens: 0 });
+        let amount = price.cost(&crate::money::Usage {
+            input_tokens: prompt_tokens,
+            output_tokens: out,
+            cache_read_tokens: 0,
+        });
         let chain = self.chain(id)?;
         let mut carry = amount;
         let mut edges = Vec::with_capacity(chain.len());
-        self.acct_mut(id).inflight = self.acct(id).inflight.add(amount);
+        self.acct_mut(id).inflight = self.acct(id).inflight.plus(amount);
         for k in 0..chain.len() - 1 {
             let cover = carry.min(self.acct(&chain[k]).pool_left);
-            self.acct_mut(&chain[k]).pool_left = self.acct(&chain[k]).pool_left.sub(cover);
+            self.acct_mut(&chain[k]).pool_left = self.acct(&chain[k]).pool_left.minus(cover);
             let up = self.acct_mut(&chain[k + 1]);
-            up.guaranteed = up.guaranteed.sub(cover);
-            up.inflight = up.inflight.add(carry);
+            up.guaranteed = up.guaranteed.minus(cover);
+            up.inflight = up.inflight.plus(carry);
             edges.push((carry, cover));
-            carry = carry.sub(cover);
+            carry = carry.minus(cover);
         }
         self.next_id += 1;
-        let r = Reservation { id: self.next_id, chain, amount, edges };
+        let r = Reservation {
+            id: self.next_id,
+            chain,
+            amount,
+            edges,
+        };
         self.reservations.insert(r.id, r);
-        Ok(Grant { reservation: self.next_id, max_output_tokens: out, amount })
+        Ok(Grant {
+            reservation: self.next_id,
+            max_output_tokens: out,
+            amount,
+        })
     }
 
     /// Settles a reservation with the actual cost (exactly once; a second settle is a no-op).
     /// Returns false when the reservation was unknown (already settled or released).
     pub fn settle(&mut self, reservation: u64, actual: Nanos) -> bool {
-        let Some(r) = self.reservations.remove(&reservation) else { return false };
-        let Some(first) = r.chain.first() else { return true };
+        let Some(r) = self.reservations.remove(&reservation) else {
+            return false;
+        };
+        let Some(first) = r.chain.first() else {
+            return true;
+        };
         let t0 = self.acct_mut(first);
-        t0.inflight = t0.inflight.sub(r.amount);
-        t0.spent = t0.spent.add(actual);
-        t0.own_spent = t0.own_spent.add(actual);
+        t0.inflight = t0.inflight.minus(r.amount);
+        t0.spent = t0.spent.plus(actual);
+        t0.own_spent = t0.own_spent.plus(actual);
         let mut remaining = actual;
         // Pool amounts now spent, and unspent ones whose owner closed meanwhile: both were held
         // in-flight above their edge and are released there.
@@ -286,22 +339,26 @@ impl Book {
         let mut released_below = Nanos::ZERO;
         for (k, (carried, cover)) in r.edges.iter().enumerate() {
             let consumed = remaining.min(*cover);
-            remaining = remaining.sub(consumed);
-            let back = cover.sub(consumed);
+            remaining = remaining.minus(consumed);
+            let back = cover.minus(consumed);
             let below_closed = self.acct(&r.chain[k]).closed;
             if !below_closed {
                 let below = self.acct_mut(&r.chain[k]);
-                below.pool_left = below.pool_left.add(back);
+                below.pool_left = below.pool_left.plus(back);
             }
             let up = self.acct_mut(&r.chain[k + 1]);
-            up.inflight = up.inflight.sub(*carried).sub(consumed_below).sub(released_below);
+            up.inflight = up
+                .inflight
+                .minus(*carried)
+                .minus(consumed_below)
+                .minus(released_below);
             if !below_closed {
-                up.guaranteed = up.guaranteed.add(back);
+                up.guaranteed = up.guaranteed.plus(back);
             }
-            up.spent = up.spent.add(actual);
-            consumed_below = consumed_below.add(consumed);
+            up.spent = up.spent.plus(actual);
+            consumed_below = consumed_below.plus(consumed);
             if below_closed {
-                released_below = released_below.add(back);
+                released_below = released_below.plus(back);
             }
         }
         true
@@ -310,12 +367,19 @@ impl Book {
     /// Closes an account: releases its open reservations (as unspent) and returns what is left
     /// of its guarantee. Exactly once: closing a closed account changes nothing.
     pub fn close(&mut self, id: &ThreadId) -> Result<Account, LedgerError> {
-        let acct = self.accounts.get(id).ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        let acct = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
         if acct.closed {
             return Ok(acct.clone());
         }
-        let open: Vec<u64> =
-            self.reservations.values().filter(|r| r.chain.first() == Some(id)).map(|r| r.id).collect();
+        let open: Vec<u64> = self
+            .reservations
+            .values()
+            .filter(|r| r.chain.first() == Some(id))
+            .map(|r| r.id)
+            .collect();
         for r in open {
             self.settle(r, Nanos::ZERO);
         }
@@ -323,9 +387,9 @@ impl Book {
         if left > Nanos::ZERO {
             if let Some(p) = self.acct(id).parent.clone() {
                 let chain = self.chain(&p)?;
-                self.acct_mut(&p).guaranteed = self.acct(&p).guaranteed.sub(left);
+                self.acct_mut(&p).guaranteed = self.acct(&p).guaranteed.minus(left);
                 for a in &chain[1..] {
-                    self.acct_mut(a).inflight = self.acct(a).inflight.sub(left);
+                    self.acct_mut(a).inflight = self.acct(a).inflight.minus(left);
                 }
             }
         }
@@ -337,7 +401,11 @@ impl Book {
 
     /// Every account whose `used > max` (empty when the invariant holds).
     pub fn violations(&self) -> Vec<Account> {
-        self.accounts.values().filter(|a| a.used() > a.max || a.inflight.0 < 0 || a.guaranteed.0 < 0).cloned().collect()
+        self.accounts
+            .values()
+            .filter(|a| a.used() > a.max || a.inflight.0 < 0 || a.guaranteed.0 < 0)
+            .cloned()
+            .collect()
     }
 }
 
@@ -414,7 +482,8 @@ pub struct LedgerState {
 
 /// Opens (creating) `ledger.db` in WAL mode.
 pub fn open_db(path: &Path) -> Result<Connection, LedgerError> {
-    let db = Connection::open(path).map_err(|e| LedgerError::Storage(format!("{}: {e}", path.display())))?;
+    let db = Connection::open(path)
+        .map_err(|e| LedgerError::Storage(format!("{}: {e}", path.display())))?;
     db.execute_batch(
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
          CREATE TABLE IF NOT EXISTS accounts(
@@ -430,9 +499,17 @@ pub fn open_db(path: &Path) -> Result<Connection, LedgerError> {
 
 impl LedgerState {
     /// Writes the given accounts and reservation changes in one IMMEDIATE transaction.
-    fn persist(&mut self, ids: &[ThreadId], added: Option<&Reservation>, removed: &[(ThreadId, u64)]) -> Result<(), LedgerError> {
+    fn persist(
+        &mut self,
+        ids: &[ThreadId],
+        added: Option<&Reservation>,
+        removed: &[(ThreadId, u64)],
+    ) -> Result<(), LedgerError> {
         let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-        let tx = self.db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(st)?;
+        let tx = self
+            .db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(st)?;
         {
             let mut up = tx
                 .prepare_cached(
@@ -463,7 +540,9 @@ impl LedgerState {
                     .execute(params![r.id as i64, r.chain[0].as_str(), body])
                     .map_err(st)?;
             }
-            let mut del = tx.prepare_cached("DELETE FROM reservations WHERE thread=?1 AND id=?2").map_err(st)?;
+            let mut del = tx
+                .prepare_cached("DELETE FROM reservations WHERE thread=?1 AND id=?2")
+                .map_err(st)?;
             for (t, id) in removed {
                 del.execute(params![t.as_str(), *id as i64]).map_err(st)?;
             }
@@ -477,17 +556,42 @@ impl Actor for LedgerActor {
     type State = LedgerState;
     type Arguments = Connection;
 
-    async fn pre_start(&self, _me: ActorRef<LedgerMsg>, db: Connection) -> Result<LedgerState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<LedgerMsg>,
+        db: Connection,
+    ) -> Result<LedgerState, ActorProcessingErr> {
         // Reservation ids continue after any left in the file by an earlier process.
-        let next: i64 = db.query_row("SELECT COALESCE(MAX(id),0) FROM reservations", [], |r| r.get(0)).unwrap_or(0);
-        let book = Book { next_id: next as u64 + (1 << 40), ..Default::default() };
+        let next: i64 = db
+            .query_row("SELECT COALESCE(MAX(id),0) FROM reservations", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        let book = Book {
+            next_id: next as u64 + (1 << 40),
+            ..Default::default()
+        };
         Ok(LedgerState { book, db })
     }
 
-    async fn handle(&self, _me: ActorRef<LedgerMsg>, msg: LedgerMsg, s: &mut LedgerState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<LedgerMsg>,
+        msg: LedgerMsg,
+        s: &mut LedgerState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
-            LedgerMsg::Open { id, parent, max, guarantee, min_first_call, reply } => {
-                let res = s.book.open(&id, parent.as_ref(), max, guarantee, min_first_call);
+            LedgerMsg::Open {
+                id,
+                parent,
+                max,
+                guarantee,
+                min_first_call,
+                reply,
+            } => {
+                let res = s
+                    .book
+                    .open(&id, parent.as_ref(), max, guarantee, min_first_call);
                 let res = match res {
                     Ok(()) => {
                         let ids = s.book.chain(&id).unwrap_or_default();
@@ -497,8 +601,17 @@ impl Actor for LedgerActor {
                 };
                 let _ = reply.send(res);
             }
-            LedgerMsg::Reserve { id, price, prompt_tokens, want_output, min_output, reply } => {
-                let res = s.book.reserve(&id, &price, prompt_tokens, want_output, min_output);
+            LedgerMsg::Reserve {
+                id,
+                price,
+                prompt_tokens,
+                want_output,
+                min_output,
+                reply,
+            } => {
+                let res = s
+                    .book
+                    .reserve(&id, &price, prompt_tokens, want_output, min_output);
                 let res = match res {
                     Ok(g) => {
                         let r = s.book.reservations.get(&g.reservation).cloned();
@@ -509,7 +622,11 @@ impl Actor for LedgerActor {
                 };
                 let _ = reply.send(res);
             }
-            LedgerMsg::Settle { reservation, actual, reply } => {
+            LedgerMsg::Settle {
+                reservation,
+                actual,
+                reply,
+            } => {
                 let r = s.book.reservations.get(&reservation).cloned();
                 let res = match r {
                     Some(r) => {
@@ -521,8 +638,13 @@ impl Actor for LedgerActor {
                 let _ = reply.send(res);
             }
             LedgerMsg::Close { id, reply } => {
-                let open: Vec<(ThreadId, u64)> =
-                    s.book.reservations.values().filter(|r| r.chain.first() == Some(&id)).map(|r| (id.clone(), r.id)).collect();
+                let open: Vec<(ThreadId, u64)> = s
+                    .book
+                    .reservations
+                    .values()
+                    .filter(|r| r.chain.first() == Some(&id))
+                    .map(|r| (id.clone(), r.id))
+                    .collect();
                 let res = s.book.close(&id);
                 let res = match res {
                     Ok(a) => {
@@ -551,17 +673,35 @@ mod tests {
     fn id(s: &str) -> ThreadId {
         ThreadId::parse(s).unwrap()
     }
-    const P: Price = Price { input: 1_000_000, output: 1_000_000, cache_read: 0 }; // 1 nano/token
+    const P: Price = Price {
+        input: 1_000_000,
+        output: 1_000_000,
+        cache_read: 0,
+    }; // 1 nano/token
 
     #[test]
     fn reservations_cascade_and_lower_max_tokens() {
         let mut b = Book::default();
-        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO).unwrap();
-        b.open(&id("kid"), Some(&id("root")), Nanos(5000), Nanos::ZERO, Nanos(10)).unwrap();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.open(
+            &id("kid"),
+            Some(&id("root")),
+            Nanos(5000),
+            Nanos::ZERO,
+            Nanos(10),
+        )
+        .unwrap();
         let g = b.reserve(&id("kid"), &P, 100, 4096, 16).unwrap();
-        assert_eq!(g.max_output_tokens, 900, "lowered to what the root can cover");
+        assert_eq!(
+            g.max_output_tokens, 900,
+            "lowered to what the root can cover"
+        );
         assert_eq!(b.get(&id("root")).unwrap().inflight, Nanos(1000));
-        assert!(b.reserve(&id("root"), &P, 10, 100, 16).is_err(), "nothing left for a second call");
+        assert!(
+            b.reserve(&id("root"), &P, 10, 100, 16).is_err(),
+            "nothing left for a second call"
+        );
         assert!(b.settle(g.reservation, Nanos(300)));
         assert!(!b.settle(g.reservation, Nanos(300)), "settles exactly once");
         let root = b.get(&id("root")).unwrap();
@@ -572,10 +712,33 @@ mod tests {
     #[test]
     fn guarantees_are_held_spent_first_and_returned() {
         let mut b = Book::default();
-        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO).unwrap();
-        b.open(&id("a"), Some(&id("root")), Nanos(1000), Nanos(600), Nanos::ZERO).unwrap();
-        assert!(b.open(&id("b"), Some(&id("root")), Nanos(1000), Nanos(600), Nanos::ZERO).is_err());
-        b.open(&id("b"), Some(&id("root")), Nanos(1000), Nanos::ZERO, Nanos(10)).unwrap();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.open(
+            &id("a"),
+            Some(&id("root")),
+            Nanos(1000),
+            Nanos(600),
+            Nanos::ZERO,
+        )
+        .unwrap();
+        assert!(b
+            .open(
+                &id("b"),
+                Some(&id("root")),
+                Nanos(1000),
+                Nanos(600),
+                Nanos::ZERO
+            )
+            .is_err());
+        b.open(
+            &id("b"),
+            Some(&id("root")),
+            Nanos(1000),
+            Nanos::ZERO,
+            Nanos(10),
+        )
+        .unwrap();
         // b can only take the 400 not guaranteed to a.
         let gb = b.reserve(&id("b"), &P, 0, 10_000, 1).unwrap();
         assert_eq!(gb.amount, Nanos(400));
@@ -588,19 +751,26 @@ mod tests {
         b.close(&id("a")).unwrap();
         b.settle(gb.reservation, Nanos(50));
         let root = b.get(&id("root")).unwrap();
-        assert_eq!((root.spent, root.inflight, root.guaranteed), (Nanos(150), Nanos::ZERO, Nanos::ZERO));
+        assert_eq!(
+            (root.spent, root.inflight, root.guaranteed),
+            (Nanos(150), Nanos::ZERO, Nanos::ZERO)
+        );
         assert!(b.violations().is_empty());
     }
 
     #[test]
     fn close_releases_open_reservations_once() {
         let mut b = Book::default();
-        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO).unwrap();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
         b.reserve(&id("root"), &P, 10, 100, 1).unwrap();
         let a = b.close(&id("root")).unwrap();
         assert_eq!((a.inflight, a.spent), (Nanos::ZERO, Nanos::ZERO));
         assert_eq!(b.open_reservations(), 0);
         assert!(b.close(&id("root")).is_ok());
-        assert!(matches!(b.reserve(&id("root"), &P, 10, 100, 1), Err(LedgerError::Closed(_))));
+        assert!(matches!(
+            b.reserve(&id("root"), &P, 10, 100, 1),
+            Err(LedgerError::Closed(_))
+        ));
     }
 }

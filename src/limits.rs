@@ -53,8 +53,15 @@ impl Limits {
 }
 
 /// The names accepted in `limits:` maps and `--limit k=v`.
-pub const LIMIT_NAMES: [&str; 7] =
-    ["turns", "tokens", "spend", "duration", "depth", "spawns", "concurrency"];
+pub const LIMIT_NAMES: [&str; 7] = [
+    "turns",
+    "tokens",
+    "spend",
+    "duration",
+    "depth",
+    "spawns",
+    "concurrency",
+];
 
 /// Built-in defaults, used under any config: 15 turns, 200k tokens, $0.50, 10 min, depth 5,
 /// 20 spawns, 5 concurrent children.
@@ -150,13 +157,19 @@ pub fn resolve(
     overrides: &LimitSet,
     parent: Option<&Limits>,
 ) -> Limits {
-    let own = builtin_defaults().overlay(defaults).overlay(directive).overlay(overrides);
+    let own = builtin_defaults()
+        .overlay(defaults)
+        .overlay(directive)
+        .overlay(overrides);
     let b = builtin_defaults();
     let mut l = Limits {
         turns: own.turns.or(b.turns).unwrap_or(15),
         tokens: own.tokens.or(b.tokens).unwrap_or(200_000),
         spend: own.spend.or(b.spend).unwrap_or(Nanos(500_000_000)),
-        duration_ms: own.duration.or(b.duration).map_or(600_000, |d| d.as_millis() as u64),
+        duration_ms: own
+            .duration
+            .or(b.duration)
+            .map_or(600_000, |d| d.as_millis() as u64),
         depth: own.depth.or(b.depth).unwrap_or(5),
         spawns: own.spawns.or(b.spawns).unwrap_or(20),
         concurrency: own.concurrency.or(b.concurrency).unwrap_or(5),
@@ -197,16 +210,36 @@ mod tests {
     }
 
     fn limits(turns: u64, spend: &str, depth: i64) -> Limits {
-        resolve(&set(&[("turns", &turns.to_string()), ("spend", spend), ("depth", &depth.to_string())]), &LimitSet::default(), &LimitSet::default(), None)
+        resolve(
+            &set(&[
+                ("turns", &turns.to_string()),
+                ("spend", spend),
+                ("depth", &depth.to_string()),
+            ]),
+            &LimitSet::default(),
+            &LimitSet::default(),
+            None,
+        )
     }
 
     #[test]
     fn resolution_table() {
         let d = set(&[("turns", "15"), ("spend", "0.50"), ("depth", "5")]);
         // (directive, overrides, parent) → (turns, spend nanos, depth)
-        let cases: Vec<(LimitSet, LimitSet, Option<Limits>, (u64, i64, i64))> = vec![
-            (LimitSet::default(), LimitSet::default(), None, (15, 500_000_000, 5)),
-            (set(&[("turns", "30")]), LimitSet::default(), None, (30, 500_000_000, 5)),
+        type Case = (LimitSet, LimitSet, Option<Limits>, (u64, i64, i64));
+        let cases: Vec<Case> = vec![
+            (
+                LimitSet::default(),
+                LimitSet::default(),
+                None,
+                (15, 500_000_000, 5),
+            ),
+            (
+                set(&[("turns", "30")]),
+                LimitSet::default(),
+                None,
+                (30, 500_000_000, 5),
+            ),
             (
                 set(&[("turns", "30")]),
                 set(&[("turns", "10"), ("spend", "0.10")]),
@@ -214,11 +247,26 @@ mod tests {
                 (10, 100_000_000, 3),
             ),
             // The parent caps a child asking for more.
-            (set(&[("turns", "25"), ("spend", "5")]), LimitSet::default(), Some(limits(3, "0.20", 5)), (3, 200_000_000, 4)),
+            (
+                set(&[("turns", "25"), ("spend", "5")]),
+                LimitSet::default(),
+                Some(limits(3, "0.20", 5)),
+                (3, 200_000_000, 4),
+            ),
             // A parent value equal to the default is still a cap.
-            (set(&[("turns", "40")]), LimitSet::default(), Some(limits(15, "0.50", 5)), (15, 500_000_000, 4)),
+            (
+                set(&[("turns", "40")]),
+                LimitSet::default(),
+                Some(limits(15, "0.50", 5)),
+                (15, 500_000_000, 4),
+            ),
             // Depth 0 parent gives a child depth -1 (refused by check_depth).
-            (LimitSet::default(), LimitSet::default(), Some(limits(15, "0.50", 0)), (15, 500_000_000, -1)),
+            (
+                LimitSet::default(),
+                LimitSet::default(),
+                Some(limits(15, "0.50", 0)),
+                (15, 500_000_000, -1),
+            ),
         ];
         for (i, (dir, ov, parent, want)) in cases.into_iter().enumerate() {
             let got = resolve(&d, &dir, &ov, parent.as_ref());
@@ -228,15 +276,26 @@ mod tests {
 
     #[test]
     fn depth_below_zero_is_refused() {
-        let l = resolve(&LimitSet::default(), &LimitSet::default(), &LimitSet::default(), Some(&limits(5, "1", 0)));
+        let l = resolve(
+            &LimitSet::default(),
+            &LimitSet::default(),
+            &LimitSet::default(),
+            Some(&limits(5, "1", 0)),
+        );
         assert!(check_depth(&l, "x").unwrap_err().contains("depth"));
     }
 
     #[test]
     fn unknown_and_malformed_limits_are_refused() {
         let mut s = LimitSet::default();
-        assert!(s.set("turnz", &"3".into()).unwrap_err().contains("unknown limit `turnz`"));
-        assert!(s.set("duration", &"soon".into()).unwrap_err().contains("duration"));
+        assert!(s
+            .set("turnz", &"3".into())
+            .unwrap_err()
+            .contains("unknown limit `turnz`"));
+        assert!(s
+            .set("duration", &"soon".into())
+            .unwrap_err()
+            .contains("duration"));
         assert!(s.set("spend", &"lots".into()).is_err());
         s.set("duration", &"1h 30m".into()).unwrap();
         assert_eq!(s.duration, Some(Duration::from_secs(5400)));

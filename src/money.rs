@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// An amount of money in nano-USD (1 USD = 1_000_000_000).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Nanos(pub i64);
 
@@ -31,9 +33,15 @@ impl Nanos {
             return Err(bad());
         }
         if frac.len() > 9 {
-            return Err(format!("`{text}` has more than 9 decimals (the ledger counts nano-USD)"));
+            return Err(format!(
+                "`{text}` has more than 9 decimals (the ledger counts nano-USD)"
+            ));
         }
-        let whole: i64 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| bad())? };
+        let whole: i64 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| bad())?
+        };
         let mut frac_n: i64 = 0;
         for (i, c) in frac.chars().enumerate() {
             frac_n += i64::from(c as u8 - b'0') * 10i64.pow(8 - i as u32);
@@ -47,7 +55,7 @@ impl Nanos {
 
     /// Converts a YAML/JSON number of USD, rounding to the nearest nano-USD.
     pub fn from_usd_f64(usd: f64) -> Result<Nanos, String> {
-        if !usd.is_finite() || usd < 0.0 || usd > 9.0e9 {
+        if !usd.is_finite() || !(0.0..=9.0e9).contains(&usd) {
             return Err(format!("{usd} is not a USD amount between 0 and 9e9"));
         }
         // Go through the shortest decimal text so 0.1 becomes exactly 100_000_000.
@@ -72,12 +80,12 @@ impl Nanos {
     }
 
     /// Saturating addition.
-    pub fn add(self, other: Nanos) -> Nanos {
+    pub fn plus(self, other: Nanos) -> Nanos {
         Nanos(self.0.saturating_add(other.0))
     }
 
     /// Saturating subtraction.
-    pub fn sub(self, other: Nanos) -> Nanos {
+    pub fn minus(self, other: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(other.0))
     }
 }
@@ -90,7 +98,11 @@ impl fmt::Display for Nanos {
         let whole = abs / NANOS_PER_USD as u64;
         let frac = format!("{:09}", abs % NANOS_PER_USD as u64);
         let trimmed = frac.trim_end_matches('0');
-        let frac = if trimmed.len() < 2 { &frac[..2] } else { trimmed };
+        let frac = if trimmed.len() < 2 {
+            &frac[..2]
+        } else {
+            trimmed
+        };
         write!(f, "{sign}${whole}.{frac}")
     }
 }
@@ -169,10 +181,22 @@ mod tests {
 
     #[test]
     fn cost_rounds_up_once_per_call() {
-        let p = Price { input: 150_000_000, output: 600_000_000, cache_read: 75_000_000 };
-        let u = Usage { input_tokens: 1, output_tokens: 1, cache_read_tokens: 1 };
+        let p = Price {
+            input: 150_000_000,
+            output: 600_000_000,
+            cache_read: 75_000_000,
+        };
+        let u = Usage {
+            input_tokens: 1,
+            output_tokens: 1,
+            cache_read_tokens: 1,
+        };
         assert_eq!(p.cost(&u), Nanos(825));
-        let u = Usage { input_tokens: 1000, output_tokens: 0, cache_read_tokens: 0 };
+        let u = Usage {
+            input_tokens: 1000,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+        };
         assert_eq!(p.cost(&u), Nanos(150_000));
         assert_eq!(p.max_output_within(Nanos(150_000 + 600), 1000), 1);
     }

@@ -117,7 +117,8 @@ const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,
 impl Store {
     /// Opens (creating) the registry.
     pub fn open(path: &Path) -> Result<Store, RegistryError> {
-        let db = Connection::open(path).map_err(|e| RegistryError::Storage(format!("{}: {e}", path.display())))?;
+        let db = Connection::open(path)
+            .map_err(|e| RegistryError::Storage(format!("{}: {e}", path.display())))?;
         db.execute_batch(
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
              CREATE TABLE IF NOT EXISTS threads(
@@ -138,22 +139,43 @@ impl Store {
     /// Opens read-only (for `threads`, `show`, `verify` in another process).
     pub fn open_read_only(path: &Path) -> Result<Store, RegistryError> {
         let db = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| RegistryError::Storage(format!("{}: {e} (run `weft init` and `weft run` first)", path.display())))?;
-        db.busy_timeout(std::time::Duration::from_secs(5)).map_err(st)?;
+            .map_err(|e| {
+                RegistryError::Storage(format!(
+                    "{}: {e} (run `weft init` and `weft run` first)",
+                    path.display()
+                ))
+            })?;
+        db.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(st)?;
         Ok(Store { db })
     }
 
     /// Inserts a new row; with `admit`, first checks and counts the parent's spawn slots.
-    pub fn register(&mut self, row: &ThreadRow, admit: Option<&Admission>) -> Result<(), RegistryError> {
-        let tx = self.db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(st)?;
+    pub fn register(
+        &mut self,
+        row: &ThreadRow,
+        admit: Option<&Admission>,
+    ) -> Result<(), RegistryError> {
+        let tx = self
+            .db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(st)?;
         if let Some(a) = admit {
             let (used,): (u64,) = tx
-                .query_row("SELECT spawn_count FROM threads WHERE id=?1", [a.parent.as_str()], |r| Ok((r.get(0)?,)))
+                .query_row(
+                    "SELECT spawn_count FROM threads WHERE id=?1",
+                    [a.parent.as_str()],
+                    |r| Ok((r.get(0)?,)),
+                )
                 .optional()
                 .map_err(st)?
                 .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
             if used >= a.spawns {
-                return Err(RegistryError::Spawns { parent: a.parent.clone(), used, max: a.spawns });
+                return Err(RegistryError::Spawns {
+                    parent: a.parent.clone(),
+                    used,
+                    max: a.spawns,
+                });
             }
             let live: u64 = tx
                 .query_row(
@@ -163,9 +185,17 @@ impl Store {
                 )
                 .map_err(st)?;
             if live >= a.concurrency {
-                return Err(RegistryError::Concurrency { parent: a.parent.clone(), live, max: a.concurrency });
+                return Err(RegistryError::Concurrency {
+                    parent: a.parent.clone(),
+                    live,
+                    max: a.concurrency,
+                });
             }
-            tx.execute("UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1", [a.parent.as_str()]).map_err(st)?;
+            tx.execute(
+                "UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1",
+                [a.parent.as_str()],
+            )
+            .map_err(st)?;
         }
         tx.execute(
             &format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"),
@@ -211,17 +241,29 @@ impl Store {
 
     /// Rows, newest first; `active` keeps created/running only.
     pub fn list(&self, active: bool, limit: usize) -> Result<Vec<ThreadRow>, RegistryError> {
-        let filter = if active { "WHERE status IN ('created','running')" } else { "" };
-        let mut stmt =
-            self.db.prepare(&format!("SELECT {COLS} FROM threads {filter} ORDER BY created_at DESC, id DESC LIMIT ?1")).map_err(st)?;
+        let filter = if active {
+            "WHERE status IN ('created','running')"
+        } else {
+            ""
+        };
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads {filter} ORDER BY created_at DESC, id DESC LIMIT ?1"
+            ))
+            .map_err(st)?;
         let rows = stmt.query_map([limit as i64], row_of).map_err(st)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 
     /// Every row of a tree (by root id), oldest first.
     pub fn tree(&self, root: &str) -> Result<Vec<ThreadRow>, RegistryError> {
-        let mut stmt =
-            self.db.prepare(&format!("SELECT {COLS} FROM threads WHERE root=?1 ORDER BY created_at, id")).map_err(st)?;
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE root=?1 ORDER BY created_at, id"
+            ))
+            .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
@@ -321,11 +363,20 @@ impl Actor for Supervisor {
     type State = Store;
     type Arguments = Store;
 
-    async fn pre_start(&self, _me: ActorRef<RegistryMsg>, store: Store) -> Result<Store, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<RegistryMsg>,
+        store: Store,
+    ) -> Result<Store, ActorProcessingErr> {
         Ok(store)
     }
 
-    async fn handle(&self, _me: ActorRef<RegistryMsg>, msg: RegistryMsg, s: &mut Store) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        s: &mut Store,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
                 let _ = reply.send(s.register(&row, admit.as_ref()));
@@ -342,7 +393,11 @@ impl Actor for Supervisor {
             RegistryMsg::Get { id, reply } => {
                 let _ = reply.send(s.get(id.as_str()));
             }
-            RegistryMsg::IsDescendant { ancestor, id, reply } => {
+            RegistryMsg::IsDescendant {
+                ancestor,
+                id,
+                reply,
+            } => {
                 let _ = reply.send(s.is_descendant(ancestor.as_str(), id.as_str()));
             }
             RegistryMsg::Tree { root, reply } => {

@@ -45,7 +45,9 @@ pub enum SpawnError {
 impl From<RegistryError> for SpawnError {
     fn from(e: RegistryError) -> SpawnError {
         match e {
-            RegistryError::Spawns { .. } | RegistryError::Concurrency { .. } => SpawnError::Limit(e.to_string()),
+            RegistryError::Spawns { .. } | RegistryError::Concurrency { .. } => {
+                SpawnError::Limit(e.to_string())
+            }
             other => SpawnError::Storage(other.to_string()),
         }
     }
@@ -70,7 +72,12 @@ pub struct Project {
 impl Project {
     /// Walks up from `start` to the first folder holding `.weft/`.
     pub fn find(start: &Path) -> Option<Project> {
-        start.ancestors().find(|d| d.join(".weft").is_dir()).map(|d| Project { root: d.to_path_buf() })
+        start
+            .ancestors()
+            .find(|d| d.join(".weft").is_dir())
+            .map(|d| Project {
+                root: d.to_path_buf(),
+            })
     }
     /// `.weft/`.
     pub fn weft(&self) -> PathBuf {
@@ -90,11 +97,17 @@ impl Project {
     }
     /// The directive library: project → user → built-in.
     pub fn library(&self) -> Library {
-        Library { project_dir: Some(self.root.join("directives")), user_dir: Some(crate::signing::user_dir().join("directives")) }
+        Library {
+            project_dir: Some(self.root.join("directives")),
+            user_dir: Some(crate::signing::user_dir().join("directives")),
+        }
     }
     /// Effective config (user file, then project file).
     pub fn config(&self) -> Result<Config, crate::config::ConfigError> {
-        Config::load(Some(&crate::signing::user_dir().join("config.yaml")), Some(&self.weft().join("config.yaml")))
+        Config::load(
+            Some(&crate::signing::user_dir().join("config.yaml")),
+            Some(&self.weft().join("config.yaml")),
+        )
     }
 }
 
@@ -210,16 +223,34 @@ impl Runtime {
         }
         let (provider, provider_name) = build_provider(&project, &config, opts.script.as_deref())?;
         let st = |e: String| OpenError::Storage(e);
-        std::fs::create_dir_all(project.state_dir()).map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
+        std::fs::create_dir_all(project.state_dir())
+            .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
         std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
-        let store = Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
-        let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db")).map_err(|e| st(e.to_string()))?;
-        let (registry, _) = Actor::spawn(None, Supervisor, store).await.map_err(|e| st(e.to_string()))?;
-        let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db).await.map_err(|e| st(e.to_string()))?;
+        let store =
+            Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
+        let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
+            .map_err(|e| st(e.to_string()))?;
+        let (registry, _) = Actor::spawn(None, Supervisor, store)
+            .await
+            .map_err(|e| st(e.to_string()))?;
+        let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
+            .await
+            .map_err(|e| st(e.to_string()))?;
         let (events, _) = broadcast::channel(4096);
         let library = project.library();
         Ok(Runtime {
-            ctx: Arc::new(Ctx { project, config, signer, trust, library, provider, provider_name, registry, ledger, events }),
+            ctx: Arc::new(Ctx {
+                project,
+                config,
+                signer,
+                trust,
+                library,
+                provider,
+                provider_name,
+                registry,
+                ledger,
+                events,
+            }),
         })
     }
 
@@ -239,23 +270,46 @@ impl Runtime {
         directive: &str,
         inputs: Map<String, Value>,
         overrides: LimitSet,
-    ) -> Result<(ThreadId, ActorRef<ThreadMsg>, oneshot::Receiver<ThreadReport>), SpawnError> {
+    ) -> Result<
+        (
+            ThreadId,
+            ActorRef<ThreadMsg>,
+            oneshot::Receiver<ThreadReport>,
+        ),
+        SpawnError,
+    > {
         let (tx, rx) = oneshot::channel();
-        let req = SpawnRequest { directive: directive.into(), inputs, overrides, reserve: Nanos::ZERO, parent: None };
+        let req = SpawnRequest {
+            directive: directive.into(),
+            inputs,
+            overrides,
+            reserve: Nanos::ZERO,
+            parent: None,
+        };
         let (id, actor) = spawn(&self.ctx, req, Some(tx)).await?;
         Ok((id, actor, rx))
     }
 
     /// Runs a root thread to its end.
-    pub async fn run(&self, directive: &str, inputs: Map<String, Value>, overrides: LimitSet) -> Result<ThreadReport, SpawnError> {
+    pub async fn run(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        overrides: LimitSet,
+    ) -> Result<ThreadReport, SpawnError> {
         let (id, _, rx) = self.start(directive, inputs, overrides).await?;
-        rx.await.map_err(|_| SpawnError::Storage(format!("thread {id} stopped without a report")))
+        rx.await
+            .map_err(|_| SpawnError::Storage(format!("thread {id} stopped without a report")))
     }
 
     /// Cancels a running thread of this runtime (and its subtree).
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
         match ractor::registry::where_is(id.to_string()) {
-            Some(cell) => ActorRef::<ThreadMsg>::from(cell).cast(ThreadMsg::Cancel { reason: reason.into() }).is_ok(),
+            Some(cell) => ActorRef::<ThreadMsg>::from(cell)
+                .cast(ThreadMsg::Cancel {
+                    reason: reason.into(),
+                })
+                .is_ok(),
             None => false,
         }
     }
@@ -267,7 +321,12 @@ impl Runtime {
 
     /// A ledger account.
     pub async fn account(&self, id: &ThreadId) -> Option<crate::ledger::Account> {
-        ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Get { id: id.clone(), reply }).ok().flatten()
+        ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Get {
+            id: id.clone(),
+            reply
+        })
+        .ok()
+        .flatten()
     }
 
     /// Stops the supervisor and the ledger (after every thread has ended).
@@ -277,7 +336,11 @@ impl Runtime {
     }
 }
 
-fn build_provider(project: &Project, config: &Config, script: Option<&Path>) -> Result<(Arc<dyn Provider>, String), OpenError> {
+fn build_provider(
+    project: &Project,
+    config: &Config,
+    script: Option<&Path>,
+) -> Result<(Arc<dyn Provider>, String), OpenError> {
     if let Some(s) = script {
         let p = crate::provider::scripted::Scripted::load(s).map_err(OpenError::Provider)?;
         return Ok((Arc::new(p), "scripted".into()));
@@ -308,8 +371,14 @@ pub fn model_for(ctx: &Ctx, d: &Directive) -> String {
     let pc = ctx.config.providers.get(&ctx.provider_name);
     match (&d.model.id, &d.model.tier) {
         (Some(id), _) => id.clone(),
-        (None, Some(t)) => pc.and_then(|p| p.tiers.get(t)).cloned().unwrap_or_else(|| t.clone()),
-        (None, None) => pc.and_then(|p| p.tiers.get("default").or_else(|| p.tiers.values().next())).cloned().unwrap_or_default(),
+        (None, Some(t)) => pc
+            .and_then(|p| p.tiers.get(t))
+            .cloned()
+            .unwrap_or_else(|| t.clone()),
+        (None, None) => pc
+            .and_then(|p| p.tiers.get("default").or_else(|| p.tiers.values().next()))
+            .cloned()
+            .unwrap_or_default(),
     }
 }
 
@@ -328,7 +397,10 @@ pub async fn spawn(
     let parent_doc = match &req.parent {
         Some(p) => {
             let path = ctx.project.thread_dir(&p.id).join("thread.json");
-            Some(ThreadDoc::read_verified(&path, &ctx.trust).map_err(|e| SpawnError::Untrusted(e.to_string()))?)
+            Some(
+                ThreadDoc::read_verified(&path, &ctx.trust)
+                    .map_err(|e| SpawnError::Untrusted(e.to_string()))?,
+            )
         }
         None => None,
     };
@@ -337,7 +409,12 @@ pub async fn spawn(
     let inputs = directive.validate_inputs(&req.inputs)?;
     let prompt = directive.render(&inputs)?;
     // 3. Limits and capabilities.
-    let limits = crate::limits::resolve(&ctx.config.default_limits, &directive.limits, &req.overrides, parent_doc.as_ref().map(|d| &d.limits));
+    let limits = crate::limits::resolve(
+        &ctx.config.default_limits,
+        &directive.limits,
+        &req.overrides,
+        parent_doc.as_ref().map(|d| &d.limits),
+    );
     crate::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
     let caps = match &parent_doc {
         Some(p) => crate::capability::attenuate(&directive.permissions, &p.capabilities),
@@ -346,9 +423,15 @@ pub async fn spawn(
     let model = model_for(ctx, &directive);
     let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
     let id = ThreadId::generate(&directive.name);
-    let root_id = parent_doc.as_ref().map_or(id.clone(), |d| d.root_id.clone());
+    let root_id = parent_doc
+        .as_ref()
+        .map_or(id.clone(), |d| d.root_id.clone());
     // 5. Ledger account (before admission so a refusal there can be undone by closing it).
-    let min_first_call = price.cost(&Usage { input_tokens: (prompt.len() as u64).div_ceil(3), output_tokens: MIN_OUTPUT_TOKENS, cache_read_tokens: 0 });
+    let min_first_call = price.cost(&Usage {
+        input_tokens: (prompt.len() as u64).div_ceil(3),
+        output_tokens: MIN_OUTPUT_TOKENS,
+        cache_read_tokens: 0,
+    });
     let parent_id = req.parent.as_ref().map(|p| p.id.clone());
     ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
         id: id.clone(),
@@ -380,12 +463,19 @@ pub async fn spawn(
         owner_pid: std::process::id(),
         ..Default::default()
     };
-    let admit = parent_doc.as_ref().zip(parent_id.as_ref()).map(|(d, pid)| Admission {
-        parent: pid.clone(),
-        spawns: d.limits.spawns,
-        concurrency: d.limits.concurrency,
+    let admit = parent_doc
+        .as_ref()
+        .zip(parent_id.as_ref())
+        .map(|(d, pid)| Admission {
+            parent: pid.clone(),
+            spawns: d.limits.spawns,
+            concurrency: d.limits.concurrency,
+        });
+    let registered = ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
+        row: Box::new(row.clone()),
+        admit,
+        reply
     });
-    let registered = ractor::call!(ctx.registry, |reply| RegistryMsg::Register { row: Box::new(row.clone()), admit, reply });
     match registered {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
@@ -406,7 +496,10 @@ pub async fn spawn(
             row.status = "error".into();
             row.error = Some(msg.clone());
             row.updated_at = now_ts();
-            let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update { row: Box::new(row), reply: Some(reply) });
+            let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
+                row: Box::new(row),
+                reply: Some(reply)
+            });
             let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close { id, reply });
             SpawnError::Storage(msg)
         }
@@ -416,11 +509,16 @@ pub async fn spawn(
         return Err(fail(format!("{}: {e}", dir.display())).await);
     }
     let durability = ctx.config.durability;
-    let mut transcript =
-        match TranscriptWriter::create(&dir.join("transcript.jsonl"), id.as_str(), ctx.signer.clone(), durability, ctx.config.checkpoint_every) {
-            Ok(t) => t,
-            Err(e) => return Err(fail(format!("transcript: {e}")).await),
-        };
+    let mut transcript = match TranscriptWriter::create(
+        &dir.join("transcript.jsonl"),
+        id.as_str(),
+        ctx.signer.clone(),
+        durability,
+        ctx.config.checkpoint_every,
+    ) {
+        Ok(t) => t,
+        Err(e) => return Err(fail(format!("transcript: {e}")).await),
+    };
     let started = json!({
         "directive": directive.name, "directive_hash": directive.content_hash, "source": directive.source,
         "parent": parent_id, "root": root_id, "model": model, "provider": ctx.provider.name(),
@@ -437,7 +535,10 @@ pub async fn spawn(
         parent_id: parent_id.clone(),
         root_id: root_id.clone(),
         status: Status::Created,
-        history: vec![Transition { status: Status::Created, at: now.clone() }],
+        history: vec![Transition {
+            status: Status::Created,
+            at: now.clone(),
+        }],
         created_at: now.clone(),
         updated_at: now,
         model: model.clone(),
@@ -452,7 +553,11 @@ pub async fn spawn(
         chain_root: None,
         transcript_head: transcript.head().clone(),
     };
-    if let Err(e) = doc.write_signed(&dir.join("thread.json"), &ctx.signer, durability == Durability::Strict) {
+    if let Err(e) = doc.write_signed(
+        &dir.join("thread.json"),
+        &ctx.signer,
+        durability == Durability::Strict,
+    ) {
         return Err(fail(format!("thread.json: {e}")).await);
     }
     let args = ThreadArgs {

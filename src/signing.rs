@@ -64,7 +64,9 @@ pub fn user_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(x).join("weft");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".config").join("weft")
 }
 
@@ -72,11 +74,18 @@ impl Signer {
     /// Loads `<dir>/signing.pem`, generating it (mode 0600) on first use.
     pub fn load_or_create(dir: &Path) -> Result<Signer, SigningError> {
         let path = dir.join("signing.pem");
-        let err = |message: String| SigningError::Key { path: path.clone(), message };
+        let err = |message: String| SigningError::Key {
+            path: path.clone(),
+            message,
+        };
         if path.exists() {
-            let pem = std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read: {e}")))?;
-            let key = SigningKey::from_pkcs8_pem(&pem)
-                .map_err(|e| err(format!("not an ed25519 PKCS#8 PEM key ({e}); move it away to generate a new one")))?;
+            let pem =
+                std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read: {e}")))?;
+            let key = SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
+                err(format!(
+                    "not an ed25519 PKCS#8 PEM key ({e}); move it away to generate a new one"
+                ))
+            })?;
             let key_id = key_id_of(&key.verifying_key());
             return Ok(Signer { key, key_id });
         }
@@ -86,7 +95,8 @@ impl Signer {
         let pem = key
             .to_pkcs8_pem(Default::default())
             .map_err(|e| err(format!("cannot encode: {e}")))?;
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
         write_private(&path, pem.as_bytes()).map_err(|e| err(format!("cannot write: {e}")))?;
         let key_id = key_id_of(&key.verifying_key());
         Ok(Signer { key, key_id })
@@ -98,13 +108,17 @@ impl Signer {
         if path.exists() {
             return Ok(());
         }
-        let err = |message: String| SigningError::Key { path: path.clone(), message };
+        let err = |message: String| SigningError::Key {
+            path: path.clone(),
+            message,
+        };
         let pem = self
             .key
             .verifying_key()
             .to_public_key_pem(Default::default())
             .map_err(|e| err(format!("cannot encode: {e}")))?;
-        std::fs::create_dir_all(trust_dir).map_err(|e| err(format!("cannot create trust dir: {e}")))?;
+        std::fs::create_dir_all(trust_dir)
+            .map_err(|e| err(format!("cannot create trust dir: {e}")))?;
         std::fs::write(&path, pem).map_err(|e| err(format!("cannot write: {e}")))
     }
 
@@ -112,7 +126,11 @@ impl Signer {
     pub fn sign(&self, domain: &str, doc: &serde_json::Value) -> SignatureBlock {
         let msg = signed_bytes(domain, doc);
         let sig: Signature = self.key.sign(&msg);
-        SignatureBlock { alg: "ed25519".into(), key_id: self.key_id.clone(), sig: crate::ids::hex(&sig.to_bytes()) }
+        SignatureBlock {
+            alg: "ed25519".into(),
+            key_id: self.key_id.clone(),
+            sig: crate::ids::hex(&sig.to_bytes()),
+        }
     }
 }
 
@@ -120,7 +138,11 @@ impl Signer {
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
     f.write_all(bytes)?;
     f.sync_all()
 }
@@ -149,31 +171,46 @@ impl Trust {
     pub fn load(dir: &Path) -> (Trust, Vec<String>) {
         let mut t = Trust::default();
         let mut warnings = Vec::new();
-        let Ok(entries) = std::fs::read_dir(dir) else { return (t, warnings) };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return (t, warnings);
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.extension().and_then(|x| x.to_str()) != Some("pub") {
                 continue;
             }
-            match std::fs::read_to_string(&p).ok().and_then(|s| VerifyingKey::from_public_key_pem(&s).ok()) {
+            match std::fs::read_to_string(&p)
+                .ok()
+                .and_then(|s| VerifyingKey::from_public_key_pem(&s).ok())
+            {
                 Some(vk) => {
                     t.keys.insert(key_id_of(&vk), vk);
                 }
-                None => warnings.push(format!("{}: not an ed25519 public key PEM; ignored", p.display())),
+                None => warnings.push(format!(
+                    "{}: not an ed25519 public key PEM; ignored",
+                    p.display()
+                )),
             }
         }
         (t, warnings)
     }
 
     /// Verifies `block` over `domain ‖ JCS(doc)`.
-    pub fn verify(&self, domain: &str, doc: &serde_json::Value, block: &SignatureBlock) -> Result<(), String> {
+    pub fn verify(
+        &self,
+        domain: &str,
+        doc: &serde_json::Value,
+        block: &SignatureBlock,
+    ) -> Result<(), String> {
         if block.alg != "ed25519" {
             return Err(format!("unsupported signature algorithm `{}`", block.alg));
         }
-        let vk = self
-            .keys
-            .get(&block.key_id)
-            .ok_or_else(|| format!("signed by key {} which is not in .weft/trust/", block.key_id))?;
+        let vk = self.keys.get(&block.key_id).ok_or_else(|| {
+            format!(
+                "signed by key {} which is not in .weft/trust/",
+                block.key_id
+            )
+        })?;
         let bytes: [u8; 64] = crate::ids::unhex(&block.sig)
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| "signature is not 64 bytes of hex".to_string())?;
@@ -189,7 +226,8 @@ pub fn verify_embedded(trust: &Trust, domain: &str, doc: &serde_json::Value) -> 
         .as_object_mut()
         .and_then(|o| o.remove("signature"))
         .ok_or_else(|| "no signature".to_string())?;
-    let block: SignatureBlock = serde_json::from_value(block).map_err(|e| format!("malformed signature: {e}"))?;
+    let block: SignatureBlock =
+        serde_json::from_value(block).map_err(|e| format!("malformed signature: {e}"))?;
     trust.verify(domain, &body, &block)
 }
 
@@ -210,15 +248,22 @@ mod tests {
         let block = s.sign(THREAD_DOMAIN, &doc);
         trust.verify(THREAD_DOMAIN, &doc, &block).unwrap();
         // Key order does not matter (JCS); content and domain do.
-        let reordered: serde_json::Value = serde_json::from_str(r#"{"money":500000000,"a":[1,2],"b":1}"#).unwrap();
+        let reordered: serde_json::Value =
+            serde_json::from_str(r#"{"money":500000000,"a":[1,2],"b":1}"#).unwrap();
         trust.verify(THREAD_DOMAIN, &reordered, &block).unwrap();
         assert!(trust.verify(CHECKPOINT_DOMAIN, &doc, &block).is_err());
         let tampered = serde_json::json!({"b": 2, "a": [1, 2], "money": 500000000});
-        assert!(trust.verify(THREAD_DOMAIN, &tampered, &block).unwrap_err().contains("bad signature"));
+        assert!(trust
+            .verify(THREAD_DOMAIN, &tampered, &block)
+            .unwrap_err()
+            .contains("bad signature"));
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join("signing.pem")).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join("signing.pem"))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
     }

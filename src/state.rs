@@ -146,7 +146,10 @@ impl ThreadDoc {
         let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
         let sig = signer.sign(THREAD_DOMAIN, &v);
         if let Some(o) = v.as_object_mut() {
-            o.insert("signature".into(), serde_json::to_value(sig).map_err(std::io::Error::other)?);
+            o.insert(
+                "signature".into(),
+                serde_json::to_value(sig).map_err(std::io::Error::other)?,
+            );
         }
         let bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
         let tmp = path.with_extension("json.tmp");
@@ -162,9 +165,13 @@ impl ThreadDoc {
 
     /// Reads and verifies a thread.json against the project's trust store.
     pub fn read_verified(path: &Path, trust: &Trust) -> Result<ThreadDoc, StateError> {
-        let err = |message: String| StateError { path: path.display().to_string(), message };
+        let err = |message: String| StateError {
+            path: path.display().to_string(),
+            message,
+        };
         let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?;
         crate::signing::verify_embedded(trust, THREAD_DOMAIN, &v).map_err(err)?;
         let mut body = v;
         if let Some(o) = body.as_object_mut() {

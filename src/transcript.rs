@@ -51,12 +51,18 @@ impl TranscriptWriter {
         durability: Durability,
         checkpoint_every: u64,
     ) -> std::io::Result<TranscriptWriter> {
-        let file = std::fs::OpenOptions::new().append(true).create_new(true).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(path)?;
         Ok(TranscriptWriter {
             file,
             path: path.to_path_buf(),
             thread_id: thread_id.into(),
-            head: Head { seq: -1, hash: GENESIS.into() },
+            head: Head {
+                seq: -1,
+                hash: GENESIS.into(),
+            },
             since_checkpoint: 0,
             checkpoint_every: checkpoint_every.max(1),
             durability,
@@ -87,7 +93,8 @@ impl TranscriptWriter {
 
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
-        let body = json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
+        let body =
+            json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
         let sig = self.signer.sign(CHECKPOINT_DOMAIN, &body);
         self.write_line("checkpoint", json!({ "sig": sig }))?;
         self.since_checkpoint = 0;
@@ -143,9 +150,18 @@ pub struct ReadReport {
 /// Never fails on malformed content: problems are reported in the result.
 pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Result<ReadReport> {
     let bytes = std::fs::read(path)?;
-    let mut rep = ReadReport { head: Some(Head { seq: -1, hash: GENESIS.into() }), ..Default::default() };
+    let mut rep = ReadReport {
+        head: Some(Head {
+            seq: -1,
+            hash: GENESIS.into(),
+        }),
+        ..Default::default()
+    };
     let ends_clean = bytes.is_empty() || bytes.ends_with(b"\n");
-    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&[u8]> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
     let mut prev = GENESIS.to_string();
     for (i, raw) in lines.iter().enumerate() {
         let last = i + 1 == lines.len();
@@ -165,25 +181,40 @@ pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Res
             break;
         }
         prev = crate::signing::sha256_hex(raw);
-        rep.head = Some(Head { seq: i as i64, hash: prev.clone() });
+        rep.head = Some(Head {
+            seq: i as i64,
+            hash: prev.clone(),
+        });
         rep.events.push(v);
     }
     Ok(rep)
 }
 
-fn check_line(v: &Value, i: usize, prev: &str, thread_id: &str, trust: Option<&Trust>) -> Result<(), String> {
+fn check_line(
+    v: &Value,
+    i: usize,
+    prev: &str,
+    thread_id: &str,
+    trust: Option<&Trust>,
+) -> Result<(), String> {
     if v.get("seq").and_then(Value::as_i64) != Some(i as i64) {
-        return Err(format!("seq is {} where {i} was expected", v.get("seq").unwrap_or(&Value::Null)));
+        return Err(format!(
+            "seq is {} where {i} was expected",
+            v.get("seq").unwrap_or(&Value::Null)
+        ));
     }
     if v.get("prev").and_then(Value::as_str) != Some(prev) {
         return Err("broken chain: `prev` does not match the hash of the line before (a line was edited, removed or inserted)".into());
     }
     if v.get("type").and_then(Value::as_str) == Some("checkpoint") {
         if let Some(trust) = trust {
-            let sig: SignatureBlock = serde_json::from_value(v.get("sig").cloned().unwrap_or(Value::Null))
-                .map_err(|_| "checkpoint without a valid `sig`".to_string())?;
+            let sig: SignatureBlock =
+                serde_json::from_value(v.get("sig").cloned().unwrap_or(Value::Null))
+                    .map_err(|_| "checkpoint without a valid `sig`".to_string())?;
             let body = json!({"thread": thread_id, "seq": i, "prev": prev});
-            trust.verify(CHECKPOINT_DOMAIN, &body, &sig).map_err(|m| format!("checkpoint: {m}"))?;
+            trust
+                .verify(CHECKPOINT_DOMAIN, &body, &sig)
+                .map_err(|m| format!("checkpoint: {m}"))?;
         }
     }
     Ok(())

@@ -44,12 +44,15 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
                 problems.push(format!("{}:{line}: {msg}", tr_path.display()));
             } else if let Some(doc) = &doc {
                 let want = &doc.transcript_head;
-                let at = usize::try_from(want.seq).ok().and_then(|i| rep.events.get(i));
+                let at = usize::try_from(want.seq)
+                    .ok()
+                    .and_then(|i| rep.events.get(i));
                 let hash_at = at.map(|_| {
                     // Recompute the hash of line `seq` from the file's bytes.
                     line_hash(&tr_path, want.seq as usize)
                 });
-                let matches = want.seq < 0 && rep.events.is_empty() || hash_at.flatten().as_deref() == Some(want.hash.as_str());
+                let matches = want.seq < 0 && rep.events.is_empty()
+                    || hash_at.flatten().as_deref() == Some(want.hash.as_str());
                 if !matches {
                     problems.push(format!(
                         "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
@@ -71,11 +74,19 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
             }
         }
     }
-    Verdict { id: id.to_string(), ok: problems.is_empty(), problems, torn_last_line: torn }
+    Verdict {
+        id: id.to_string(),
+        ok: problems.is_empty(),
+        problems,
+        torn_last_line: torn,
+    }
 }
 
 fn line_hash(path: &std::path::Path, index: usize) -> Option<String> {
     let bytes = std::fs::read(path).ok()?;
-    let line = bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).nth(index)?;
+    let line = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .nth(index)?;
     Some(crate::signing::sha256_hex(line))
 }

@@ -65,7 +65,10 @@ pub struct Message {
 impl Message {
     /// A user text message.
     pub fn user(text: impl Into<String>) -> Message {
-        Message { role: Role::User, content: vec![Block::Text { text: text.into() }] }
+        Message {
+            role: Role::User,
+            content: vec![Block::Text { text: text.into() }],
+        }
     }
 }
 
@@ -158,7 +161,14 @@ impl ErrorKind {
     }
     /// Worth retrying?
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorKind::RateLimited | ErrorKind::Overloaded | ErrorKind::Server | ErrorKind::Timeout | ErrorKind::Connection)
+        matches!(
+            self,
+            ErrorKind::RateLimited
+                | ErrorKind::Overloaded
+                | ErrorKind::Server
+                | ErrorKind::Timeout
+                | ErrorKind::Connection
+        )
     }
 }
 
@@ -188,7 +198,11 @@ pub trait Provider: Send + Sync {
         heuristic_prompt_tokens(req)
     }
     /// Makes the call; must return promptly with `Cancelled` when `cancel` fires.
-    fn complete(&self, req: LlmRequest, cancel: CancellationToken) -> BoxFuture<Result<LlmResponse, ProviderError>>;
+    fn complete(
+        &self,
+        req: LlmRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<Result<LlmResponse, ProviderError>>;
 }
 
 /// A conservative estimate: one token per 3 bytes plus per-message overhead.

@@ -82,7 +82,8 @@ pub struct Scripted {
 impl Scripted {
     /// Loads a script file; errors name the file, line and what was expected.
     pub fn load(path: &Path) -> Result<Scripted, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
         Scripted::parse(&path.display().to_string(), &text)
     }
 
@@ -100,7 +101,10 @@ impl Scripted {
             let mut out = Vec::with_capacity(list.len());
             for (i, t) in list.into_iter().enumerate() {
                 let at = format!("{source}: `{directive}` turn {}", i + 1);
-                let dur = |s: &str| humantime::parse_duration(s).map_err(|_| format!("{at}: `{s}` is not a duration (e.g. 200ms, 2s)"));
+                let dur = |s: &str| {
+                    humantime::parse_duration(s)
+                        .map_err(|_| format!("{at}: `{s}` is not a duration (e.g. 200ms, 2s)"))
+                };
                 let delay = t.delay.as_deref().map(dur).transpose()?;
                 let error = match t.error {
                     Some(e) => {
@@ -108,14 +112,27 @@ impl Scripted {
                             format!("{at}: error kind `{}` (expected rate_limited, overloaded, server, timeout, connection, auth, invalid_request or context_overflow)", e.kind)
                         })?;
                         let ra = e.retry_after.as_deref().map(dur).transpose()?;
-                        Some((kind, ra, e.message.unwrap_or_else(|| format!("scripted {} error", e.kind))))
+                        Some((
+                            kind,
+                            ra,
+                            e.message
+                                .unwrap_or_else(|| format!("scripted {} error", e.kind)),
+                        ))
                     }
                     None => None,
                 };
-                let usage = t.usage.unwrap_or(RawUsage { input_tokens: None, output_tokens: None, cache_read_tokens: None });
+                let usage = t.usage.unwrap_or(RawUsage {
+                    input_tokens: None,
+                    output_tokens: None,
+                    cache_read_tokens: None,
+                });
                 out.push(Turn {
                     text: t.text.unwrap_or_default(),
-                    tool_calls: t.tool_calls.into_iter().map(|c| (c.name, c.input)).collect(),
+                    tool_calls: t
+                        .tool_calls
+                        .into_iter()
+                        .map(|c| (c.name, c.input))
+                        .collect(),
                     input_tokens: usage.input_tokens,
                     output_tokens: usage.output_tokens,
                     cache_read_tokens: usage.cache_read_tokens.unwrap_or(0),
@@ -125,28 +142,39 @@ impl Scripted {
             }
             turns.insert(directive, out);
         }
-        Ok(Scripted { source: source.into(), turns: Arc::new(turns) })
+        Ok(Scripted {
+            source: source.into(),
+            turns: Arc::new(turns),
+        })
     }
 
     fn turn(&self, req: &LlmRequest) -> Result<&Turn, ProviderError> {
-        let list = self.turns.get(&req.directive).or_else(|| self.turns.get("default")).ok_or_else(|| ProviderError {
-            kind: ErrorKind::Script,
-            message: format!("script {} has no turns for directive `{}` and no `default` list; add one", self.source, req.directive),
-            retry_after: None,
-            usage: Usage::default(),
-        })?;
-        list.get(req.call_index as usize).ok_or_else(|| ProviderError {
-            kind: ErrorKind::Script,
-            message: format!(
+        let list = self
+            .turns
+            .get(&req.directive)
+            .or_else(|| self.turns.get("default"))
+            .ok_or_else(|| ProviderError {
+                kind: ErrorKind::Script,
+                message: format!(
+                    "script {} has no turns for directive `{}` and no `default` list; add one",
+                    self.source, req.directive
+                ),
+                retry_after: None,
+                usage: Usage::default(),
+            })?;
+        list.get(req.call_index as usize)
+            .ok_or_else(|| ProviderError {
+                kind: ErrorKind::Script,
+                message: format!(
                 "script {} ran out of turns for `{}`: it has {} and the thread asked for turn {}",
                 self.source,
                 req.directive,
                 list.len(),
                 req.call_index + 1
             ),
-            retry_after: None,
-            usage: Usage::default(),
-        })
+                retry_after: None,
+                usage: Usage::default(),
+            })
     }
 }
 
@@ -157,12 +185,19 @@ impl Provider for Scripted {
 
     fn estimate_prompt_tokens(&self, req: &LlmRequest) -> u64 {
         match self.turn(req) {
-            Ok(Turn { input_tokens: Some(n), .. }) => *n,
+            Ok(Turn {
+                input_tokens: Some(n),
+                ..
+            }) => *n,
             _ => super::heuristic_prompt_tokens(req),
         }
     }
 
-    fn complete(&self, req: LlmRequest, cancel: CancellationToken) -> BoxFuture<Result<LlmResponse, ProviderError>> {
+    fn complete(
+        &self,
+        req: LlmRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
         let turn = self.turn(&req).cloned();
         let estimate = super::heuristic_prompt_tokens(&req);
         Box::pin(async move {
@@ -176,16 +211,29 @@ impl Provider for Scripted {
                 }
             }
             if let Some((kind, retry_after, message)) = turn.error {
-                return Err(ProviderError { kind, message, retry_after, usage: Usage::default() });
+                return Err(ProviderError {
+                    kind,
+                    message,
+                    retry_after,
+                    usage: Usage::default(),
+                });
             }
             let calls: Vec<ToolCall> = turn
                 .tool_calls
                 .iter()
                 .enumerate()
-                .map(|(i, (name, input))| ToolCall { id: format!("call_{}_{i}", req.call_index), name: name.clone(), input: input.clone() })
+                .map(|(i, (name, input))| ToolCall {
+                    id: format!("call_{}_{i}", req.call_index),
+                    name: name.clone(),
+                    input: input.clone(),
+                })
                 .collect();
             let natural = turn.output_tokens.unwrap_or_else(|| {
-                (turn.text.len() as u64).div_ceil(4) + calls.iter().map(|c| 8 + c.input.to_string().len() as u64 / 4).sum::<u64>()
+                (turn.text.len() as u64).div_ceil(4)
+                    + calls
+                        .iter()
+                        .map(|c| 8 + c.input.to_string().len() as u64 / 4)
+                        .sum::<u64>()
             });
             let output_tokens = natural.min(req.max_tokens);
             let stop_reason = if natural > req.max_tokens {
@@ -198,7 +246,11 @@ impl Provider for Scripted {
             Ok(LlmResponse {
                 text: turn.text,
                 tool_calls: calls,
-                usage: Usage { input_tokens: turn.input_tokens.unwrap_or(estimate), output_tokens, cache_read_tokens: turn.cache_read_tokens },
+                usage: Usage {
+                    input_tokens: turn.input_tokens.unwrap_or(estimate),
+                    output_tokens,
+                    cache_read_tokens: turn.cache_read_tokens,
+                },
                 stop_reason: stop_reason.into(),
             })
         })

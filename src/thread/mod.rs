@@ -17,7 +17,9 @@ use crate::ids::ThreadId;
 use crate::ledger::LedgerMsg;
 use crate::limits::Limits;
 use crate::money::{Nanos, Price, Usage};
-use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role, ToolSpec};
+use crate::provider::{
+    Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role, ToolSpec,
+};
 use crate::registry::{RegistryMsg, ThreadRow};
 use crate::runtime::{Ctx, Event};
 use crate::state::{Status, ThreadDoc};
@@ -104,6 +106,13 @@ pub enum ThreadMsg {
         /// Whether the call waits for the child.
         wait: bool,
     },
+    /// A `spawn_thread` task could not start its child.
+    SpawnRefused {
+        /// The tool call.
+        call_id: String,
+        /// Why, for the model.
+        error: String,
+    },
     /// A child ended.
     ChildFinished(Box<ThreadReport>),
     /// A `wait_threads` timeout fired.
@@ -161,7 +170,11 @@ enum Phase {
     /// Waiting for the LLM.
     Thinking,
     /// Waiting for tool results.
-    Tools { order: Vec<String>, results: HashMap<String, ToolOutcome>, returned: Option<Value> },
+    Tools {
+        order: Vec<String>,
+        results: HashMap<String, ToolOutcome>,
+        returned: Option<Value>,
+    },
     /// Ending: waiting for children to acknowledge a cancel.
     Draining(Ending),
     /// Finalized.
@@ -208,6 +221,9 @@ pub struct ThreadState {
     timers: Vec<tokio::task::JoinHandle<()>>,
     /// A failure (on_child_error: fail) to apply once the current tool round is answered.
     pending_failure: Option<String>,
+    /// `spawn_thread` tasks still under way: a thread never finalizes before they report,
+    /// so no child can start after its parent has ended.
+    pending_spawns: usize,
 }
 
 impl ThreadState {
@@ -222,7 +238,11 @@ impl ThreadState {
     }
 
     fn live_children(&self) -> Vec<ThreadId> {
-        self.children.iter().filter(|(_, c)| c.report.is_none() && c.actor.is_some()).map(|(id, _)| id.clone()).collect()
+        self.children
+            .iter()
+            .filter(|(_, c)| c.report.is_none() && c.actor.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     fn sign_doc(&mut self, fsync: bool) {
@@ -235,7 +255,10 @@ impl ThreadState {
         self.doc.transcript_head = self.transcript.head().clone();
         let path = self.ctx.project.thread_dir(self.id()).join("thread.json");
         let strict = self.ctx.config.durability == crate::config::Durability::Strict;
-        if let Err(e) = self.doc.write_signed(&path, &self.ctx.signer, fsync || strict) {
+        if let Err(e) = self
+            .doc
+            .write_signed(&path, &self.ctx.signer, fsync || strict)
+        {
             tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}");
         }
     }
@@ -297,9 +320,18 @@ fn system_prompt(d: &Directive, id: &ThreadId, limits: &Limits) -> String {
         let outs: Vec<String> = d
             .outputs
             .iter()
-            .map(|(k, o)| format!("{k} ({}{})", o.kind, if o.required { ", required" } else { "" }))
+            .map(|(k, o)| {
+                format!(
+                    "{k} ({}{})",
+                    o.kind,
+                    if o.required { ", required" } else { "" }
+                )
+            })
             .collect();
-        s.push_str(&format!("\nWhen done, call directive_return with: {}.", outs.join(", ")));
+        s.push_str(&format!(
+            "\nWhen done, call directive_return with: {}.",
+            outs.join(", ")
+        ));
     }
     s
 }
@@ -309,7 +341,11 @@ impl Actor for ThreadActor {
     type State = ThreadState;
     type Arguments = ThreadArgs;
 
-    async fn pre_start(&self, me: ActorRef<ThreadMsg>, a: ThreadArgs) -> Result<ThreadState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<ThreadMsg>,
+        a: ThreadArgs,
+    ) -> Result<ThreadState, ActorProcessingErr> {
         let tools = tools::offered(&a.directive, &a.doc.capabilities);
         let system = system_prompt(&a.directive, &a.doc.id, &a.limits);
         let messages = vec![Message::user(a.prompt)];
@@ -336,30 +372,66 @@ impl Actor for ThreadActor {
             announce: Vec::new(),
             timers: Vec::new(),
             pending_failure: None,
+            pending_spawns: 0,
         };
         me.cast(ThreadMsg::Start)?;
         Ok(s)
     }
 
-    async fn handle(&self, me: ActorRef<ThreadMsg>, msg: ThreadMsg, s: &mut ThreadState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        me: ActorRef<ThreadMsg>,
+        msg: ThreadMsg,
+        s: &mut ThreadState,
+    ) -> Result<(), ActorProcessingErr> {
         if matches!(s.phase, Phase::Done) {
             if let ThreadMsg::Status(reply) = msg {
-                let _ = reply.send(StatusSnapshot { status: s.doc.status, turns: s.doc.cost.turns, live_children: vec![] });
+                let _ = reply.send(StatusSnapshot {
+                    status: s.doc.status,
+                    turns: s.doc.cost.turns,
+                    live_children: vec![],
+                });
             }
             return Ok(());
         }
         match msg {
             ThreadMsg::Start => self.start(&me, s).await,
             ThreadMsg::NextTurn => self.next_turn(&me, s).await,
-            ThreadMsg::LlmDone { reservation, retries, outcome } => self.llm_done(&me, s, reservation, retries, outcome).await,
-            ThreadMsg::ToolDone { call_id, outcome } => self.tool_done(&me, s, call_id, outcome).await,
-            ThreadMsg::ChildSpawned { call_id, child, actor, wait } => self.child_spawned(&me, s, call_id, child, actor, wait).await,
+            ThreadMsg::LlmDone {
+                reservation,
+                retries,
+                outcome,
+            } => self.llm_done(&me, s, reservation, retries, outcome).await,
+            ThreadMsg::ToolDone { call_id, outcome } => {
+                self.tool_done(&me, s, call_id, outcome).await
+            }
+            ThreadMsg::ChildSpawned {
+                call_id,
+                child,
+                actor,
+                wait,
+            } => {
+                self.child_spawned(&me, s, call_id, child, actor, wait)
+                    .await
+            }
+            ThreadMsg::SpawnRefused { call_id, error } => {
+                s.pending_spawns = s.pending_spawns.saturating_sub(1);
+                if !self.drained(&me, s).await {
+                    self.tool_done(&me, s, call_id, ToolOutcome::err(error))
+                        .await;
+                }
+            }
             ThreadMsg::ChildFinished(r) => self.child_finished(&me, s, *r).await,
             ThreadMsg::WaitTimeout { call_id } => self.wait_timeout(&me, s, call_id).await,
             ThreadMsg::Cancel { reason } => {
                 if !matches!(s.phase, Phase::Draining(_)) {
                     s.log("cancel_requested", json!({ "reason": reason }));
-                    let e = Ending { status: Status::Cancelled, result: None, outputs: None, error: Some(format!("cancelled: {reason}")) };
+                    let e = Ending {
+                        status: Status::Cancelled,
+                        result: None,
+                        outputs: None,
+                        error: Some(format!("cancelled: {reason}")),
+                    };
                     self.finalize(&me, s, e).await;
                 }
             }
@@ -367,7 +439,12 @@ impl Actor for ThreadActor {
                 if !matches!(s.phase, Phase::Draining(_)) {
                     let d = humantime::format_duration(s.limits.duration()).to_string();
                     s.log("limit_hit", json!({ "limit": "duration", "max": d }));
-                    let e = Ending { status: Status::Error, result: None, outputs: None, error: Some(format!("limit exceeded: duration {d}")) };
+                    let e = Ending {
+                        status: Status::Error,
+                        result: None,
+                        outputs: None,
+                        error: Some(format!("limit exceeded: duration {d}")),
+                    };
                     self.finalize(&me, s, e).await;
                 }
             }
@@ -379,7 +456,11 @@ impl Actor for ThreadActor {
                 }
             }
             ThreadMsg::Status(reply) => {
-                let _ = reply.send(StatusSnapshot { status: s.doc.status, turns: s.doc.cost.turns, live_children: s.live_children() });
+                let _ = reply.send(StatusSnapshot {
+                    status: s.doc.status,
+                    turns: s.doc.cost.turns,
+                    live_children: s.live_children(),
+                });
             }
         }
         Ok(())
@@ -397,7 +478,8 @@ impl Actor for ThreadActor {
             let name = cell.get_name().unwrap_or_default();
             if let Ok(id) = ThreadId::parse(&name) {
                 if s.children.get(&id).is_some_and(|c| c.report.is_none()) {
-                    let report = crash_report(&s.ctx, &id, &format!("thread actor failed: {err}")).await;
+                    let report =
+                        crash_report(&s.ctx, &id, &format!("thread actor failed: {err}")).await;
                     self.child_finished(&me, s, report).await;
                 }
             }
@@ -405,7 +487,11 @@ impl Actor for ThreadActor {
         Ok(())
     }
 
-    async fn post_stop(&self, _me: ActorRef<ThreadMsg>, s: &mut ThreadState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _me: ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+    ) -> Result<(), ActorProcessingErr> {
         s.cancel.cancel();
         for t in s.timers.drain(..) {
             t.abort();
@@ -416,11 +502,25 @@ impl Actor for ThreadActor {
 
 /// Finalizes a child whose actor died without finalizing itself.
 async fn crash_report(ctx: &Arc<Ctx>, id: &ThreadId, error: &str) -> ThreadReport {
-    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close { id: id.clone(), reply }).ok().and_then(Result::ok);
-    let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get { id: id.clone(), reply }).ok().and_then(Result::ok).flatten();
+    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok);
+    let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok)
+    .flatten();
     let mut report = ThreadReport {
         thread_id: id.clone(),
-        directive: row.as_ref().map(|r| r.directive.clone()).unwrap_or_default(),
+        directive: row
+            .as_ref()
+            .map(|r| r.directive.clone())
+            .unwrap_or_default(),
         status: Status::Error,
         result: None,
         outputs: None,
@@ -437,7 +537,10 @@ async fn crash_report(ctx: &Arc<Ctx>, id: &ThreadId, error: &str) -> ThreadRepor
         row.spend_nanos = report.spend_nanos.0;
         row.own_spend_nanos = report.own_spend_nanos.0;
         row.updated_at = crate::transcript::now_ts();
-        let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update { row: Box::new(row), reply: Some(reply) });
+        let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
+            row: Box::new(row),
+            reply: Some(reply)
+        });
     }
     report.error = Some(error.into());
     report
@@ -447,11 +550,21 @@ impl ThreadActor {
     async fn start(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
         s.doc.transition(Status::Running);
         s.log("status", json!({ "status": "running" }));
-        s.log("message", json!({ "role": "user", "text": message_text(&s.messages[0]) }));
+        s.log(
+            "message",
+            json!({ "role": "user", "text": message_text(&s.messages[0]) }),
+        );
         s.sign_doc(false);
         let row = s.row();
-        let _ = s.ctx.registry.cast(RegistryMsg::Update { row: Box::new(row), reply: None });
-        let _ = s.ctx.events.send(Event::Started { id: s.id().clone(), parent: s.doc.parent_id.clone(), directive: s.doc.directive.clone() });
+        let _ = s.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(row),
+            reply: None,
+        });
+        let _ = s.ctx.events.send(Event::Started {
+            id: s.id().clone(),
+            parent: s.doc.parent_id.clone(),
+            directive: s.doc.directive.clone(),
+        });
         let me2 = me.clone();
         let d = s.limits.duration();
         s.timers.push(tokio::spawn(async move {
@@ -461,9 +574,24 @@ impl ThreadActor {
         let _ = me.cast(ThreadMsg::NextTurn);
     }
 
-    async fn limit_hit(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, limit: &str, used: String, max: String) {
-        s.log("limit_hit", json!({ "limit": limit, "used": used, "max": max }));
-        let e = Ending { status: Status::Error, result: None, outputs: None, error: Some(format!("limit exceeded: {limit} {used}/{max}")) };
+    async fn limit_hit(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        limit: &str,
+        used: String,
+        max: String,
+    ) {
+        s.log(
+            "limit_hit",
+            json!({ "limit": limit, "used": used, "max": max }),
+        );
+        let e = Ending {
+            status: Status::Error,
+            result: None,
+            outputs: None,
+            error: Some(format!("limit exceeded: {limit} {used}/{max}")),
+        };
         self.finalize(me, s, e).await;
     }
 
@@ -485,7 +613,9 @@ impl ThreadActor {
         let used_tokens = s.usage.input_tokens + s.usage.output_tokens + s.usage.cache_read_tokens;
         if used_tokens >= s.limits.tokens {
             let max = s.limits.tokens.to_string();
-            return self.limit_hit(me, s, "tokens", used_tokens.to_string(), max).await;
+            return self
+                .limit_hit(me, s, "tokens", used_tokens.to_string(), max)
+                .await;
         }
         if s.cancel.is_cancelled() {
             return;
@@ -504,9 +634,21 @@ impl ThreadActor {
         let token_room = s.limits.tokens - used_tokens;
         if prompt_tokens >= token_room {
             let max = s.limits.tokens.to_string();
-            return self.limit_hit(me, s, "tokens", (used_tokens + prompt_tokens).to_string(), max).await;
+            return self
+                .limit_hit(
+                    me,
+                    s,
+                    "tokens",
+                    (used_tokens + prompt_tokens).to_string(),
+                    max,
+                )
+                .await;
         }
-        let want = s.ctx.config.max_output_tokens.min(token_room - prompt_tokens);
+        let want = s
+            .ctx
+            .config
+            .max_output_tokens
+            .min(token_room - prompt_tokens);
         let min_out = crate::runtime::MIN_OUTPUT_TOKENS.min(want);
         let grant = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Reserve {
             id: s.doc.id.clone(),
@@ -518,8 +660,18 @@ impl ThreadActor {
         });
         let grant = match grant {
             Ok(Ok(g)) => g,
-            Ok(Err(crate::ledger::LedgerError::Insufficient { needed, available, .. })) => {
-                return self.limit_hit(me, s, "spend", format!("{} used, {} needed", s.own_spend, needed), format!("{} available", available)).await;
+            Ok(Err(crate::ledger::LedgerError::Insufficient {
+                needed, available, ..
+            })) => {
+                return self
+                    .limit_hit(
+                        me,
+                        s,
+                        "spend",
+                        format!("{} used, {} needed", s.own_spend, needed),
+                        format!("{} available", available),
+                    )
+                    .await;
             }
             Ok(Err(e)) => return self.fail(me, s, format!("ledger: {e}")).await,
             Err(e) => return self.fail(me, s, format!("ledger unreachable: {e}")).await,
@@ -536,8 +688,14 @@ impl ThreadActor {
             loop {
                 let outcome = provider.complete(req.clone(), token.clone()).await;
                 match outcome {
-                    Err(e) if e.kind.retryable() && (failed.len() as u32) < retries && !token.is_cancelled() => {
-                        let wait = e.retry_after.unwrap_or_else(|| backoff(failed.len() as u32));
+                    Err(e)
+                        if e.kind.retryable()
+                            && (failed.len() as u32) < retries
+                            && !token.is_cancelled() =>
+                    {
+                        let wait = e
+                            .retry_after
+                            .unwrap_or_else(|| backoff(failed.len() as u32));
                         failed.push(e);
                         req.call_index += 1;
                         tokio::select! {
@@ -546,7 +704,11 @@ impl ThreadActor {
                         }
                     }
                     outcome => {
-                        let _ = me2.cast(ThreadMsg::LlmDone { reservation, retries: failed, outcome });
+                        let _ = me2.cast(ThreadMsg::LlmDone {
+                            reservation,
+                            retries: failed,
+                            outcome,
+                        });
                         return;
                     }
                 }
@@ -573,9 +735,13 @@ impl ThreadActor {
             Err(e) => add_usage(&mut usage, &e.usage),
         }
         let cost = s.price.cost(&usage);
-        let _ = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Settle { reservation, actual: cost, reply });
+        let _ = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Settle {
+            reservation,
+            actual: cost,
+            reply
+        });
         add_usage(&mut s.usage, &usage);
-        s.own_spend = s.own_spend.add(cost);
+        s.own_spend = s.own_spend.plus(cost);
         if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
             return;
         }
@@ -585,28 +751,57 @@ impl ThreadActor {
             Err(e) if e.kind == ErrorKind::Cancelled => return,
             Err(e) => {
                 s.log("llm_call", json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "error": { "kind": e.kind, "message": e.message } }));
-                return self.fail(me, s, format!("LLM call failed ({:?}): {}", e.kind, e.message)).await;
+                return self
+                    .fail(
+                        me,
+                        s,
+                        format!("LLM call failed ({:?}): {}", e.kind, e.message),
+                    )
+                    .await;
             }
         };
         s.doc.cost.turns += 1;
         s.log("llm_call", json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "stop_reason": resp.stop_reason }));
         let row = s.row();
-        let _ = s.ctx.registry.cast(RegistryMsg::Update { row: Box::new(row), reply: None });
-        let _ = s.ctx.events.send(Event::Turn { id: s.id().clone(), turns: s.doc.cost.turns, spend: s.own_spend });
+        let _ = s.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(row),
+            reply: None,
+        });
+        let _ = s.ctx.events.send(Event::Turn {
+            id: s.id().clone(),
+            turns: s.doc.cost.turns,
+            spend: s.own_spend,
+        });
         let mut content = Vec::new();
         if !resp.text.is_empty() {
             s.log("assistant_text", json!({ "text": resp.text }));
-            content.push(Block::Text { text: resp.text.clone() });
+            content.push(Block::Text {
+                text: resp.text.clone(),
+            });
         }
         for c in &resp.tool_calls {
-            s.log("tool_use", json!({ "id": c.id, "name": c.name, "input": c.input }));
-            content.push(Block::ToolUse { id: c.id.clone(), name: c.name.clone(), input: c.input.clone() });
+            s.log(
+                "tool_use",
+                json!({ "id": c.id, "name": c.name, "input": c.input }),
+            );
+            content.push(Block::ToolUse {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                input: c.input.clone(),
+            });
         }
-        s.messages.push(Message { role: Role::Assistant, content });
+        s.messages.push(Message {
+            role: Role::Assistant,
+            content,
+        });
         if resp.tool_calls.is_empty() {
             return self.answer_without_tools(me, s, resp.text).await;
         }
-        s.phase = Phase::Tools { order: resp.tool_calls.iter().map(|c| c.id.clone()).collect(), results: HashMap::new(), returned: None };
+        s.phase = Phase::Tools {
+            order: resp.tool_calls.iter().map(|c| c.id.clone()).collect(),
+            results: HashMap::new(),
+            returned: None,
+        };
         for call in resp.tool_calls {
             if let Some(outcome) = tools::dispatch(me, s, call.clone()).await {
                 self.tool_done(me, s, call.id, outcome).await;
@@ -614,21 +809,45 @@ impl ThreadActor {
         }
     }
 
-    async fn answer_without_tools(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, text: String) {
+    async fn answer_without_tools(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        text: String,
+    ) {
         let missing = s.directive.check_outputs(&serde_json::Map::new()).is_err();
         if missing {
-            let nudge = "You must call directive_return with the declared outputs to finish.".to_string();
+            let nudge =
+                "You must call directive_return with the declared outputs to finish.".to_string();
             s.log("message", json!({ "role": "user", "text": nudge }));
             s.messages.push(Message::user(nudge));
             let _ = me.cast(ThreadMsg::NextTurn);
             return;
         }
-        let e = Ending { status: Status::Completed, result: Some(text), outputs: None, error: None };
+        let e = Ending {
+            status: Status::Completed,
+            result: Some(text),
+            outputs: None,
+            error: None,
+        };
         self.finalize(me, s, e).await;
     }
 
-    async fn tool_done(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call_id: String, outcome: ToolOutcome) {
-        let Phase::Tools { order, results, returned } = &mut s.phase else { return };
+    async fn tool_done(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        call_id: String,
+        outcome: ToolOutcome,
+    ) {
+        let Phase::Tools {
+            order,
+            results,
+            returned,
+        } = &mut s.phase
+        else {
+            return;
+        };
         if !order.contains(&call_id) || results.contains_key(&call_id) {
             return;
         }
@@ -637,18 +856,42 @@ impl ThreadActor {
         }
         results.insert(call_id.clone(), outcome.clone());
         let done = results.len() == order.len();
-        s.log("tool_result", json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }));
+        s.log(
+            "tool_result",
+            json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
+        );
         if !done {
             return;
         }
-        let Phase::Tools { order, mut results, returned } = std::mem::replace(&mut s.phase, Phase::Idle) else { return };
+        let Phase::Tools {
+            order,
+            mut results,
+            returned,
+        } = std::mem::replace(&mut s.phase, Phase::Idle)
+        else {
+            return;
+        };
         let blocks: Vec<Block> = order
             .iter()
-            .filter_map(|id| results.remove(id).map(|r| Block::ToolResult { id: id.clone(), content: r.content, is_error: r.is_error }))
+            .filter_map(|id| {
+                results.remove(id).map(|r| Block::ToolResult {
+                    id: id.clone(),
+                    content: r.content,
+                    is_error: r.is_error,
+                })
+            })
             .collect();
-        s.messages.push(Message { role: Role::User, content: blocks });
+        s.messages.push(Message {
+            role: Role::User,
+            content: blocks,
+        });
         if let Some(outputs) = returned {
-            let e = Ending { status: Status::Completed, result: None, outputs: Some(outputs), error: None };
+            let e = Ending {
+                status: Status::Completed,
+                result: None,
+                outputs: Some(outputs),
+                error: None,
+            };
             return self.finalize(me, s, e).await;
         }
         if let Some(err) = s.pending_failure.take() {
@@ -657,36 +900,70 @@ impl ThreadActor {
         let _ = me.cast(ThreadMsg::NextTurn);
     }
 
-    async fn child_spawned(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call_id: String, child: ThreadId, actor: ActorRef<ThreadMsg>, wait: bool) {
-        let entry = s.children.entry(child.clone()).or_insert(Child { actor: None, report: None, claimed: false });
+    async fn child_spawned(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        call_id: String,
+        child: ThreadId,
+        actor: ActorRef<ThreadMsg>,
+        wait: bool,
+    ) {
+        s.pending_spawns = s.pending_spawns.saturating_sub(1);
+        let entry = s.children.entry(child.clone()).or_insert(Child {
+            actor: None,
+            report: None,
+            claimed: false,
+        });
         entry.actor = Some(actor.clone());
         if matches!(s.phase, Phase::Draining(_)) {
-            let _ = actor.cast(ThreadMsg::Cancel { reason: "parent is ending".into() });
+            if entry.report.is_none() {
+                let _ = actor.cast(ThreadMsg::Cancel {
+                    reason: "parent is ending".into(),
+                });
+            }
+            self.drained(me, s).await;
             return;
         }
-        s.log("child_spawned", json!({ "id": child, "wait": wait, "call_id": call_id }));
+        s.log(
+            "child_spawned",
+            json!({ "id": child, "wait": wait, "call_id": call_id }),
+        );
         if !wait {
-            return self.tool_done(me, s, call_id, ToolOutcome::ok(json!({ "thread_id": child, "status": "running" }))).await;
+            return self
+                .tool_done(
+                    me,
+                    s,
+                    call_id,
+                    ToolOutcome::ok(json!({ "thread_id": child, "status": "running" })),
+                )
+                .await;
         }
         entry_claim(s, &child);
-        s.waiters.push(Waiter { call_id, ids: vec![child] });
+        s.waiters.push(Waiter {
+            call_id,
+            ids: vec![child],
+        });
         self.resolve_waiters(me, s).await;
     }
 
     async fn child_finished(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, r: ThreadReport) {
         let id = r.thread_id.clone();
-        s.log("child_finished", json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }));
-        let entry = s.children.entry(id.clone()).or_insert(Child { actor: None, report: None, claimed: false });
+        s.log(
+            "child_finished",
+            json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }),
+        );
+        let entry = s.children.entry(id.clone()).or_insert(Child {
+            actor: None,
+            report: None,
+            claimed: false,
+        });
         if entry.report.is_some() {
             return;
         }
         entry.report = Some(r.clone());
         let claimed = entry.claimed;
-        if let Phase::Draining(e) = &s.phase {
-            if s.live_children().is_empty() {
-                let e = e.clone();
-                self.complete_finalize(me, s, e).await;
-            }
+        if self.drained(me, s).await {
             return;
         }
         if r.status == Status::Error {
@@ -695,7 +972,9 @@ impl ThreadActor {
                 OnChildError::CancelSiblings => {
                     for c in s.live_children() {
                         if let Some(a) = s.children.get(&c).and_then(|c| c.actor.clone()) {
-                            let _ = a.cast(ThreadMsg::Cancel { reason: format!("sibling {id} failed") });
+                            let _ = a.cast(ThreadMsg::Cancel {
+                                reason: format!("sibling {id} failed"),
+                            });
                         }
                     }
                 }
@@ -721,7 +1000,11 @@ impl ThreadActor {
             .waiters
             .iter()
             .enumerate()
-            .filter(|(_, w)| w.ids.iter().all(|id| s.children.get(id).is_some_and(|c| c.report.is_some())))
+            .filter(|(_, w)| {
+                w.ids
+                    .iter()
+                    .all(|id| s.children.get(id).is_some_and(|c| c.report.is_some()))
+            })
             .map(|(i, _)| i)
             .collect();
         for i in ready.into_iter().rev() {
@@ -732,15 +1015,38 @@ impl ThreadActor {
     }
 
     async fn wait_timeout(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call_id: String) {
-        let Some(i) = s.waiters.iter().position(|w| w.call_id == call_id) else { return };
+        let Some(i) = s.waiters.iter().position(|w| w.call_id == call_id) else {
+            return;
+        };
         let w = s.waiters.remove(i);
         let outcome = tools::wait_result(s, &w.ids, true);
         self.tool_done(me, s, w.call_id, outcome).await;
     }
 
+    /// While draining: completes the finalization once no child is live and no spawn is under
+    /// way. Returns whether the thread is draining (or done).
+    async fn drained(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) -> bool {
+        match &s.phase {
+            Phase::Draining(e) => {
+                if s.live_children().is_empty() && s.pending_spawns == 0 {
+                    let e = e.clone();
+                    self.complete_finalize(me, s, e).await;
+                }
+                true
+            }
+            Phase::Done => true,
+            _ => false,
+        }
+    }
+
     async fn fail(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, error: String) {
         s.log("error", json!({ "message": error }));
-        let e = Ending { status: Status::Error, result: None, outputs: None, error: Some(error) };
+        let e = Ending {
+            status: Status::Error,
+            result: None,
+            outputs: None,
+            error: Some(error),
+        };
         self.finalize(me, s, e).await;
     }
 
@@ -752,13 +1058,15 @@ impl ThreadActor {
         }
         s.cancel.cancel();
         let live = s.live_children();
-        if live.is_empty() {
+        if live.is_empty() && s.pending_spawns == 0 {
             return self.complete_finalize(me, s, e).await;
         }
         s.log("cancelling_children", json!({ "children": live }));
         for id in &live {
             if let Some(a) = s.children.get(id).and_then(|c| c.actor.clone()) {
-                let _ = a.cast(ThreadMsg::Cancel { reason: format!("parent {} is ending", s.doc.id) });
+                let _ = a.cast(ThreadMsg::Cancel {
+                    reason: format!("parent {} is ending", s.doc.id),
+                });
             }
         }
         s.phase = Phase::Draining(e);
@@ -776,8 +1084,16 @@ impl ThreadActor {
             if let Some(a) = actor {
                 a.kill();
             }
-            let r = crash_report(&s.ctx, &id, "killed: did not acknowledge cancel within cancel_grace").await;
-            s.log("child_finished", json!({ "id": id, "status": "error", "error": r.error }));
+            let r = crash_report(
+                &s.ctx,
+                &id,
+                "killed: did not acknowledge cancel within cancel_grace",
+            )
+            .await;
+            s.log(
+                "child_finished",
+                json!({ "id": id, "status": "error", "error": r.error }),
+            );
             if let Some(c) = s.children.get_mut(&id) {
                 c.report = Some(r);
             }
@@ -791,7 +1107,10 @@ impl ThreadActor {
         for t in s.timers.drain(..) {
             t.abort();
         }
-        let acct = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Close { id: s.doc.id.clone(), reply });
+        let acct = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Close {
+            id: s.doc.id.clone(),
+            reply
+        });
         match acct {
             Ok(Ok(a)) => s.doc.cost.spend_nanos = a.spent.0,
             other => {
@@ -813,7 +1132,10 @@ impl ThreadActor {
         }
         s.sign_doc(true);
         let row = s.row();
-        let _ = ractor::call!(s.ctx.registry, |reply| RegistryMsg::Update { row: Box::new(row), reply: Some(reply) });
+        let _ = ractor::call!(s.ctx.registry, |reply| RegistryMsg::Update {
+            row: Box::new(row),
+            reply: Some(reply)
+        });
         let report = s.report();
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
         if let Some((_, parent)) = &s.parent {

@@ -32,11 +32,19 @@ pub struct ToolOutcome {
 impl ToolOutcome {
     /// A successful JSON result.
     pub fn ok(v: Value) -> ToolOutcome {
-        ToolOutcome { content: v.to_string(), is_error: false, returned: None }
+        ToolOutcome {
+            content: v.to_string(),
+            is_error: false,
+            returned: None,
+        }
     }
     /// An error result.
     pub fn err(msg: impl Into<String>) -> ToolOutcome {
-        ToolOutcome { content: json!({ "error": msg.into() }).to_string(), is_error: true, returned: None }
+        ToolOutcome {
+            content: json!({ "error": msg.into() }).to_string(),
+            is_error: true,
+            returned: None,
+        }
     }
 }
 
@@ -85,7 +93,12 @@ pub(super) fn offered(d: &Directive, caps: &[String]) -> Vec<ToolSpec> {
             (k.clone(), p)
         })
         .collect();
-    let required: Vec<&String> = d.outputs.iter().filter(|(_, o)| o.required).map(|(k, _)| k).collect();
+    let required: Vec<&String> = d
+        .outputs
+        .iter()
+        .filter(|(_, o)| o.required)
+        .map(|(k, _)| k)
+        .collect();
     out.push(ToolSpec {
         name: "directive_return".into(),
         description: "Finish this thread with its structured outputs.".into(),
@@ -99,8 +112,15 @@ fn needed_capability(call: &ToolCall) -> Result<Option<String>, String> {
     match call.name.as_str() {
         "directive_return" => Ok(None),
         "spawn_thread" => {
-            let d = call.input.get("directive").and_then(Value::as_str).ok_or("spawn_thread needs a `directive` (string)")?;
-            Ok(Some(format!("thread.spawn.{}", d.trim_end_matches(".md").replace('/', "."))))
+            let d = call
+                .input
+                .get("directive")
+                .and_then(Value::as_str)
+                .ok_or("spawn_thread needs a `directive` (string)")?;
+            Ok(Some(format!(
+                "thread.spawn.{}",
+                d.trim_end_matches(".md").replace('/', ".")
+            )))
         }
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
         other => Ok(Some(format!("tool.{other}"))),
@@ -108,23 +128,42 @@ fn needed_capability(call: &ToolCall) -> Result<Option<String>, String> {
 }
 
 /// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will answer.
-pub(super) async fn dispatch(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -> Option<ToolOutcome> {
+pub(super) async fn dispatch(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
     if !s.tools.iter().any(|t| t.name == call.name) {
         let names: Vec<&str> = s.tools.iter().map(|t| t.name.as_str()).collect();
-        return Some(ToolOutcome::err(format!("unknown or ungranted tool `{}` (available: {})", call.name, names.join(", "))));
+        return Some(ToolOutcome::err(format!(
+            "unknown or ungranted tool `{}` (available: {})",
+            call.name,
+            names.join(", ")
+        )));
     }
     let needed = match needed_capability(&call) {
         Ok(n) => n,
         Err(m) => return Some(ToolOutcome::err(m)),
     };
     if let Some(cap) = needed {
-        let ok = if cap == "thread.spawn.**" { may_manage(&s.doc.capabilities) } else { capability::allowed(&s.doc.capabilities, &cap) };
+        let ok = if cap == "thread.spawn.**" {
+            may_manage(&s.doc.capabilities)
+        } else {
+            capability::allowed(&s.doc.capabilities, &cap)
+        };
         if !ok {
-            s.log("tool_denied", json!({ "id": call.id, "name": call.name, "capability": cap }));
+            s.log(
+                "tool_denied",
+                json!({ "id": call.id, "name": call.name, "capability": cap }),
+            );
             return Some(ToolOutcome::err(format!(
                 "permission denied: `{cap}` is not granted to thread {} (it holds: {})",
                 s.doc.id,
-                if s.doc.capabilities.is_empty() { "none".to_string() } else { s.doc.capabilities.join(", ") }
+                if s.doc.capabilities.is_empty() {
+                    "none".to_string()
+                } else {
+                    s.doc.capabilities.join(", ")
+                }
             )));
         }
     }
@@ -134,7 +173,10 @@ pub(super) async fn dispatch(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call
         "wait_threads" => wait_threads(me, s, call),
         "cancel_thread" => Some(cancel_thread(s, &call.input).await),
         "thread_status" => Some(thread_status(s, &call.input).await),
-        _ => Some(ToolOutcome::err(format!("tool `{}` has no implementation in this build", call.name))),
+        _ => Some(ToolOutcome::err(format!(
+            "tool `{}` has no implementation in this build",
+            call.name
+        ))),
     }
 }
 
@@ -142,18 +184,34 @@ fn directive_return(s: &mut ThreadState, input: &Value) -> ToolOutcome {
     let empty = serde_json::Map::new();
     let given = input.as_object().unwrap_or(&empty);
     match s.directive.check_outputs(given) {
-        Ok(()) => ToolOutcome { content: json!({"ok": true}).to_string(), is_error: false, returned: Some(Value::Object(given.clone())) },
+        Ok(()) => ToolOutcome {
+            content: json!({"ok": true}).to_string(),
+            is_error: false,
+            returned: Some(Value::Object(given.clone())),
+        },
         Err(m) => ToolOutcome::err(m),
     }
 }
 
-fn spawn_thread(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -> Option<ToolOutcome> {
+fn spawn_thread(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
     let input = &call.input;
-    let directive = input.get("directive").and_then(Value::as_str).unwrap_or_default().to_string();
+    let directive = input
+        .get("directive")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let inputs = match input.get("inputs") {
         None | Some(Value::Null) => serde_json::Map::new(),
         Some(Value::Object(m)) => m.clone(),
-        Some(other) => return Some(ToolOutcome::err(format!("`inputs` must be an object, got {other}"))),
+        Some(other) => {
+            return Some(ToolOutcome::err(format!(
+                "`inputs` must be an object, got {other}"
+            )))
+        }
     };
     let overrides = match input.get("limits") {
         None | Some(Value::Null) => LimitSet::default(),
@@ -161,7 +219,11 @@ fn spawn_thread(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -
             Ok(l) => l,
             Err(e) => return Some(ToolOutcome::err(e)),
         },
-        Some(other) => return Some(ToolOutcome::err(format!("`limits` must be an object, got {other}"))),
+        Some(other) => {
+            return Some(ToolOutcome::err(format!(
+                "`limits` must be an object, got {other}"
+            )))
+        }
     };
     let reserve = match input.get("reserve") {
         None | Some(Value::Null) => Nanos::ZERO,
@@ -171,17 +233,35 @@ fn spawn_thread(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -
         },
     };
     let wait = input.get("wait").and_then(Value::as_bool).unwrap_or(true);
+    s.pending_spawns += 1;
     let ctx = s.ctx.clone();
-    let parent = ParentLink { id: s.doc.id.clone(), actor: me.clone() };
+    let parent = ParentLink {
+        id: s.doc.id.clone(),
+        actor: me.clone(),
+    };
     let me = me.clone();
     tokio::spawn(async move {
-        let req = SpawnRequest { directive, inputs, overrides, reserve, parent: Some(parent) };
+        let req = SpawnRequest {
+            directive,
+            inputs,
+            overrides,
+            reserve,
+            parent: Some(parent),
+        };
         match crate::runtime::spawn(&ctx, req, None).await {
             Ok((child, actor)) => {
-                let _ = me.cast(ThreadMsg::ChildSpawned { call_id: call.id, child, actor, wait });
+                let _ = me.cast(ThreadMsg::ChildSpawned {
+                    call_id: call.id,
+                    child,
+                    actor,
+                    wait,
+                });
             }
             Err(e) => {
-                let _ = me.cast(ThreadMsg::ToolDone { call_id: call.id, outcome: ToolOutcome::err(format!("spawn refused: {e}")) });
+                let _ = me.cast(ThreadMsg::SpawnRefused {
+                    call_id: call.id,
+                    error: format!("spawn refused: {e}"),
+                });
             }
         }
     });
@@ -189,11 +269,17 @@ fn spawn_thread(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -
 }
 
 fn parse_id(v: Option<&Value>) -> Result<ThreadId, String> {
-    let text = v.and_then(Value::as_str).ok_or("`id` (string) is required")?;
+    let text = v
+        .and_then(Value::as_str)
+        .ok_or("`id` (string) is required")?;
     ThreadId::parse(text)
 }
 
-fn wait_threads(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -> Option<ToolOutcome> {
+fn wait_threads(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
     let ids: Vec<ThreadId> = match call.input.get("ids") {
         None | Some(Value::Null) => s.live_children(),
         Some(Value::Array(a)) => {
@@ -201,23 +287,40 @@ fn wait_threads(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -
             for v in a {
                 match parse_id(Some(v)) {
                     Ok(id) if s.children.contains_key(&id) => ids.push(id),
-                    Ok(id) => return Some(ToolOutcome::err(format!("{id} is not a child of this thread"))),
+                    Ok(id) => {
+                        return Some(ToolOutcome::err(format!(
+                            "{id} is not a child of this thread"
+                        )))
+                    }
                     Err(e) => return Some(ToolOutcome::err(e)),
                 }
             }
             ids
         }
-        Some(other) => return Some(ToolOutcome::err(format!("`ids` must be a list of thread ids, got {other}"))),
+        Some(other) => {
+            return Some(ToolOutcome::err(format!(
+                "`ids` must be a list of thread ids, got {other}"
+            )))
+        }
     };
     for id in &ids {
         entry_claim(s, id);
     }
     // Reports already announced-to-be are now delivered by this call instead.
     s.announce.retain(|r| !ids.contains(&r.thread_id));
-    if ids.iter().all(|id| s.children.get(id).is_some_and(|c: &Child| c.report.is_some())) {
+    if ids.iter().all(|id| {
+        s.children
+            .get(id)
+            .is_some_and(|c: &Child| c.report.is_some())
+    }) {
         return Some(wait_result(s, &ids, false));
     }
-    if let Some(secs) = call.input.get("timeout").and_then(Value::as_f64).filter(|t| t.is_finite() && *t >= 0.0) {
+    if let Some(secs) = call
+        .input
+        .get("timeout")
+        .and_then(Value::as_f64)
+        .filter(|t| t.is_finite() && *t >= 0.0)
+    {
         let me2 = me.clone();
         let call_id = call.id.clone();
         s.timers.push(tokio::spawn(async move {
@@ -225,7 +328,10 @@ fn wait_threads(me: &ActorRef<ThreadMsg>, s: &mut ThreadState, call: ToolCall) -
             let _ = me2.cast(ThreadMsg::WaitTimeout { call_id });
         }));
     }
-    s.waiters.push(Waiter { call_id: call.id, ids });
+    s.waiters.push(Waiter {
+        call_id: call.id,
+        ids,
+    });
     None
 }
 
@@ -234,13 +340,15 @@ pub(super) fn wait_result(s: &ThreadState, ids: &[ThreadId], timed_out: bool) ->
     let mut any_failed = false;
     let items: Vec<Value> = ids
         .iter()
-        .map(|id| match s.children.get(id).and_then(|c| c.report.as_ref()) {
-            Some(r) => {
-                any_failed |= r.status != crate::state::Status::Completed;
-                json!(r)
-            }
-            None => json!({ "thread_id": id, "status": "running" }),
-        })
+        .map(
+            |id| match s.children.get(id).and_then(|c| c.report.as_ref()) {
+                Some(r) => {
+                    any_failed |= r.status != crate::state::Status::Completed;
+                    json!(r)
+                }
+                None => json!({ "thread_id": id, "status": "running" }),
+            },
+        )
         .collect();
     let mut out = if ids.len() == 1 && !timed_out {
         ToolOutcome::ok(items.into_iter().next().unwrap_or(Value::Null))
@@ -256,22 +364,37 @@ async fn cancel_thread(s: &mut ThreadState, input: &Value) -> ToolOutcome {
         Ok(id) => id,
         Err(e) => return ToolOutcome::err(e),
     };
-    let direct = s.children.get(&id).map(|c| (c.actor.clone(), c.report.is_some()));
+    let direct = s
+        .children
+        .get(&id)
+        .map(|c| (c.actor.clone(), c.report.is_some()));
     let actor = match direct {
-        Some((_, true)) => return ToolOutcome::ok(json!({ "thread_id": id, "status": "already finished" })),
+        Some((_, true)) => {
+            return ToolOutcome::ok(json!({ "thread_id": id, "status": "already finished" }))
+        }
         Some((Some(a), false)) => a,
         _ => {
-            let ok = ractor::call!(s.ctx.registry, |reply| RegistryMsg::IsDescendant { ancestor: s.doc.id.clone(), id: id.clone(), reply });
+            let ok = ractor::call!(s.ctx.registry, |reply| RegistryMsg::IsDescendant {
+                ancestor: s.doc.id.clone(),
+                id: id.clone(),
+                reply
+            });
             if !matches!(ok, Ok(Ok(true))) {
                 return ToolOutcome::err(format!("{id} is not a descendant of this thread"));
             }
             match ractor::registry::where_is(id.to_string()) {
                 Some(cell) => ActorRef::<ThreadMsg>::from(cell),
-                None => return ToolOutcome::ok(json!({ "thread_id": id, "status": "already finished" })),
+                None => {
+                    return ToolOutcome::ok(
+                        json!({ "thread_id": id, "status": "already finished" }),
+                    )
+                }
             }
         }
     };
-    let _ = actor.cast(ThreadMsg::Cancel { reason: format!("cancel_thread by {}", s.doc.id) });
+    let _ = actor.cast(ThreadMsg::Cancel {
+        reason: format!("cancel_thread by {}", s.doc.id),
+    });
     ToolOutcome::ok(json!({ "thread_id": id, "status": "cancelling" }))
 }
 
@@ -280,11 +403,18 @@ async fn thread_status(s: &mut ThreadState, input: &Value) -> ToolOutcome {
         Ok(id) => id,
         Err(e) => return ToolOutcome::err(e),
     };
-    let desc = ractor::call!(s.ctx.registry, |reply| RegistryMsg::IsDescendant { ancestor: s.doc.id.clone(), id: id.clone(), reply });
+    let desc = ractor::call!(s.ctx.registry, |reply| RegistryMsg::IsDescendant {
+        ancestor: s.doc.id.clone(),
+        id: id.clone(),
+        reply
+    });
     if !matches!(desc, Ok(Ok(true))) {
         return ToolOutcome::err(format!("{id} is not a descendant of this thread"));
     }
-    match ractor::call!(s.ctx.registry, |reply| RegistryMsg::Get { id: id.clone(), reply }) {
+    match ractor::call!(s.ctx.registry, |reply| RegistryMsg::Get {
+        id: id.clone(),
+        reply
+    }) {
         Ok(Ok(Some(r))) => ToolOutcome::ok(json!({
             "thread_id": r.id, "directive": r.directive, "status": r.status, "turns": r.turns,
             "spend_nanos": r.spend_nanos, "result": r.result, "outputs": r.outputs, "error": r.error,

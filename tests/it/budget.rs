@@ -11,7 +11,10 @@ use weft::state::Status;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn siblings_share_the_parent_budget_without_starving_each_other() {
     // Each child's cap equals the parent's whole budget: a pre-allocating ledger would admit one.
-    let parent = directive("limits: { spend: 0.01, spawns: 5, concurrency: 5 }\npermissions: [\"thread.spawn.kid\"]", "Fan.");
+    let parent = directive(
+        "limits: { spend: 0.01, spawns: 5, concurrency: 5 }\npermissions: [\"thread.spawn.kid\"]",
+        "Fan.",
+    );
     let kid = directive("limits: { spend: 0.01 }", "Kid.");
     let script = r#"
 parent:
@@ -29,10 +32,18 @@ kid:
     delay: 20ms
     usage: { input_tokens: 200, output_tokens: 100 }
 "#;
-    let fx = Fixture::new(&[("parent", &parent), ("kid", &kid)], script, "defaults:\n  max_output_tokens: 200\n");
+    let fx = Fixture::new(
+        &[("parent", &parent), ("kid", &kid)],
+        script,
+        "defaults:\n  max_output_tokens: 200\n",
+    );
     let (report, rt) = fx.run("parent", json!({})).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
-    let kids: Vec<_> = fx.rows().into_iter().filter(|r| r.directive == "kid").collect();
+    let kids: Vec<_> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "kid")
+        .collect();
     assert_eq!(kids.len(), 3);
     assert!(kids.iter().all(|k| k.status == "completed"));
     assert_eq!(report.spend_nanos.0, expected_spend(&fx));
@@ -42,7 +53,10 @@ kid:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spawn_the_budget_cannot_cover_is_refused_and_the_parent_goes_on() {
-    let parent = directive("limits: { spend: 0.001 }\npermissions: [\"thread.spawn.kid\"]", "Fan.");
+    let parent = directive(
+        "limits: { spend: 0.001 }\npermissions: [\"thread.spawn.kid\"]",
+        "Fan.",
+    );
     let script = r#"
 parent:
   - usage: { input_tokens: 100, output_tokens: 10 }
@@ -52,13 +66,27 @@ parent:
 kid:
   - text: never
 "#;
-    let fx = Fixture::new(&[("parent", &parent), ("kid", &directive("", "Kid."))], script, "defaults:\n  max_output_tokens: 50\n");
+    let fx = Fixture::new(
+        &[("parent", &parent), ("kid", &directive("", "Kid."))],
+        script,
+        "defaults:\n  max_output_tokens: 50\n",
+    );
     let (report, _rt) = fx.run("parent", json!({})).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
-    assert_eq!(report.result.as_deref(), Some("carried on without the child"));
-    let refusal = fx.events(report.thread_id.as_str()).into_iter().find(|e| e["type"] == "tool_result").unwrap();
+    assert_eq!(
+        report.result.as_deref(),
+        Some("carried on without the child")
+    );
+    let refusal = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap();
     let text = refusal["content"].as_str().unwrap();
-    assert!(text.contains("spawn refused: limit exceeded: spend") && text.contains("remains"), "{text}");
+    assert!(
+        text.contains("spawn refused: limit exceeded: spend") && text.contains("remains"),
+        "{text}"
+    );
     assert_eq!(fx.rows().len(), 1, "no row left for the refused child");
 }
 
@@ -74,27 +102,69 @@ spender:
   - usage: { input_tokens: 350, output_tokens: 100 }
     text: never
 "#;
-    let fx = Fixture::new(&[("spender", &d)], script, "defaults:\n  max_output_tokens: 100\n");
+    let fx = Fixture::new(
+        &[("spender", &d)],
+        script,
+        "defaults:\n  max_output_tokens: 100\n",
+    );
     let (report, _rt) = fx.run("spender", json!({})).await;
     assert_eq!(report.status, Status::Error);
-    assert!(report.error.as_deref().unwrap().starts_with("limit exceeded: spend"), "{report:?}");
+    assert!(
+        report
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("limit exceeded: spend"),
+        "{report:?}"
+    );
     assert_eq!(report.turns, 1);
     assert!(report.spend_nanos.0 <= 1_000_000);
 }
 
-const P: Price = Price { input: 1_000_000_000, output: 3_000_000_000, cache_read: 0 };
+const P: Price = Price {
+    input: 1_000_000_000,
+    output: 3_000_000_000,
+    cache_read: 0,
+};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Spawn { parent: usize, max: i64, guarantee: i64 },
-    Call { who: usize, prompt: u64, out: u64, actual_pct: u8 },
-    Close { who: usize },
+    Spawn {
+        parent: usize,
+        max: i64,
+        guarantee: i64,
+    },
+    Call {
+        who: usize,
+        prompt: u64,
+        out: u64,
+        actual_pct: u8,
+    },
+    Close {
+        who: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0usize..64, 1i64..2_000_000, prop_oneof![Just(0i64), 1i64..400_000]).prop_map(|(parent, max, guarantee)| Op::Spawn { parent, max, guarantee }),
-        (0usize..64, 0u64..500, 1u64..800, 0u8..=100).prop_map(|(who, prompt, out, actual_pct)| Op::Call { who, prompt, out, actual_pct }),
+        (
+            0usize..64,
+            1i64..2_000_000,
+            prop_oneof![Just(0i64), 1i64..400_000]
+        )
+            .prop_map(|(parent, max, guarantee)| Op::Spawn {
+                parent,
+                max,
+                guarantee
+            }),
+        (0usize..64, 0u64..500, 1u64..800, 0u8..=100).prop_map(|(who, prompt, out, actual_pct)| {
+            Op::Call {
+                who,
+                prompt,
+                out,
+                actual_pct,
+            }
+        }),
         (0usize..64).prop_map(|who| Op::Close { who }),
     ]
 }

@@ -16,14 +16,24 @@ fn weft(project: &Path, args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// A copy of the research demo in a temp dir.
 fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/research");
-    for rel in ["directives/research/fanout.md", "directives/research/question.md", "directives/research/source.md", "script.yaml", ".weft/config.yaml"] {
+    for rel in [
+        "directives/research/fanout.md",
+        "directives/research/question.md",
+        "directives/research/source.md",
+        "script.yaml",
+        ".weft/config.yaml",
+    ] {
         let to = dir.path().join(rel);
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::copy(src.join(rel), to).unwrap();
@@ -33,7 +43,18 @@ fn demo() -> tempfile::TempDir {
 
 fn run_demo(dir: &Path) -> Value {
     let script = dir.join("script.yaml");
-    let o = weft(dir, &["run", "research/fanout", "-i", "topic=looms", "--script", script.to_str().unwrap(), "--json"]);
+    let o = weft(
+        dir,
+        &[
+            "run",
+            "research/fanout",
+            "-i",
+            "topic=looms",
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o));
     serde_json::from_slice(&o.stdout).unwrap()
 }
@@ -52,7 +73,9 @@ fn demo_runs_and_reports_json() {
     let o = weft(dir.path(), &["threads", "--json"]);
     let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.len(), 10);
-    assert!(rows.iter().all(|r| r["status"] == "completed" && r["id"].is_string() && r.get("parent_id").is_some()));
+    assert!(rows.iter().all(|r| r["status"] == "completed"
+        && r["id"].is_string()
+        && r.get("parent_id").is_some()));
     let o = weft(dir.path(), &["verify", "--all"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("10 verified, 0 failed"));
@@ -71,7 +94,11 @@ fn verify_detects_an_edited_thread_json_and_an_edited_transcript_line() {
     std::fs::write(&doc_path, doc.replacen(&spend, "1", 1)).unwrap();
     let o = weft(dir.path(), &["verify", id]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("thread.json") && text(&o).contains("bad signature"), "{}", text(&o));
+    assert!(
+        text(&o).contains("thread.json") && text(&o).contains("bad signature"),
+        "{}",
+        text(&o)
+    );
     std::fs::write(&doc_path, doc).unwrap();
     assert!(weft(dir.path(), &["verify", id]).status.success());
     // Edit one transcript line (line 3) without touching its hash links.
@@ -82,7 +109,11 @@ fn verify_detects_an_edited_thread_json_and_an_edited_transcript_line() {
     std::fs::write(&tr_path, lines.join("\n") + "\n").unwrap();
     let o = weft(dir.path(), &["verify", id]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("transcript.jsonl:4: broken chain"), "{}", text(&o));
+    assert!(
+        text(&o).contains("transcript.jsonl:4: broken chain"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -90,11 +121,22 @@ fn a_torn_last_line_is_reported_not_fatal() {
     let dir = demo();
     let out = run_demo(dir.path());
     let id = out["thread_id"].as_str().unwrap();
-    let tr_path = dir.path().join(".weft/threads").join(id).join("transcript.jsonl");
-    let mut f = std::fs::OpenOptions::new().append(true).open(&tr_path).unwrap();
+    let tr_path = dir
+        .path()
+        .join(".weft/threads")
+        .join(id)
+        .join("transcript.jsonl");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&tr_path)
+        .unwrap();
     std::io::Write::write_all(&mut f, b"{\"seq\":99,\"ty").unwrap();
     let o = weft(dir.path(), &["verify", id]);
-    assert!(text(&o).contains("torn last transcript line"), "{}", text(&o));
+    assert!(
+        text(&o).contains("torn last transcript line"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -102,8 +144,17 @@ fn bad_directives_and_inputs_exit_2_naming_file_line_and_input() {
     let fx = Fixture::new(
         &[
             ("typo", &directive("limits: { turnz: 3 }", "x")),
-            ("broken", "---\nname: broken\nlimits: [unclosed\n---\nbody\n"),
-            ("needs", &directive("inputs:\n  topic: { type: string, required: true }\n  n: { type: integer }", "{input:topic}")),
+            (
+                "broken",
+                "---\nname: broken\nlimits: [unclosed\n---\nbody\n",
+            ),
+            (
+                "needs",
+                &directive(
+                    "inputs:\n  topic: { type: string, required: true }\n  n: { type: integer }",
+                    "{input:topic}",
+                ),
+            ),
         ],
         "default:\n  - text: hi\n",
         "",
@@ -111,19 +162,53 @@ fn bad_directives_and_inputs_exit_2_naming_file_line_and_input() {
     let script = fx.root().join("script.yaml");
     let s = script.to_str().unwrap();
     let cases: [(&[&str], &str); 5] = [
-        (&["run", "typo", "--script", s], "typo.md:2:1: unknown limit `turnz`"),
+        (
+            &["run", "typo", "--script", s],
+            "typo.md:2:1: unknown limit `turnz`",
+        ),
         (&["run", "broken", "--script", s], "broken.md:3"),
-        (&["run", "needs", "--script", s], "missing required input `topic`"),
-        (&["run", "needs", "-i", "topic=x", "-i", "n=many", "--script", s], "input `n`: `many` is not of type integer"),
-        (&["run", "needs", "-i", "topic=x", "-i", "colour=red", "--script", s], "unknown input `colour`"),
+        (
+            &["run", "needs", "--script", s],
+            "missing required input `topic`",
+        ),
+        (
+            &[
+                "run", "needs", "-i", "topic=x", "-i", "n=many", "--script", s,
+            ],
+            "input `n`: `many` is not of type integer",
+        ),
+        (
+            &[
+                "run",
+                "needs",
+                "-i",
+                "topic=x",
+                "-i",
+                "colour=red",
+                "--script",
+                s,
+            ],
+            "unknown input `colour`",
+        ),
     ];
     for (args, want) in cases {
         let o = weft(fx.root(), args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
-        assert!(text(&o).contains(want), "{args:?}: wanted `{want}` in {}", text(&o));
+        assert!(
+            text(&o).contains(want),
+            "{args:?}: wanted `{want}` in {}",
+            text(&o)
+        );
     }
-    assert!(fx.root().join(".weft/state/registry.db").exists().then(|| fx.rows().is_empty()).unwrap_or(true), "no thread registered");
-    let o = weft(fx.root(), &["run", "needs", "-i", "topic=x", "--limit", "depth=-1", "--script", s]);
+    if fx.root().join(".weft/state/registry.db").exists() {
+        assert!(fx.rows().is_empty(), "no thread registered");
+    }
+    let o = weft(
+        fx.root(),
+        &[
+            "run", "needs", "-i", "topic=x", "--limit", "depth=-1", "--script", s,
+        ],
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("limit exceeded: depth"), "{}", text(&o));
     let o = weft(fx.root(), &["show", "../../etc"]);
@@ -132,9 +217,22 @@ fn bad_directives_and_inputs_exit_2_naming_file_line_and_input() {
 
 #[test]
 fn a_thread_error_exits_1() {
-    let fx = Fixture::new(&[("solo", &directive("limits: { turns: 1 }", "x"))], "solo:\n  - tool_calls: [ { name: nope, input: {} } ]\n", "");
+    let fx = Fixture::new(
+        &[("solo", &directive("limits: { turns: 1 }", "x"))],
+        "solo:\n  - tool_calls: [ { name: nope, input: {} } ]\n",
+        "",
+    );
     let script = fx.root().join("script.yaml");
-    let o = weft(fx.root(), &["run", "solo", "--script", script.to_str().unwrap(), "--json"]);
+    let o = weft(
+        fx.root(),
+        &[
+            "run",
+            "solo",
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+        ],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(out["error"], "limit exceeded: turns 1/1");

@@ -17,7 +17,9 @@ fn interpolation_forms() {
         "",
     );
     let d = lib(&fx).load("t").unwrap();
-    let inputs = d.validate_inputs(json!({ "a": "x" }).as_object().unwrap()).unwrap();
+    let inputs = d
+        .validate_inputs(json!({ "a": "x" }).as_object().unwrap())
+        .unwrap();
     assert_eq!(d.render(&inputs).unwrap(), "x||none|3");
 }
 
@@ -33,11 +35,18 @@ fn project_directives_shadow_builtins_and_extends_inherits_metadata() {
         "",
     );
     assert_eq!(lib(&fx).load("weft/hello").unwrap().description, "mine");
-    assert!(Library::default().load("weft/hello").unwrap().source.starts_with("builtin:"));
+    assert!(Library::default()
+        .load("weft/hello")
+        .unwrap()
+        .source
+        .starts_with("builtin:"));
     let d = lib(&fx).load("derived").unwrap();
     assert_eq!(d.body, "Derived body.");
     assert_eq!(d.description, "base one");
-    assert_eq!((d.limits.turns, d.limits.spend.map(|s| s.0)), (Some(3), Some(20_000_000)));
+    assert_eq!(
+        (d.limits.turns, d.limits.spend.map(|s| s.0)),
+        (Some(3), Some(20_000_000))
+    );
     assert_eq!(d.permissions, vec!["tool.x".to_string()]);
     assert!(d.outputs.contains_key("r"));
     let e = lib(&fx).load("nothing/here").unwrap_err().to_string();
@@ -49,15 +58,33 @@ fn project_directives_shadow_builtins_and_extends_inherits_metadata() {
 fn rye_directives_map_onto_the_same_model() {
     let rye = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/rye/directives");
     if !rye.exists() {
-        panic!("fixtures missing at {}: CI runs with ../shared beside the repo", rye.display());
+        panic!(
+            "fixtures missing at {}: CI runs with ../shared beside the repo",
+            rye.display()
+        );
     }
-    let l = Library { project_dir: Some(rye.clone()), user_dir: None };
+    let l = Library {
+        project_dir: Some(rye.clone()),
+        user_dir: None,
+    };
     let d = l.load("test/limits/limit_inheritance_test").unwrap();
     assert_eq!(d.name, "test/limits/limit_inheritance_test");
     assert_eq!(d.model.tier.as_deref(), Some("fast"));
-    assert_eq!((d.limits.turns, d.limits.tokens, d.limits.spend.map(|s| s.0)), (Some(3), Some(4096), Some(200_000_000)));
-    assert!(d.permissions.contains(&"thread.spawn.**".to_string()), "{:?}", d.permissions);
-    assert!(d.permissions.contains(&"tool.rye.file-system.*".to_string()), "{:?}", d.permissions);
+    assert_eq!(
+        (d.limits.turns, d.limits.tokens, d.limits.spend.map(|s| s.0)),
+        (Some(3), Some(4096), Some(200_000_000))
+    );
+    assert!(
+        d.permissions.contains(&"thread.spawn.**".to_string()),
+        "{:?}",
+        d.permissions
+    );
+    assert!(
+        d.permissions
+            .contains(&"tool.rye.file-system.*".to_string()),
+        "{:?}",
+        d.permissions
+    );
     // Upstream ignores <permissions> outside <metadata>; so do we.
     let s = l.load("test/limits/spawn_limit_test").unwrap();
     assert!(s.permissions.is_empty());
@@ -69,12 +96,17 @@ fn rye_directives_map_onto_the_same_model() {
     let mut given = Map::new();
     given.insert("operation".into(), Value::String("wait_threads".into()));
     assert!(o.validate_inputs(&given).is_ok());
-    assert!(o.validate_inputs(&Map::new()).unwrap_err().to_string().contains("missing required input `operation`"));
+    assert!(o
+        .validate_inputs(&Map::new())
+        .unwrap_err()
+        .to_string()
+        .contains("missing required input `operation`"));
     // Every fixture parses.
     let mut n = 0;
     for e in walk(&rye) {
         let rel = e.strip_prefix(&rye).unwrap().with_extension("");
-        l.load(rel.to_str().unwrap()).unwrap_or_else(|err| panic!("{}: {err}", e.display()));
+        l.load(rel.to_str().unwrap())
+            .unwrap_or_else(|err| panic!("{}: {err}", e.display()));
         n += 1;
     }
     assert!(n >= 15, "{n} fixtures");

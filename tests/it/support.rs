@@ -51,29 +51,48 @@ impl Fixture {
     }
 
     pub fn project(&self) -> Project {
-        Project { root: self.root().to_path_buf() }
+        Project {
+            root: self.root().to_path_buf(),
+        }
     }
 
     pub async fn runtime(&self) -> Runtime {
-        Runtime::open(self.project(), RuntimeOptions { script: Some(self.root().join("script.yaml")) }).await.unwrap()
+        Runtime::open(
+            self.project(),
+            RuntimeOptions {
+                script: Some(self.root().join("script.yaml")),
+            },
+        )
+        .await
+        .unwrap()
     }
 
     /// Runs a root thread and returns its report with the runtime (for audits).
     pub async fn run(&self, directive: &str, inputs: Value) -> (ThreadReport, Runtime) {
         let rt = self.runtime().await;
         let inputs: Map<String, Value> = inputs.as_object().cloned().unwrap_or_default();
-        let report = rt.run(directive, inputs, LimitSet::default()).await.unwrap();
+        let report = rt
+            .run(directive, inputs, LimitSet::default())
+            .await
+            .unwrap();
         (report, rt)
     }
 
     /// Every registry row of the project.
     pub fn rows(&self) -> Vec<weft::registry::ThreadRow> {
-        weft::registry::Store::open_read_only(&self.root().join(".weft/state/registry.db")).unwrap().list(false, 100_000).unwrap()
+        weft::registry::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
+            .unwrap()
+            .list(false, 100_000)
+            .unwrap()
     }
 
     /// The transcript events of a thread.
     pub fn events(&self, id: &str) -> Vec<Value> {
-        let p = self.root().join(".weft/threads").join(id).join("transcript.jsonl");
+        let p = self
+            .root()
+            .join(".weft/threads")
+            .join(id)
+            .join("transcript.jsonl");
         weft::transcript::read(&p, id, None).unwrap().events
     }
 
@@ -83,7 +102,13 @@ impl Fixture {
         let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
         self.rows()
             .iter()
-            .map(|r| weft::verify::verify_thread(&project, &trust, &weft::ids::ThreadId::parse(&r.id).unwrap()))
+            .map(|r| {
+                weft::verify::verify_thread(
+                    &project,
+                    &trust,
+                    &weft::ids::ThreadId::parse(&r.id).unwrap(),
+                )
+            })
             .filter(|v| !v.ok)
             .collect()
     }
@@ -92,7 +117,13 @@ impl Fixture {
     pub fn doc(&self, id: &str) -> weft::state::ThreadDoc {
         let project = self.project();
         let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
-        weft::state::ThreadDoc::read_verified(&project.thread_dir(&weft::ids::ThreadId::parse(id).unwrap()).join("thread.json"), &trust).unwrap()
+        weft::state::ThreadDoc::read_verified(
+            &project
+                .thread_dir(&weft::ids::ThreadId::parse(id).unwrap())
+                .join("thread.json"),
+            &trust,
+        )
+        .unwrap()
     }
 }
 
