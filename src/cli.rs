@@ -92,6 +92,16 @@ pub struct Exit {
     pub message: String,
 }
 
+/// `println!` that ignores a closed stdout (`weft threads | head` must not panic).
+macro_rules! out {
+    () => {{
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 fn usage(message: impl Into<String>) -> Exit {
     Exit {
         code: 2,
@@ -162,13 +172,13 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     })?;
     let cfg = weft.join("config.yaml");
     if cfg.exists() {
-        println!("{} already exists; left as it is", cfg.display());
+        out!("{} already exists; left as it is", cfg.display());
     } else {
         std::fs::write(&cfg, crate::config::DEFAULT_CONFIG_YAML).map_err(|e| Exit {
             code: 1,
             message: format!("{}: {e}", cfg.display()),
         })?;
-        println!("wrote {}", cfg.display());
+        out!("wrote {}", cfg.display());
     }
     let signer =
         crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(|e| Exit {
@@ -179,7 +189,7 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
         code: 1,
         message: e.to_string(),
     })?;
-    println!(
+    out!(
         "signing key {} trusted in {}",
         signer.key_id,
         weft.join("trust").display()
@@ -240,16 +250,34 @@ async fn run(
         })?;
     let live = !as_json && std::io::stdout().is_terminal();
     let show_lines = !as_json;
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let printer = tokio::spawn(async move {
         let mut tree = LiveTree::default();
-        while let Ok(ev) = events.recv().await {
+        let show = |ev: &Event, tree: &mut LiveTree| {
             if live {
-                tree.apply(&ev);
+                tree.apply(ev);
                 tree.draw();
             } else if show_lines {
-                print_event(&ev);
+                print_event(ev);
+            }
+        };
+        loop {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Ok(ev) => show(&ev, &mut tree),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => break,
+                },
+                _ = &mut stop_rx => {
+                    while let Ok(ev) = events.try_recv() {
+                        show(&ev, &mut tree);
+                    }
+                    break;
+                }
             }
         }
+        // The final tree is printed from the registry: clear the live one.
+        tree.erase();
     });
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -264,7 +292,8 @@ async fn run(
             }
         }
     };
-    printer.abort();
+    let _ = stop_tx.send(());
+    let _ = printer.await;
     let rows = Store::open_read_only(&project.state_dir().join("registry.db"))
         .and_then(|s| s.tree(id.as_str()))
         .unwrap_or_default();
@@ -280,12 +309,12 @@ async fn run(
             "cost": { "turns": report.turns, "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
                       "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "threads": rows.len() },
         });
-        println!("{out}");
+        out!("{out}");
     } else {
-        println!();
+        out!();
         print_tree(&rows);
-        println!();
-        println!(
+        out!();
+        out!(
             "{} {} — {} turns, {} in / {} out tokens, {} spent by the tree",
             report.thread_id,
             report.status.as_str(),
@@ -295,16 +324,16 @@ async fn run(
             report.spend_nanos
         );
         if let Some(o) = &report.outputs {
-            println!(
+            out!(
                 "outputs: {}",
                 serde_json::to_string_pretty(o).unwrap_or_default()
             );
         }
         if let Some(r) = &report.result {
-            println!("result: {r}");
+            out!("result: {r}");
         }
         if let Some(e) = &report.error {
-            println!("error: {e}");
+            out!("error: {e}");
         }
     }
     rt.shutdown();
@@ -313,8 +342,8 @@ async fn run(
 
 fn print_event(ev: &Event) {
     match ev {
-        Event::Started { id, directive, .. } => println!("started  {id} ({directive})"),
-        Event::Finished(r) => println!(
+        Event::Started { id, directive, .. } => out!("started  {id} ({directive})"),
+        Event::Finished(r) => out!(
             "{:<8} {} — {} turns, {}",
             r.status.as_str(),
             r.thread_id,
@@ -364,6 +393,15 @@ impl LiveTree {
                     r.4 = rep.spend_nanos;
                 }
             }
+        }
+    }
+
+    fn erase(&mut self) {
+        if self.drawn > 0 {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "\x1b[{}A\x1b[J", self.drawn);
+            let _ = out.flush();
+            self.drawn = 0;
         }
     }
 
@@ -425,7 +463,7 @@ fn tree_lines(rows: &[ThreadRow]) -> Vec<String> {
 
 fn print_tree(rows: &[ThreadRow]) {
     for l in tree_lines(rows) {
-        println!("{l}");
+        out!("{l}");
     }
 }
 
@@ -449,14 +487,14 @@ fn threads(
         message: e.to_string(),
     })?;
     if as_json {
-        println!("{}", serde_json::to_string(&rows).unwrap_or_default());
+        out!("{}", serde_json::to_string(&rows).unwrap_or_default());
     } else if tree {
         let mut rows = rows;
         rows.reverse();
         print_tree(&rows);
     } else {
         for r in &rows {
-            println!(
+            out!(
                 "{:<9} {:<50} {:<24} {} turns {}",
                 r.status,
                 r.id,
@@ -490,36 +528,38 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     );
     if as_json {
         let out = json!({ "row": row, "thread": doc.as_ref().ok(), "verified": doc.is_ok() });
-        println!("{out}");
+        out!("{out}");
         return Ok(0);
     }
-    println!("{} ({})", row.id, row.directive);
-    println!("  status     {}", row.status);
-    println!("  parent     {}", row.parent_id.as_deref().unwrap_or("-"));
-    println!("  root       {}", row.root_id);
-    println!("  model      {}", row.model);
-    println!(
+    out!("{} ({})", row.id, row.directive);
+    out!("  status     {}", row.status);
+    out!("  parent     {}", row.parent_id.as_deref().unwrap_or("-"));
+    out!("  root       {}", row.root_id);
+    out!("  model      {}", row.model);
+    out!(
         "  turns      {}   tokens {} in / {} out",
-        row.turns, row.input_tokens, row.output_tokens
+        row.turns,
+        row.input_tokens,
+        row.output_tokens
     );
-    println!(
+    out!(
         "  spend      own {}   subtree {}",
         Nanos(row.own_spend_nanos),
         Nanos(row.spend_nanos)
     );
-    println!("  children   {}", row.spawn_count);
+    out!("  children   {}", row.spawn_count);
     match &doc {
-        Ok(d) => println!("  limits     turns {} tokens {} spend {} duration {}ms depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, d.limits.duration_ms, d.limits.depth, d.limits.spawns, d.limits.concurrency),
-        Err(e) => println!("  thread.json NOT VERIFIED: {e}"),
+        Ok(d) => out!("  limits     turns {} tokens {} spend {} duration {}ms depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, d.limits.duration_ms, d.limits.depth, d.limits.spawns, d.limits.concurrency),
+        Err(e) => out!("  thread.json NOT VERIFIED: {e}"),
     }
     if let Some(o) = &row.outputs {
-        println!("  outputs    {o}");
+        out!("  outputs    {o}");
     }
     if let Some(r) = &row.result {
-        println!("  result     {r}");
+        out!("  result     {r}");
     }
     if let Some(e) = &row.error {
-        println!("  error      {e}");
+        out!("  error      {e}");
     }
     Ok(0)
 }
@@ -559,11 +599,11 @@ fn verify(
         .collect();
     let bad = verdicts.iter().filter(|v| !v.ok).count();
     if as_json {
-        println!("{}", serde_json::to_string(&verdicts).unwrap_or_default());
+        out!("{}", serde_json::to_string(&verdicts).unwrap_or_default());
     } else {
         for v in &verdicts {
             if v.ok {
-                println!(
+                out!(
                     "ok       {}{}",
                     v.id,
                     if v.torn_last_line {
@@ -574,11 +614,11 @@ fn verify(
                 );
             } else {
                 for p in &v.problems {
-                    println!("FAILED   {}: {p}", v.id);
+                    out!("FAILED   {}: {p}", v.id);
                 }
             }
         }
-        println!("{} verified, {} failed", verdicts.len() - bad, bad);
+        out!("{} verified, {} failed", verdicts.len() - bad, bad);
     }
     Ok(if bad == 0 { 0 } else { 1 })
 }

@@ -321,13 +321,20 @@ fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
 /// The message of a YAML error without its rendered snippet.
 pub fn yaml_message(e: &serde_saphyr::Error) -> String {
     let full = e.to_string();
-    let first = full
-        .lines()
-        .next()
-        .unwrap_or("invalid YAML")
-        .trim()
-        .to_string();
-    first.trim_start_matches("error: ").to_string()
+    let first = full.lines().next().unwrap_or("invalid YAML").trim();
+    let first = first.trim_start_matches("error: ");
+    // The location is reported separately (shifted to the file's own lines): drop the parser's.
+    match first.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((pos, rest))
+            if pos
+                .split(' ')
+                .next()
+                .is_some_and(|n| n.parse::<u64>().is_ok()) =>
+        {
+            rest.to_string()
+        }
+        _ => first.to_string(),
+    }
 }
 
 /// Parses a directive's text. `source` names it in errors; `default_name` is used when the
