@@ -50,8 +50,11 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// List threads.
+    /// List threads (`threads chain <id>`: a continuation chain).
     Threads {
+        /// `chain <id>`.
+        #[command(subcommand)]
+        sub: Option<ThreadsSub>,
         /// As trees.
         #[arg(long)]
         tree: bool,
@@ -70,6 +73,41 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel a running thread and its subtree (from any terminal).
+    Cancel {
+        /// Thread id.
+        id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Finalize threads left running by a process that is gone.
+    Recover {
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue an ended thread as a new continuation thread.
+    Resume {
+        /// Thread id.
+        id: String,
+        /// The new user message.
+        #[arg(
+            short = 'm',
+            long = "message",
+            default_value = "Continue where you left off."
+        )]
+        message: String,
+        /// Scripted provider file.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Limit override (can only lower), as name=value.
+        #[arg(long = "limit")]
+        limits: Vec<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Verify signatures and transcript chains.
     Verify {
         /// Thread ids (default with --all: every thread).
@@ -78,6 +116,19 @@ pub enum Cmd {
         #[arg(long)]
         all: bool,
         /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `weft threads` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ThreadsSub {
+    /// Print the continuation chain a thread belongs to, oldest first.
+    Chain {
+        /// Any thread of the chain.
+        id: String,
+        /// JSON array.
         #[arg(long)]
         json: bool,
     },
@@ -120,7 +171,25 @@ pub async fn main(cli: Cli) -> i32 {
             limits,
             json,
         } => run(cli.project, directive, inputs, script, limits, json).await,
-        Cmd::Threads { tree, active, json } => threads(cli.project, tree, active, json),
+        Cmd::Threads {
+            sub: Some(ThreadsSub::Chain { id, json }),
+            ..
+        } => chain(cli.project, id, json),
+        Cmd::Threads {
+            sub: None,
+            tree,
+            active,
+            json,
+        } => threads(cli.project, tree, active, json),
+        Cmd::Cancel { id, json } => cancel(cli.project, id, json).await,
+        Cmd::Recover { json } => recover(cli.project, json).await,
+        Cmd::Resume {
+            id,
+            message,
+            script,
+            limits,
+            json,
+        } => resume(cli.project, id, message, script, limits, json).await,
         Cmd::Show { id, json } => show(cli.project, id, json),
         Cmd::Verify { ids, all, json } => verify(cli.project, ids, all, json),
     };
@@ -234,20 +303,53 @@ async fn run(
             .set(&k, &Value::String(v))
             .map_err(|e| usage(format!("--limit: {e}")))?;
     }
-    let rt = Runtime::open(project.clone(), RuntimeOptions { script })
-        .await
-        .map_err(|e| usage(e.to_string()))?;
-    let mut events = rt.events();
+    let rt = Runtime::open(
+        project.clone(),
+        RuntimeOptions {
+            script,
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(open_error)?;
+    let events = rt.events();
     let (id, _actor, done) = rt
         .start(&directive, given, overrides)
         .await
-        .map_err(|e| match e {
-            crate::runtime::SpawnError::Storage(m) => Exit {
-                code: 1,
-                message: m,
-            },
-            other => usage(other.to_string()),
-        })?;
+        .map_err(spawn_exit)?;
+    follow(rt, &project, id, done, events, as_json).await
+}
+
+fn spawn_exit(e: crate::runtime::SpawnError) -> Exit {
+    match e {
+        crate::runtime::SpawnError::Storage(m) => Exit {
+            code: 1,
+            message: m,
+        },
+        other => usage(other.to_string()),
+    }
+}
+
+fn open_error(e: crate::runtime::OpenError) -> Exit {
+    usage(e.to_string())
+}
+
+/// Shows a running root thread until it ends (live tree, lines or nothing with `--json`),
+/// handles Ctrl-C, prints the outcome and returns the exit code.
+async fn follow(
+    rt: Runtime,
+    project: &Project,
+    id: ThreadId,
+    mut done: tokio::sync::oneshot::Receiver<crate::thread::ThreadReport>,
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    for r in rt.recovered() {
+        eprintln!(
+            "weft: recovered {} (owner pid {} is gone): finalized as error/interrupted",
+            r.id, r.owner_pid
+        );
+    }
     let live = !as_json && std::io::stdout().is_terminal();
     let show_lines = !as_json;
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -281,7 +383,6 @@ async fn run(
     });
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    let mut done = done;
     let report = loop {
         tokio::select! {
             r = &mut done => break r.map_err(|_| Exit { code: 1, message: format!("thread {id} ended without a report") })?,
@@ -305,6 +406,7 @@ async fn run(
     if as_json {
         let out = json!({
             "thread_id": report.thread_id, "status": report.status, "result": report.result,
+            "continuation_of": rows.first().and_then(|r| r.continuation_of.clone()),
             "outputs": report.outputs, "error": report.error,
             "cost": { "turns": report.turns, "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
                       "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "threads": rows.len() },
@@ -338,6 +440,185 @@ async fn run(
     }
     rt.shutdown();
     Ok(code)
+}
+
+async fn resume(
+    explicit: Option<PathBuf>,
+    id: String,
+    message: String,
+    script: Option<PathBuf>,
+    limits: Vec<String>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let mut overrides = LimitSet::default();
+    for (k, v) in parse_pairs(&limits, "limit")? {
+        overrides
+            .set(&k, &Value::String(v))
+            .map_err(|e| usage(format!("--limit: {e}")))?;
+    }
+    let rt = Runtime::open(
+        project.clone(),
+        RuntimeOptions {
+            script,
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(open_error)?;
+    let events = rt.events();
+    let (new_id, _actor, done) = rt
+        .resume(&id, &message, overrides)
+        .await
+        .map_err(spawn_exit)?;
+    if !as_json {
+        out!("resuming {id} as {new_id}");
+    }
+    follow(rt, &project, new_id, done, events, as_json).await
+}
+
+async fn cancel(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let opts = RuntimeOptions {
+        no_provider: true,
+        no_control: true,
+        ..Default::default()
+    };
+    let rt = Runtime::open(project.clone(), opts)
+        .await
+        .map_err(open_error)?;
+    let store = open_store(&project)?;
+    let row = store
+        .get(id.as_str())
+        .map_err(|e| Exit {
+            code: 1,
+            message: e.to_string(),
+        })?
+        .ok_or_else(|| {
+            usage(format!(
+                "no thread {id} in this project (see `weft threads`)"
+            ))
+        })?;
+    let finish = |row: &ThreadRow, note: &str| {
+        if as_json {
+            out!(
+                "{}",
+                json!({ "thread_id": row.id, "status": row.status, "note": note })
+            );
+        } else {
+            out!("{} {} — {note}", row.id, row.status);
+        }
+    };
+    if crate::registry::is_terminal(&row.status) {
+        finish(&row, &format!("already {}; nothing to cancel", row.status));
+        rt.shutdown();
+        return Ok(0);
+    }
+    #[cfg(unix)]
+    {
+        let reply = crate::control::request(
+            &project,
+            row.owner_pid,
+            &json!({ "op": "cancel", "id": id }),
+        )
+        .await
+        .map_err(|m| Exit {
+            code: 1,
+            message: m,
+        })?;
+        if reply["ok"] != true {
+            return Err(Exit {
+                code: 1,
+                message: reply["error"]
+                    .as_str()
+                    .unwrap_or("cancel refused")
+                    .to_string(),
+            });
+        }
+    }
+    // Wait until the owner has finalized the subtree.
+    let deadline = std::time::Instant::now()
+        + rt.ctx().config.cancel_grace
+        + std::time::Duration::from_secs(10);
+    loop {
+        let row = store.get(id.as_str()).ok().flatten();
+        if let Some(r) = row.filter(|r| crate::registry::is_terminal(&r.status)) {
+            finish(&r, "cancelled with its subtree");
+            rt.shutdown();
+            return Ok(0);
+        }
+        if std::time::Instant::now() > deadline {
+            rt.shutdown();
+            return Err(Exit {
+                code: 1,
+                message: format!("{id} did not finish within the cancel grace period"),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+async fn recover(explicit: Option<PathBuf>, as_json: bool) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let opts = RuntimeOptions {
+        no_provider: true,
+        no_control: true,
+        ..Default::default()
+    };
+    let rt = Runtime::open(project, opts).await.map_err(open_error)?;
+    let rec = rt.recovered().to_vec();
+    if as_json {
+        out!("{}", serde_json::to_string(&rec).unwrap_or_default());
+    } else if rec.is_empty() {
+        out!("nothing to recover: no thread was left running by a dead process");
+    } else {
+        for r in &rec {
+            let torn = if r.torn_line_kept {
+                " (torn last transcript line kept in transcript.torn)"
+            } else {
+                ""
+            };
+            out!(
+                "recovered {} (owner pid {} gone): error/interrupted{torn}",
+                r.id,
+                r.owner_pid
+            );
+            for p in &r.problems {
+                out!("  problem: {p}");
+            }
+        }
+    }
+    rt.shutdown();
+    Ok(0)
+}
+
+fn chain(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let rows = open_store(&project)?.chain(id.as_str()).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    if rows.is_empty() {
+        return Err(usage(format!("no thread {id} in this project")));
+    }
+    if as_json {
+        out!("{}", serde_json::to_string(&rows).unwrap_or_default());
+    } else {
+        for (i, r) in rows.iter().enumerate() {
+            out!(
+                "{}{:<9} {} — {} turns, {}",
+                if i == 0 { "● " } else { "→ " },
+                r.status,
+                r.id,
+                r.turns,
+                Nanos(r.spend_nanos)
+            );
+        }
+    }
+    Ok(0)
 }
 
 fn print_event(ev: &Event) {

@@ -121,6 +121,80 @@ pub struct Book {
 }
 
 impl Book {
+    /// Loads what an earlier process left open in ledger.db: every open account, the ancestors
+    /// of those, and every open reservation (so recovery can release them exactly once).
+    pub fn load(db: &Connection) -> Result<Book, LedgerError> {
+        let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+        let mut book = Book::default();
+        let mut stmt = db
+            .prepare(
+                "WITH RECURSIVE keep(id) AS (
+                   SELECT id FROM accounts WHERE closed=0
+                   UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
+                 SELECT id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed
+                 FROM accounts WHERE id IN keep",
+            )
+            .map_err(st)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    [
+                        r.get::<_, i64>(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                    ],
+                    r.get::<_, bool>(8)?,
+                ))
+            })
+            .map_err(st)?;
+        for row in rows {
+            let (id, parent, n, closed) = row.map_err(st)?;
+            let (Ok(id), parent) = (
+                ThreadId::parse(&id),
+                parent.and_then(|p| ThreadId::parse(&p).ok()),
+            ) else {
+                continue;
+            };
+            book.accounts.insert(
+                id.clone(),
+                Account {
+                    id,
+                    parent,
+                    max: Nanos(n[0]),
+                    spent: Nanos(n[1]),
+                    own_spent: Nanos(n[2]),
+                    inflight: Nanos(n[3]),
+                    guaranteed: Nanos(n[4]),
+                    pool_left: Nanos(n[5]),
+                    closed,
+                },
+            );
+        }
+        let mut stmt = db.prepare("SELECT body FROM reservations").map_err(st)?;
+        let bodies = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(st)?;
+        for body in bodies {
+            let body = body.map_err(st)?;
+            match serde_json::from_str::<Reservation>(&body) {
+                Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
+                    book.next_id = book.next_id.max(r.id);
+                    book.reservations.insert(r.id, r);
+                }
+                _ => tracing::warn!("ledger.db: unreadable reservation left as is: {body}"),
+            }
+        }
+        // Ids continue after any earlier process's, with room so two processes rarely meet.
+        let mut rnd = [0u8; 3];
+        let _ = getrandom::fill(&mut rnd);
+        book.next_id +=
+            1 + (u64::from(rnd[0]) << 32 | u64::from(rnd[1]) << 24 | u64::from(rnd[2]) << 16);
+        Ok(book)
+    }
+
     /// The account, if present.
     pub fn get(&self, id: &ThreadId) -> Option<&Account> {
         self.accounts.get(id)
@@ -561,16 +635,7 @@ impl Actor for LedgerActor {
         _me: ActorRef<LedgerMsg>,
         db: Connection,
     ) -> Result<LedgerState, ActorProcessingErr> {
-        // Reservation ids continue after any left in the file by an earlier process.
-        let next: i64 = db
-            .query_row("SELECT COALESCE(MAX(id),0) FROM reservations", [], |r| {
-                r.get(0)
-            })
-            .unwrap_or(0);
-        let book = Book {
-            next_id: next as u64 + (1 << 40),
-            ..Default::default()
-        };
+        let book = Book::load(&db)?;
         Ok(LedgerState { book, db })
     }
 

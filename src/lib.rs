@@ -15,6 +15,7 @@
 pub mod capability;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod directive;
 pub mod directive_rye;
 pub mod ids;
@@ -22,6 +23,7 @@ pub mod ledger;
 pub mod limits;
 pub mod money;
 pub mod provider;
+pub mod recovery;
 pub mod registry;
 pub mod runtime;
 pub mod signing;

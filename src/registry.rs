@@ -268,6 +268,78 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 
+    /// Rows still `created` or `running` (any owner).
+    pub fn unfinished(&self) -> Result<Vec<ThreadRow>, RegistryError> {
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE status IN ('created','running')"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Marks a terminal row as interrupted (recovery only: its owner process is gone).
+    pub fn finish_interrupted(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
+        self.db
+            .execute(
+                "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6
+                 WHERE id=?1 AND status IN ('created','running')",
+                params![
+                    row.id,
+                    row.status,
+                    row.updated_at,
+                    row.spend_nanos,
+                    row.own_spend_nanos,
+                    row.error
+                ],
+            )
+            .map_err(st)?;
+        Ok(())
+    }
+
+    /// Links a continuation: the new row's `continuation_of`/`chain_root`, and the old row's
+    /// `chain_root` when it starts the chain.
+    pub fn link_continuation(
+        &mut self,
+        old: &str,
+        new: &str,
+        chain_root: &str,
+    ) -> Result<(), RegistryError> {
+        let tx = self
+            .db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(st)?;
+        tx.execute(
+            "UPDATE threads SET chain_root=?2 WHERE id=?1 AND chain_root IS NULL",
+            params![old, chain_root],
+        )
+        .map_err(st)?;
+        tx.execute(
+            "UPDATE threads SET continuation_of=?2, chain_root=?3 WHERE id=?1",
+            params![new, old, chain_root],
+        )
+        .map_err(st)?;
+        tx.commit().map_err(st)
+    }
+
+    /// Every thread of the continuation chain `id` belongs to, oldest first.
+    pub fn chain(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        let Some(row) = self.get(id)? else {
+            return Ok(vec![]);
+        };
+        let root = row.chain_root.unwrap_or(row.id);
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE id=?1 OR chain_root=?1 ORDER BY created_at, id"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([root], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
     /// Is `id` a strict descendant of `ancestor`?
     pub fn is_descendant(&self, ancestor: &str, id: &str) -> Result<bool, RegistryError> {
         let mut cur = self.get(id)?.and_then(|r| r.parent_id);
@@ -346,6 +418,29 @@ pub enum RegistryMsg {
         /// Reply.
         reply: RpcReplyPort<Result<bool, RegistryError>>,
     },
+    /// Rows still created/running.
+    Unfinished {
+        /// Reply.
+        reply: RpcReplyPort<Result<Vec<ThreadRow>, RegistryError>>,
+    },
+    /// Recovery: finalize a row whose owner is gone.
+    FinishInterrupted {
+        /// The row (status, error, spend set).
+        row: Box<ThreadRow>,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
+    /// Link a continuation to the thread it continues.
+    LinkContinuation {
+        /// The continued thread.
+        old: ThreadId,
+        /// The continuation.
+        new: ThreadId,
+        /// First thread of the chain.
+        chain_root: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
     /// Rows of one tree.
     Tree {
         /// Root id.
@@ -399,6 +494,24 @@ impl Actor for Supervisor {
                 reply,
             } => {
                 let _ = reply.send(s.is_descendant(ancestor.as_str(), id.as_str()));
+            }
+            RegistryMsg::Unfinished { reply } => {
+                let _ = reply.send(s.unfinished());
+            }
+            RegistryMsg::FinishInterrupted { row, reply } => {
+                let _ = reply.send(s.finish_interrupted(&row));
+            }
+            RegistryMsg::LinkContinuation {
+                old,
+                new,
+                chain_root,
+                reply,
+            } => {
+                let _ = reply.send(s.link_continuation(
+                    old.as_str(),
+                    new.as_str(),
+                    chain_root.as_str(),
+                ));
             }
             RegistryMsg::Tree { root, reply } => {
                 let _ = reply.send(s.tree(root.as_str()));

@@ -180,6 +180,8 @@ pub struct SpawnRequest {
     pub reserve: Nanos,
     /// None for a root.
     pub parent: Option<ParentLink>,
+    /// Set when the thread continues an ended one (`weft resume`).
+    pub continuation: Option<Continuation>,
 }
 
 /// Options for opening a runtime.
@@ -187,11 +189,55 @@ pub struct SpawnRequest {
 pub struct RuntimeOptions {
     /// Scripted provider file (overrides config).
     pub script: Option<PathBuf>,
+    /// Open without an LLM provider (commands that start no thread: cancel, recover).
+    pub no_provider: bool,
+    /// Do not listen on the control socket.
+    pub no_control: bool,
 }
 
 /// A project opened for running threads.
 pub struct Runtime {
     ctx: Arc<Ctx>,
+    #[cfg(unix)]
+    control: Option<crate::control::ControlEndpoint>,
+    recovered: Vec<crate::recovery::Recovered>,
+}
+
+/// What a continuation starts from (see [`Runtime::resume`]).
+pub struct Continuation {
+    /// The verified thread.json of the thread continued.
+    pub of: ThreadDoc,
+    /// Its conversation, rebuilt from its transcript, plus the new user message.
+    pub messages: Vec<crate::provider::Message>,
+    /// LLM calls (attempts included) it made: the scripted provider plays on from there.
+    pub calls_made: u64,
+    /// Children it spawned (counted against the chain's `spawns`).
+    pub spawn_count: u64,
+}
+
+/// The provider of a runtime opened with `no_provider`: refuses every call.
+struct NoProvider;
+
+impl Provider for NoProvider {
+    fn name(&self) -> &str {
+        "none"
+    }
+    fn complete(
+        &self,
+        _req: crate::provider::LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> crate::provider::BoxFuture<
+        Result<crate::provider::LlmResponse, crate::provider::ProviderError>,
+    > {
+        Box::pin(async {
+            Err(crate::provider::ProviderError {
+                kind: crate::provider::ErrorKind::InvalidRequest,
+                message: "this runtime was opened without a provider".into(),
+                retry_after: None,
+                usage: Usage::default(),
+            })
+        })
+    }
 }
 
 /// Errors opening a runtime.
@@ -221,7 +267,11 @@ impl Runtime {
         for w in warnings {
             tracing::warn!("{w}");
         }
-        let (provider, provider_name) = build_provider(&project, &config, opts.script.as_deref())?;
+        let (provider, provider_name): (Arc<dyn Provider>, String) = if opts.no_provider {
+            (Arc::new(NoProvider), "none".into())
+        } else {
+            build_provider(&project, &config, opts.script.as_deref())?
+        };
         let st = |e: String| OpenError::Storage(e);
         std::fs::create_dir_all(project.state_dir())
             .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
@@ -238,20 +288,53 @@ impl Runtime {
             .map_err(|e| st(e.to_string()))?;
         let (events, _) = broadcast::channel(4096);
         let library = project.library();
+        let ctx = Arc::new(Ctx {
+            project,
+            config,
+            signer,
+            trust,
+            library,
+            provider,
+            provider_name,
+            registry,
+            ledger,
+            events,
+        });
+        let recovered = crate::recovery::recover(&ctx).await;
+        crate::control::remove_stale(&ctx.project);
+        #[cfg(unix)]
+        let control = if opts.no_control {
+            None
+        } else {
+            match crate::control::listen(&ctx.project) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(
+                        "control socket unavailable ({e}); `weft cancel` cannot reach this process"
+                    );
+                    None
+                }
+            }
+        };
         Ok(Runtime {
-            ctx: Arc::new(Ctx {
-                project,
-                config,
-                signer,
-                trust,
-                library,
-                provider,
-                provider_name,
-                registry,
-                ledger,
-                events,
-            }),
+            ctx,
+            #[cfg(unix)]
+            control,
+            recovered,
         })
+    }
+
+    /// The control socket this runtime listens on, if any.
+    pub fn control_socket(&self) -> Option<&Path> {
+        #[cfg(unix)]
+        return self.control.as_ref().map(|c| c.path());
+        #[cfg(not(unix))]
+        None
+    }
+
+    /// Threads that recovery finalized when this runtime opened.
+    pub fn recovered(&self) -> &[crate::recovery::Recovered] {
+        &self.recovered
     }
 
     /// The shared context.
@@ -285,6 +368,7 @@ impl Runtime {
             overrides,
             reserve: Nanos::ZERO,
             parent: None,
+            continuation: None,
         };
         let (id, actor) = spawn(&self.ctx, req, Some(tx)).await?;
         Ok((id, actor, rx))
@@ -327,6 +411,80 @@ impl Runtime {
         })
         .ok()
         .flatten()
+    }
+
+    /// Continues an ended thread as a new continuation thread (SPEC §7 `weft resume`): same
+    /// directive and capabilities, conversation rebuilt from the transcript plus `message`, the
+    /// chain's remaining spend and spawns; turns, tokens and duration start afresh from the old
+    /// thread's resolved limits (capped further by `overrides`).
+    pub async fn resume(
+        &self,
+        id: &ThreadId,
+        message: &str,
+        overrides: LimitSet,
+    ) -> Result<
+        (
+            ThreadId,
+            ActorRef<ThreadMsg>,
+            oneshot::Receiver<ThreadReport>,
+        ),
+        SpawnError,
+    > {
+        let dir = self.ctx.project.thread_dir(id);
+        let of = ThreadDoc::read_verified(&dir.join("thread.json"), &self.ctx.trust)
+            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        if !of.status.is_terminal() {
+            return Err(SpawnError::Limit(format!(
+                "thread {id} is still {}; cancel it first or wait for it to end",
+                of.status.as_str()
+            )));
+        }
+        if let Some(next) = &of.continued_by {
+            return Err(SpawnError::Limit(format!(
+                "thread {id} was already continued by {next}; resume that one"
+            )));
+        }
+        let report = crate::transcript::read(
+            &dir.join("transcript.jsonl"),
+            id.as_str(),
+            Some(&self.ctx.trust),
+        )
+        .map_err(|e| SpawnError::Storage(format!("{}: {e}", dir.display())))?;
+        if let Some((line, m)) = report.broken {
+            return Err(SpawnError::Untrusted(format!(
+                "{}/transcript.jsonl:{line}: {m}",
+                dir.display()
+            )));
+        }
+        let (mut messages, calls_made) = crate::thread::rebuild_conversation(&report.events);
+        messages.push(crate::provider::Message::user(message));
+        let row = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Get {
+            id: id.clone(),
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(e.to_string()))??;
+        let spawn_count = row.map_or(0, |r| r.spawn_count);
+        let (tx, rx) = oneshot::channel();
+        let req = SpawnRequest {
+            directive: of.directive.clone(),
+            inputs: Map::new(),
+            overrides,
+            reserve: Nanos::ZERO,
+            parent: None,
+            continuation: Some(Continuation {
+                of: of.clone(),
+                messages,
+                calls_made,
+                spawn_count,
+            }),
+        };
+        let (new_id, actor) = spawn(&self.ctx, req, Some(tx)).await?;
+        let mut old = of;
+        old.continued_by = Some(new_id.clone());
+        old.updated_at = now_ts();
+        old.write_signed(&dir.join("thread.json"), &self.ctx.signer, true)
+            .map_err(|e| SpawnError::Storage(e.to_string()))?;
+        Ok((new_id, actor, rx))
     }
 
     /// Stops the supervisor and the ledger (after every thread has ended).
@@ -404,23 +562,48 @@ pub async fn spawn(
         }
         None => None,
     };
-    // 2. Directive and inputs.
+    // 2. Directive and inputs (a continuation keeps its predecessor's conversation instead).
     let directive = ctx.library.load(&req.directive)?;
-    let inputs = directive.validate_inputs(&req.inputs)?;
-    let prompt = directive.render(&inputs)?;
-    // 3. Limits and capabilities.
-    let limits = crate::limits::resolve(
-        &ctx.config.default_limits,
-        &directive.limits,
-        &req.overrides,
-        parent_doc.as_ref().map(|d| &d.limits),
-    );
-    crate::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
-    let caps = match &parent_doc {
-        Some(p) => crate::capability::attenuate(&directive.permissions, &p.capabilities),
-        None => directive.permissions.clone(),
+    let (inputs, prompt) = match &req.continuation {
+        None => {
+            let inputs = directive.validate_inputs(&req.inputs)?;
+            let prompt = directive.render(&inputs)?;
+            (inputs, prompt)
+        }
+        Some(_) => (Map::new(), String::new()),
     };
-    let model = model_for(ctx, &directive);
+    // 3. Limits and capabilities.
+    let (limits, caps, model) = match &req.continuation {
+        Some(c) => {
+            let limits = continuation_limits(c, &req.overrides);
+            if limits.spend <= Nanos::ZERO {
+                return Err(SpawnError::Limit(format!(
+                    "limit exceeded: spend — the chain of {} has spent its whole budget ({})",
+                    c.of.id, c.of.limits.spend
+                )));
+            }
+            (limits, c.of.capabilities.clone(), c.of.model.clone())
+        }
+        None => {
+            let limits = crate::limits::resolve(
+                &ctx.config.default_limits,
+                &directive.limits,
+                &req.overrides,
+                parent_doc.as_ref().map(|d| &d.limits),
+            );
+            let caps = match &parent_doc {
+                Some(p) => crate::capability::attenuate(&directive.permissions, &p.capabilities),
+                None => directive.permissions.clone(),
+            };
+            (limits, caps, model_for(ctx, &directive))
+        }
+    };
+    crate::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
+    let continuation_of = req.continuation.as_ref().map(|c| c.of.id.clone());
+    let chain_root = req
+        .continuation
+        .as_ref()
+        .map(|c| c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone()));
     let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
     let id = ThreadId::generate(&directive.name);
     let root_id = parent_doc
@@ -461,6 +644,8 @@ pub async fn spawn(
         updated_at: now.clone(),
         model: model.clone(),
         owner_pid: std::process::id(),
+        continuation_of: continuation_of.as_ref().map(ToString::to_string),
+        chain_root: chain_root.as_ref().map(ToString::to_string),
         ..Default::default()
     };
     let admit = parent_doc
@@ -477,7 +662,19 @@ pub async fn spawn(
         reply
     });
     match registered {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => {
+            if let (Some(old), Some(root)) = (&continuation_of, &chain_root) {
+                let linked = ractor::call!(ctx.registry, |reply| RegistryMsg::LinkContinuation {
+                    old: old.clone(),
+                    new: id.clone(),
+                    chain_root: root.clone(),
+                    reply
+                });
+                if !matches!(linked, Ok(Ok(()))) {
+                    tracing::warn!(thread = %id, "could not link continuation in the registry: {linked:?}");
+                }
+            }
+        }
         Ok(Err(e)) => {
             undo_ledger(ctx, &id).await;
             return Err(e.into());
@@ -523,6 +720,7 @@ pub async fn spawn(
         "directive": directive.name, "directive_hash": directive.content_hash, "source": directive.source,
         "parent": parent_id, "root": root_id, "model": model, "provider": ctx.provider.name(),
         "limits": limits, "capabilities": caps, "inputs": inputs, "reserve_nanos": req.reserve,
+        "continuation_of": continuation_of,
     });
     if let Err(e) = transcript.append("thread_started", started) {
         return Err(fail(format!("transcript: {e}")).await);
@@ -549,8 +747,10 @@ pub async fn spawn(
         outputs: None,
         result: None,
         error: None,
-        continuation_of: None,
-        chain_root: None,
+        error_kind: None,
+        continuation_of: continuation_of.clone(),
+        continued_by: None,
+        chain_root: chain_root.clone(),
         transcript_head: transcript.head().clone(),
     };
     if let Err(e) = doc.write_signed(
@@ -560,10 +760,15 @@ pub async fn spawn(
     ) {
         return Err(fail(format!("thread.json: {e}")).await);
     }
+    let (messages, calls_made) = match req.continuation {
+        Some(c) => (c.messages, c.calls_made),
+        None => (vec![crate::provider::Message::user(prompt)], 0),
+    };
     let args = ThreadArgs {
         ctx: ctx.clone(),
         directive: Arc::new(directive),
-        prompt,
+        messages,
+        calls_made,
         parent: req.parent.as_ref().map(|p| (p.id.clone(), p.actor.clone())),
         limits,
         price,
@@ -582,4 +787,28 @@ pub async fn spawn(
         Ok((actor, _)) => Ok((id, actor)),
         Err(e) => Err(fail(format!("cannot start the thread actor: {e}")).await),
     }
+}
+
+/// A continuation's limits: its predecessor's resolved limits with the chain's remaining spend
+/// and spawns, each further capped by `overrides`.
+fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> crate::limits::Limits {
+    let mut l = c.of.limits.clone();
+    l.spend = l.spend.minus(Nanos(c.of.cost.spend_nanos));
+    l.spawns = l.spawns.saturating_sub(c.spawn_count);
+    let cap = |v: &mut u64, o: Option<u64>| *v = o.map_or(*v, |o| o.min(*v));
+    cap(&mut l.turns, overrides.turns);
+    cap(&mut l.tokens, overrides.tokens);
+    cap(&mut l.spawns, overrides.spawns);
+    cap(&mut l.concurrency, overrides.concurrency);
+    cap(
+        &mut l.duration_ms,
+        overrides.duration.map(|d| d.as_millis() as u64),
+    );
+    if let Some(sp) = overrides.spend {
+        l.spend = l.spend.min(sp);
+    }
+    if let Some(d) = overrides.depth {
+        l.depth = l.depth.min(d);
+    }
+    l
 }

@@ -114,8 +114,14 @@ pub struct ThreadDoc {
     pub result: Option<String>,
     /// Error message.
     pub error: Option<String>,
+    /// Class of error, e.g. `interrupted` for threads finalized by crash recovery.
+    #[serde(default)]
+    pub error_kind: Option<String>,
     /// Thread this one continues.
     pub continuation_of: Option<ThreadId>,
+    /// The continuation thread that carries this one's work on (`weft resume`).
+    #[serde(default)]
+    pub continued_by: Option<ThreadId>,
     /// First thread of the chain.
     pub chain_root: Option<ThreadId>,
     /// The transcript's head when this document was signed.

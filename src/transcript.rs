@@ -70,6 +70,28 @@ impl TranscriptWriter {
         })
     }
 
+    /// Opens an existing transcript for appending after `head` (see [`repair`]).
+    pub fn open_append(
+        path: &Path,
+        thread_id: &str,
+        head: Head,
+        signer: Arc<Signer>,
+        durability: Durability,
+        checkpoint_every: u64,
+    ) -> std::io::Result<TranscriptWriter> {
+        let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        Ok(TranscriptWriter {
+            file,
+            path: path.to_path_buf(),
+            thread_id: thread_id.into(),
+            head,
+            since_checkpoint: 0,
+            checkpoint_every: checkpoint_every.max(1),
+            durability,
+            signer,
+        })
+    }
+
     /// The current chain head.
     pub fn head(&self) -> &Head {
         &self.head
@@ -218,4 +240,40 @@ fn check_line(
         }
     }
     Ok(())
+}
+
+/// Makes a transcript appendable after a crash: a torn last line (bytes after the last newline)
+/// is moved, not dropped, to `transcript.torn` beside it, and the file is cut back to its last
+/// complete line. Returns the head after the last complete line and whether a torn line was kept.
+pub fn repair(path: &Path) -> std::io::Result<(Head, bool)> {
+    let bytes = std::fs::read(path)?;
+    let good_len = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let torn = good_len < bytes.len();
+    if torn {
+        let aside = path.with_extension("torn");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&aside)?;
+        f.write_all(&bytes[good_len..])?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        let t = std::fs::OpenOptions::new().write(true).open(path)?;
+        t.set_len(good_len as u64)?;
+        t.sync_all()?;
+    }
+    let mut head = Head {
+        seq: -1,
+        hash: GENESIS.into(),
+    };
+    for line in bytes[..good_len]
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        head = Head {
+            seq: head.seq + 1,
+            hash: crate::signing::sha256_hex(line),
+        };
+    }
+    Ok((head, torn))
 }

@@ -139,8 +139,10 @@ pub struct ThreadArgs {
     pub ctx: Arc<Ctx>,
     /// The directive.
     pub directive: Arc<Directive>,
-    /// The rendered prompt.
-    pub prompt: String,
+    /// The conversation to start from: the rendered prompt, or a continuation's history.
+    pub messages: Vec<Message>,
+    /// LLM calls already made by the chain (a continuation's scripted turns play on from there).
+    pub calls_made: u64,
     /// Parent id and actor.
     pub parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
     /// Resolved limits.
@@ -281,7 +283,7 @@ impl ThreadState {
             input_tokens: self.usage.input_tokens,
             output_tokens: self.usage.output_tokens,
             own_spend_nanos: self.own_spend.0,
-            spend_nanos: self.doc.cost.spend_nanos,
+            spend_nanos: self.doc.cost.spend_nanos.max(self.own_spend.0),
             result: self.doc.result.clone(),
             outputs: self.doc.outputs.clone(),
             error: self.doc.error.clone(),
@@ -348,7 +350,7 @@ impl Actor for ThreadActor {
     ) -> Result<ThreadState, ActorProcessingErr> {
         let tools = tools::offered(&a.directive, &a.doc.capabilities);
         let system = system_prompt(&a.directive, &a.doc.id, &a.limits);
-        let messages = vec![Message::user(a.prompt)];
+        let messages = a.messages;
         let s = ThreadState {
             ctx: a.ctx,
             directive: a.directive,
@@ -362,7 +364,7 @@ impl Actor for ThreadActor {
             messages,
             tools,
             phase: Phase::Idle,
-            calls_made: 0,
+            calls_made: a.calls_made,
             usage: Usage::default(),
             own_spend: Nanos::ZERO,
             started: Instant::now(),
@@ -550,10 +552,22 @@ impl ThreadActor {
     async fn start(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
         s.doc.transition(Status::Running);
         s.log("status", json!({ "status": "running" }));
-        s.log(
-            "message",
-            json!({ "role": "user", "text": message_text(&s.messages[0]) }),
-        );
+        // A continuation records the conversation it inherits, so it can be continued in turn.
+        if let Some((last, inherited)) = s.messages.split_last() {
+            if !inherited.is_empty() {
+                let inherited = serde_json::to_value(inherited).unwrap_or(Value::Null);
+                let text = message_text(last);
+                let calls = s.calls_made;
+                s.log(
+                    "conversation",
+                    json!({ "messages": inherited, "calls_made": calls }),
+                );
+                s.log("message", json!({ "role": "user", "text": text }));
+            } else {
+                let text = message_text(last);
+                s.log("message", json!({ "role": "user", "text": text }));
+            }
+        }
         s.sign_doc(false);
         let row = s.row();
         let _ = s.ctx.registry.cast(RegistryMsg::Update {
@@ -1178,4 +1192,117 @@ fn backoff(attempt: u32) -> Duration {
     let _ = getrandom::fill(&mut b);
     let jitter = u64::from(u16::from_le_bytes(b)) % (base / 2 + 1);
     Duration::from_millis(base - base / 4 + jitter)
+}
+
+/// Rebuilds a conversation from transcript events (for continuations): user messages,
+/// assistant text and tool calls, tool results. A tool call left without a result (the thread
+/// ended mid-call) gets an error result. Also returns the LLM calls made, attempts included.
+pub fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
+    let mut msgs: Vec<Message> = Vec::new();
+    let mut calls = 0u64;
+    for e in events {
+        let text = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        match e.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "llm_call" | "llm_retry" => calls += 1,
+            "conversation" => {
+                msgs = serde_json::from_value(e.get("messages").cloned().unwrap_or(Value::Null))
+                    .unwrap_or_default();
+                calls += e.get("calls_made").and_then(Value::as_u64).unwrap_or(0);
+            }
+            "message" => {
+                close_tool_round(&mut msgs);
+                msgs.push(Message::user(text("text")));
+            }
+            "assistant_text" | "tool_use" => {
+                let block = if e["type"] == "assistant_text" {
+                    Block::Text { text: text("text") }
+                } else {
+                    Block::ToolUse {
+                        id: text("id"),
+                        name: text("name"),
+                        input: e.get("input").cloned().unwrap_or(Value::Null),
+                    }
+                };
+                match msgs.last_mut() {
+                    Some(m) if m.role == Role::Assistant => m.content.push(block),
+                    _ => msgs.push(Message {
+                        role: Role::Assistant,
+                        content: vec![block],
+                    }),
+                }
+            }
+            "tool_result" => {
+                let block = Block::ToolResult {
+                    id: text("id"),
+                    content: text("content"),
+                    is_error: e.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                };
+                match msgs.last_mut() {
+                    Some(m)
+                        if m.role == Role::User
+                            && matches!(m.content.first(), Some(Block::ToolResult { .. })) =>
+                    {
+                        m.content.push(block)
+                    }
+                    _ => msgs.push(Message {
+                        role: Role::User,
+                        content: vec![block],
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+    close_tool_round(&mut msgs);
+    (msgs, calls)
+}
+
+/// Gives every unanswered tool call of the last assistant message an error result.
+fn close_tool_round(msgs: &mut Vec<Message>) {
+    let answered: Vec<String> = match msgs.last() {
+        Some(m) if m.role == Role::User => m
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                Block::ToolResult { id, .. } => Some(id.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    };
+    let assistant = match msgs.len() {
+        0 => return,
+        n if msgs[n - 1].role == Role::Assistant => n - 1,
+        n if n >= 2 && msgs[n - 2].role == Role::Assistant && !answered.is_empty() => n - 2,
+        _ => return,
+    };
+    let missing: Vec<Block> = msgs[assistant]
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolUse { id, .. } if !answered.contains(id) => Some(Block::ToolResult {
+                id: id.clone(),
+                content: json!({ "error": "the thread ended before this tool call finished" })
+                    .to_string(),
+                is_error: true,
+            }),
+            _ => None,
+        })
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if assistant == msgs.len() - 1 {
+        msgs.push(Message {
+            role: Role::User,
+            content: missing,
+        });
+    } else if let Some(last) = msgs.last_mut() {
+        last.content.extend(missing);
+    }
 }

@@ -247,6 +247,7 @@ fn spawn_thread(
             overrides,
             reserve,
             parent: Some(parent),
+            continuation: None,
         };
         match crate::runtime::spawn(&ctx, req, None).await {
             Ok((child, actor)) => {

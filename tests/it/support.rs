@@ -61,6 +61,7 @@ impl Fixture {
             self.project(),
             RuntimeOptions {
                 script: Some(self.root().join("script.yaml")),
+                ..Default::default()
             },
         )
         .await

@@ -1,0 +1,197 @@
+//! Crash recovery (SPEC §7): threads left `created`/`running` by a process that is gone are
+//! finalized as `error` with kind `interrupted`.
+//!
+//! For each such thread, deepest first: its ledger account is closed (open reservations released
+//! unspent — what a dead process spent in flight is unknown; what it settled stays), a torn last
+//! transcript line is set aside in `transcript.torn`, the transcript gets an `interrupted` and a
+//! `thread_finished` event and a signed checkpoint, thread.json is re-signed as `error`, and the
+//! registry row is closed. Runs at the start of every command that opens a project for writing.
+//! Must never touch a thread whose owner process is alive.
+
+use crate::config::Durability;
+use crate::ids::ThreadId;
+use crate::ledger::LedgerMsg;
+use crate::registry::{RegistryMsg, ThreadRow};
+use crate::runtime::Ctx;
+use crate::state::{Status, ThreadDoc};
+use crate::transcript::{now_ts, TranscriptWriter};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One recovered thread.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovered {
+    /// The thread.
+    pub id: String,
+    /// The dead owner's pid.
+    pub owner_pid: u32,
+    /// A torn last transcript line was moved to `transcript.torn`.
+    pub torn_line_kept: bool,
+    /// Anything recovery could not do (e.g. an unverifiable thread.json), naming the file.
+    pub problems: Vec<String>,
+}
+
+/// Is `pid` a live weft process (this one, or one whose program is `weft` or this binary)?
+/// Without `/proc` every pid counts as alive: recovery then never steals a running thread.
+pub fn owner_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let proc = std::path::Path::new("/proc");
+    if !proc.exists() {
+        return true;
+    }
+    let Ok(cmdline) = std::fs::read(proc.join(pid.to_string()).join("cmdline")) else {
+        return false;
+    };
+    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+    let name = std::path::Path::new(std::str::from_utf8(argv0).unwrap_or_default())
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let me = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()));
+    name == "weft" || Some(name) == me
+}
+
+/// Finalizes every thread of the project whose owner process is gone.
+pub async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
+    let rows = match ractor::call!(ctx.registry, |reply| RegistryMsg::Unfinished { reply }) {
+        Ok(Ok(rows)) => rows,
+        other => {
+            tracing::error!("recovery: cannot list unfinished threads: {other:?}");
+            return vec![];
+        }
+    };
+    let orphans: Vec<ThreadRow> = rows
+        .into_iter()
+        .filter(|r| !owner_alive(r.owner_pid))
+        .collect();
+    // Deepest first, so every child is closed before its parent.
+    let parents: HashMap<String, Option<String>> = orphans
+        .iter()
+        .map(|r| (r.id.clone(), r.parent_id.clone()))
+        .collect();
+    let depth = |id: &str| -> usize {
+        let mut d = 0;
+        let mut cur = id.to_string();
+        while let Some(Some(p)) = parents.get(&cur) {
+            d += 1;
+            cur = p.clone();
+            if d > 10_000 {
+                break;
+            }
+        }
+        d
+    };
+    let mut order: Vec<(usize, ThreadRow)> =
+        orphans.iter().map(|r| (depth(&r.id), r.clone())).collect();
+    order.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut out = Vec::new();
+    for (_, row) in order {
+        out.push(recover_one(ctx, &row).await);
+    }
+    out
+}
+
+async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
+    let mut rec = Recovered {
+        id: row.id.clone(),
+        owner_pid: row.owner_pid,
+        torn_line_kept: false,
+        problems: vec![],
+    };
+    let Ok(id) = ThreadId::parse(&row.id) else {
+        rec.problems.push(format!(
+            "registry row with invalid id `{}` left as is",
+            row.id
+        ));
+        return rec;
+    };
+    let error = format!(
+        "interrupted: the process that ran this thread (pid {}) ended while it was {}; `weft resume {id}` continues it",
+        row.owner_pid, row.status
+    );
+    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok);
+    let spend = acct.as_ref().map_or(row.spend_nanos, |a| a.spent.0);
+    let own = acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0);
+    let dir = ctx.project.thread_dir(&id);
+    let tr_path = dir.join("transcript.jsonl");
+    let head = match crate::transcript::repair(&tr_path) {
+        Ok((head, torn)) => {
+            rec.torn_line_kept = torn;
+            let w = TranscriptWriter::open_append(
+                &tr_path,
+                id.as_str(),
+                head,
+                ctx.signer.clone(),
+                Durability::Strict,
+                u64::MAX,
+            );
+            match w {
+                Ok(mut w) => {
+                    let _ = w.append(
+                        "interrupted",
+                        json!({ "owner_pid": row.owner_pid, "torn_line_kept": torn }),
+                    );
+                    let _ = w.append(
+                        "thread_finished",
+                        json!({ "status": "error", "error": error, "error_kind": "interrupted", "spend_nanos": spend, "own_spend_nanos": own }),
+                    );
+                    if let Err(e) = w.checkpoint() {
+                        rec.problems.push(format!("{}: {e}", tr_path.display()));
+                    }
+                    Some(w.head().clone())
+                }
+                Err(e) => {
+                    rec.problems.push(format!("{}: {e}", tr_path.display()));
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            rec.problems.push(format!("{}: {e}", tr_path.display()));
+            None
+        }
+    };
+    let doc_path = dir.join("thread.json");
+    match ThreadDoc::read_verified(&doc_path, &ctx.trust) {
+        Ok(mut doc) => {
+            doc.error = Some(error.clone());
+            doc.error_kind = Some("interrupted".into());
+            doc.cost.spend_nanos = spend;
+            doc.cost.own_spend_nanos = own;
+            if let Some(h) = head {
+                doc.transcript_head = h;
+            }
+            doc.transition(Status::Error);
+            if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
+                rec.problems.push(format!("{}: {e}", doc_path.display()));
+            }
+        }
+        Err(e) => rec
+            .problems
+            .push(format!("{e} (left as is; `weft verify` reports it)")),
+    }
+    let mut fin = row.clone();
+    fin.status = "error".into();
+    fin.error = Some(error);
+    fin.spend_nanos = spend;
+    fin.own_spend_nanos = own;
+    fin.updated_at = now_ts();
+    if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
+        row: Box::new(fin),
+        reply
+    }) {
+        rec.problems.push(format!("registry: {e}"));
+    }
+    rec
+}
