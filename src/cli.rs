@@ -383,10 +383,12 @@ async fn follow(
     });
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut interrupted = false;
     let report = loop {
         tokio::select! {
             r = &mut done => break r.map_err(|_| Exit { code: 1, message: format!("thread {id} ended without a report") })?,
-            _ = &mut ctrl_c => {
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
                 eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
                 rt.cancel(&id, "Ctrl-C");
                 tokio::spawn(async { let _ = tokio::signal::ctrl_c().await; std::process::exit(130); });

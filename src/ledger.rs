@@ -75,6 +75,8 @@ pub struct Account {
     pub pool_left: Nanos,
     /// Closed: no further reservations.
     pub closed: bool,
+    /// Process that opened the account (recovery closes accounts of dead processes).
+    pub owner: u32,
 }
 
 impl Account {
@@ -131,7 +133,7 @@ impl Book {
                 "WITH RECURSIVE keep(id) AS (
                    SELECT id FROM accounts WHERE closed=0
                    UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
-                 SELECT id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed
+                 SELECT id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner
                  FROM accounts WHERE id IN keep",
             )
             .map_err(st)?;
@@ -149,11 +151,12 @@ impl Book {
                         r.get(7)?,
                     ],
                     r.get::<_, bool>(8)?,
+                    r.get::<_, u32>(9)?,
                 ))
             })
             .map_err(st)?;
         for row in rows {
-            let (id, parent, n, closed) = row.map_err(st)?;
+            let (id, parent, n, closed, owner) = row.map_err(st)?;
             let (Ok(id), parent) = (
                 ThreadId::parse(&id),
                 parent.and_then(|p| ThreadId::parse(&p).ok()),
@@ -172,6 +175,7 @@ impl Book {
                     guaranteed: Nanos(n[4]),
                     pool_left: Nanos(n[5]),
                     closed,
+                    owner,
                 },
             );
         }
@@ -323,6 +327,7 @@ impl Book {
                 guaranteed: Nanos::ZERO,
                 pool_left: pool,
                 closed: false,
+                owner: std::process::id(),
             },
         );
         Ok(())
@@ -538,6 +543,11 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Option<Account>>,
     },
+    /// Open accounts with the process that opened each.
+    OpenAccounts {
+        /// Reply.
+        reply: RpcReplyPort<Vec<(ThreadId, u32)>>,
+    },
     /// Audit: invariant violations and open reservations.
     Audit {
         /// Reply: (violations, open reservations).
@@ -563,7 +573,7 @@ pub fn open_db(path: &Path) -> Result<Connection, LedgerError> {
          CREATE TABLE IF NOT EXISTS accounts(
            id TEXT PRIMARY KEY, parent TEXT, max INTEGER NOT NULL, spent INTEGER NOT NULL,
            own_spent INTEGER NOT NULL, inflight INTEGER NOT NULL, guaranteed INTEGER NOT NULL,
-           pool_left INTEGER NOT NULL, closed INTEGER NOT NULL);
+           pool_left INTEGER NOT NULL, closed INTEGER NOT NULL, owner INTEGER NOT NULL);
          CREATE TABLE IF NOT EXISTS reservations(
            id INTEGER NOT NULL, thread TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY(thread, id));",
     )
@@ -587,8 +597,8 @@ impl LedgerState {
         {
             let mut up = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed)
-                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+                    "INSERT OR REPLACE INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner)
+                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
                 )
                 .map_err(st)?;
             for id in ids {
@@ -602,7 +612,8 @@ impl LedgerState {
                         a.inflight.0,
                         a.guaranteed.0,
                         a.pool_left.0,
-                        a.closed
+                        a.closed,
+                        a.owner
                     ])
                     .map_err(st)?;
                 }
@@ -722,6 +733,15 @@ impl Actor for LedgerActor {
             }
             LedgerMsg::Get { id, reply } => {
                 let _ = reply.send(s.book.get(&id).cloned());
+            }
+            LedgerMsg::OpenAccounts { reply } => {
+                let open = s
+                    .book
+                    .accounts()
+                    .filter(|a| !a.closed)
+                    .map(|a| (a.id.clone(), a.owner))
+                    .collect();
+                let _ = reply.send(open);
             }
             LedgerMsg::Audit { reply } => {
                 let _ = reply.send((s.book.violations(), s.book.open_reservations()));

@@ -89,12 +89,27 @@ pub async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
     };
     let mut order: Vec<(usize, ThreadRow)> =
         orphans.iter().map(|r| (depth(&r.id), r.clone())).collect();
-    order.sort_by(|a, b| b.0.cmp(&a.0));
+    order.sort_by_key(|o| std::cmp::Reverse(o.0));
     let mut out = Vec::new();
     for (_, row) in order {
         out.push(recover_one(ctx, &row).await);
     }
+    close_orphan_accounts(ctx).await;
     out
+}
+
+/// Closes ledger accounts left open by dead processes that never registered their thread (the
+/// process died between opening the account and registering): nothing was spent on them.
+async fn close_orphan_accounts(ctx: &Arc<Ctx>) {
+    let open =
+        ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
+    for (id, owner) in open {
+        if owner_alive(owner) {
+            continue;
+        }
+        tracing::warn!(thread = %id, "closing the ledger account of a thread whose process (pid {owner}) died before registering it");
+        let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close { id, reply });
+    }
 }
 
 async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
@@ -125,9 +140,28 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
     let own = acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0);
     let dir = ctx.project.thread_dir(&id);
     let tr_path = dir.join("transcript.jsonl");
-    let head = match crate::transcript::repair(&tr_path) {
-        Ok((head, torn)) => {
+    // The process may have died between registering the thread and creating its files.
+    if let Err(e) = std::fs::create_dir_all(dir.join("files")) {
+        rec.problems.push(format!("{}: {e}", dir.display()));
+    }
+    let repaired = if tr_path.exists() {
+        crate::transcript::repair(&tr_path).map(|(head, torn)| {
             rec.torn_line_kept = torn;
+            (head, false)
+        })
+    } else {
+        std::fs::File::create(&tr_path).map(|_| {
+            (
+                crate::transcript::Head {
+                    seq: -1,
+                    hash: crate::transcript::GENESIS.into(),
+                },
+                true,
+            )
+        })
+    };
+    let head = match repaired {
+        Ok((head, fresh)) => {
             let w = TranscriptWriter::open_append(
                 &tr_path,
                 id.as_str(),
@@ -138,10 +172,12 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
             );
             match w {
                 Ok(mut w) => {
-                    let _ = w.append(
-                        "interrupted",
-                        json!({ "owner_pid": row.owner_pid, "torn_line_kept": torn }),
-                    );
+                    let note = if fresh {
+                        "the process died before the thread's files were written"
+                    } else {
+                        ""
+                    };
+                    let _ = w.append("interrupted", json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
                     let _ = w.append(
                         "thread_finished",
                         json!({ "status": "error", "error": error, "error_kind": "interrupted", "spend_nanos": spend, "own_spend_nanos": own }),
@@ -163,7 +199,13 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
         }
     };
     let doc_path = dir.join("thread.json");
-    match ThreadDoc::read_verified(&doc_path, &ctx.trust) {
+    let doc = if doc_path.exists() {
+        ThreadDoc::read_verified(&doc_path, &ctx.trust)
+            .map_err(|e| format!("{e} (left as is; `weft verify` reports it)"))
+    } else {
+        Ok(doc_from_row(ctx, row, &id, acct.as_ref().map(|a| a.max)))
+    };
+    match doc {
         Ok(mut doc) => {
             doc.error = Some(error.clone());
             doc.error_kind = Some("interrupted".into());
@@ -177,9 +219,7 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
                 rec.problems.push(format!("{}: {e}", doc_path.display()));
             }
         }
-        Err(e) => rec
-            .problems
-            .push(format!("{e} (left as is; `weft verify` reports it)")),
+        Err(e) => rec.problems.push(e),
     }
     let mut fin = row.clone();
     fin.status = "error".into();
@@ -194,4 +234,62 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
         rec.problems.push(format!("registry: {e}"));
     }
     rec
+}
+
+/// A thread.json for a thread whose process died before writing one: what the registry and
+/// the ledger know; limits the directive and config would have given it, spend as opened.
+fn doc_from_row(
+    ctx: &Ctx,
+    row: &ThreadRow,
+    id: &ThreadId,
+    max: Option<crate::money::Nanos>,
+) -> ThreadDoc {
+    let directive = ctx.library.load(&row.directive).ok();
+    let mut limits = crate::limits::resolve(
+        &ctx.config.default_limits,
+        &directive
+            .as_ref()
+            .map(|d| d.limits.clone())
+            .unwrap_or_default(),
+        &crate::limits::LimitSet::default(),
+        None,
+    );
+    if let Some(m) = max {
+        limits.spend = m;
+    }
+    let parse = |s: &Option<String>| s.as_deref().and_then(|p| ThreadId::parse(p).ok());
+    ThreadDoc {
+        version: 1,
+        id: id.clone(),
+        directive: row.directive.clone(),
+        directive_hash: directive
+            .as_ref()
+            .map(|d| d.content_hash.clone())
+            .unwrap_or_default(),
+        parent_id: parse(&row.parent_id),
+        root_id: ThreadId::parse(&row.root_id).unwrap_or_else(|_| id.clone()),
+        status: Status::Created,
+        history: vec![crate::state::Transition {
+            status: Status::Created,
+            at: row.created_at.clone(),
+        }],
+        created_at: row.created_at.clone(),
+        updated_at: row.updated_at.clone(),
+        model: row.model.clone(),
+        provider: String::new(),
+        limits,
+        capabilities: vec![],
+        cost: crate::state::Cost::default(),
+        outputs: None,
+        result: None,
+        error: None,
+        error_kind: None,
+        continuation_of: parse(&row.continuation_of),
+        continued_by: None,
+        chain_root: parse(&row.chain_root),
+        transcript_head: crate::transcript::Head {
+            seq: -1,
+            hash: crate::transcript::GENESIS.into(),
+        },
+    }
 }

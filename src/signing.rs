@@ -97,7 +97,14 @@ impl Signer {
             .map_err(|e| err(format!("cannot encode: {e}")))?;
         std::fs::create_dir_all(dir)
             .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
-        write_private(&path, pem.as_bytes()).map_err(|e| err(format!("cannot write: {e}")))?;
+        match write_private(&path, pem.as_bytes()) {
+            Ok(()) => {}
+            // Another process created the key first (the link is atomic): use that one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Signer::load_or_create(dir)
+            }
+            Err(e) => return Err(err(format!("cannot write: {e}"))),
+        }
         let key_id = key_id_of(&key.verifying_key());
         Ok(Signer { key, key_id })
     }
@@ -134,17 +141,30 @@ impl Signer {
     }
 }
 
+/// Writes a complete private file atomically: temp file (0600, fsynced), then a hard link to the
+/// final name, which fails with `AlreadyExists` if another process got there first.
 #[cfg(unix)]
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    let mut rnd = [0u8; 8];
+    let _ = getrandom::fill(&mut rnd);
+    let tmp = path.with_extension(format!(
+        "pem.{}.{}.tmp",
+        std::process::id(),
+        crate::ids::hex(&rnd)
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create_new(true)
+        .create(true)
+        .truncate(true)
         .mode(0o600)
-        .open(path)?;
+        .open(&tmp)?;
     f.write_all(bytes)?;
-    f.sync_all()
+    f.sync_all()?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    linked
 }
 
 #[cfg(not(unix))]

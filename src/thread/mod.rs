@@ -221,8 +221,6 @@ pub struct ThreadState {
     waiters: Vec<Waiter>,
     announce: Vec<ThreadReport>,
     timers: Vec<tokio::task::JoinHandle<()>>,
-    /// A failure (on_child_error: fail) to apply once the current tool round is answered.
-    pending_failure: Option<String>,
     /// `spawn_thread` tasks still under way: a thread never finalizes before they report,
     /// so no child can start after its parent has ended.
     pending_spawns: usize,
@@ -373,7 +371,6 @@ impl Actor for ThreadActor {
             waiters: Vec::new(),
             announce: Vec::new(),
             timers: Vec::new(),
-            pending_failure: None,
             pending_spawns: 0,
         };
         me.cast(ThreadMsg::Start)?;
@@ -908,9 +905,6 @@ impl ThreadActor {
             };
             return self.finalize(me, s, e).await;
         }
-        if let Some(err) = s.pending_failure.take() {
-            return self.fail(me, s, err).await;
-        }
         let _ = me.cast(ThreadMsg::NextTurn);
     }
 
@@ -994,11 +988,7 @@ impl ThreadActor {
                 }
                 OnChildError::Fail => {
                     let msg = format!("child {id} failed: {}", r.error.clone().unwrap_or_default());
-                    if matches!(s.phase, Phase::Tools { .. }) {
-                        s.pending_failure = Some(msg);
-                    } else {
-                        return self.fail(me, s, msg).await;
-                    }
+                    return self.fail(me, s, msg).await;
                 }
             }
         }

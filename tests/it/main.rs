@@ -3,5 +3,6 @@
 mod budget;
 mod cli;
 mod directives;
+mod lifecycle;
 mod support;
 mod tree;
