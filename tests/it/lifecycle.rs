@@ -114,10 +114,6 @@ leaf:
     delay: 300ms
     text: leaf done
 "#;
-    let slow_leaf = script.replace(
-        "leaf:\n  - usage: { input_tokens: 40, output_tokens: 4 }\n    delay: 300ms",
-        "leaf:\n  - usage: { input_tokens: 40, output_tokens: 4 }\n    delay: 300ms",
-    );
     let fx = Fixture::new(
         &[
             ("root", &directive(perms, "Root.")),
@@ -125,7 +121,7 @@ leaf:
             ("slow", &directive(perms, "Slow.")),
             ("leaf", &directive("", "Leaf.")),
         ],
-        &slow_leaf,
+        script,
         "",
     );
     let rt = fx.runtime().await;
