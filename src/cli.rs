@@ -43,6 +43,12 @@ pub enum Cmd {
         /// Scripted provider file.
         #[arg(long)]
         script: Option<PathBuf>,
+        /// Provider (a name under `providers:` in config) for every thread.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Model id for every thread.
+        #[arg(long)]
+        model: Option<String>,
         /// Limit override, as name=value (repeatable).
         #[arg(long = "limit")]
         limits: Vec<String>,
@@ -168,9 +174,18 @@ pub async fn main(cli: Cli) -> i32 {
             directive,
             inputs,
             script,
+            provider,
+            model,
             limits,
             json,
-        } => run(cli.project, directive, inputs, script, limits, json).await,
+        } => {
+            let choice = crate::provider::Choice {
+                script,
+                provider,
+                model,
+            };
+            run(cli.project, directive, inputs, choice, limits, json).await
+        }
         Cmd::Threads {
             sub: Some(ThreadsSub::Chain { id, json }),
             ..
@@ -281,7 +296,7 @@ async fn run(
     explicit: Option<PathBuf>,
     directive: String,
     inputs: Vec<String>,
-    script: Option<PathBuf>,
+    choice: crate::provider::Choice,
     limits: Vec<String>,
     as_json: bool,
 ) -> Result<i32, Exit> {
@@ -303,15 +318,15 @@ async fn run(
             .set(&k, &Value::String(v))
             .map_err(|e| usage(format!("--limit: {e}")))?;
     }
-    let rt = Runtime::open(
-        project.clone(),
-        RuntimeOptions {
-            script,
-            ..Default::default()
-        },
-    )
-    .await
-    .map_err(open_error)?;
+    let opts = RuntimeOptions {
+        script: choice.script,
+        provider: choice.provider,
+        model: choice.model,
+        ..Default::default()
+    };
+    let rt = Runtime::open(project.clone(), opts)
+        .await
+        .map_err(open_error)?;
     let events = rt.events();
     let (id, _actor, done) = rt
         .start(&directive, given, overrides)

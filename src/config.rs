@@ -54,6 +54,18 @@ pub struct ProviderConfig {
     /// For `scripted`: the script file (relative to the project root).
     #[serde(default)]
     pub script: Option<String>,
+    /// Longest silence while reading a response (humantime, e.g. `120s`).
+    #[serde(default, deserialize_with = "de_duration")]
+    pub read_timeout: Option<Duration>,
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| {
+        humantime::parse_duration(&s)
+            .map_err(|_| serde::de::Error::custom(format!("`{s}` is not a duration (e.g. 120s)")))
+    })
+    .transpose()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -93,6 +105,8 @@ struct RawConfig {
     cancel_grace: Option<String>,
     #[serde(default)]
     checkpoint_every: Option<u64>,
+    #[serde(default)]
+    context_window: BTreeMap<String, u64>,
 }
 
 /// The effective configuration.
@@ -116,6 +130,8 @@ pub struct Config {
     pub cancel_grace: Duration,
     /// A signed checkpoint line is written every this many transcript lines.
     pub checkpoint_every: u64,
+    /// Context window (tokens) by model id; a call whose prompt cannot fit is refused.
+    pub context_window: BTreeMap<String, u64>,
 }
 
 /// The commented config `weft init` writes.
@@ -131,10 +147,19 @@ providers:
   scripted:
     kind: scripted
     # script: scripts/demo.yaml     # or pass `weft run --script FILE`
-    tiers: { fast: scripted, smart: scripted }
+  # Built in, shown here to adjust (base_url as the official SDKs use it):
+  # openai:    { kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY,
+  #              tiers: { fast: gpt-4o-mini, smart: gpt-4o } }
+  # anthropic: { kind: anthropic, base_url: https://api.anthropic.com, api_key_env: ANTHROPIC_API_KEY,
+  #              tiers: { fast: claude-3-5-haiku-latest, smart: claude-sonnet-4-0 } }
+  # local:     { kind: openai, base_url: http://127.0.0.1:8080/v1, tiers: { fast: my-model } }
+  #              (no api_key_env: local servers need no key; optional read_timeout: 120s, headers: {})
 # USD per million tokens, per model id. A model without a price cannot run under a spend limit.
 pricing:
   scripted: { input: 1.00, output: 4.00, cache_read: 0.10 }
+  # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }   (built in, like a few others)
+# Context window per model id, in tokens: a call whose prompt cannot fit is refused.
+# context_window: { gpt-4o-mini: 128000 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
 durability: normal
 # Retries of retryable LLM errors (rate limit, overloaded, server, timeout, connection).
@@ -174,6 +199,7 @@ impl Default for Config {
             retries: 3,
             cancel_grace: Duration::from_secs(5),
             checkpoint_every: 64,
+            context_window: BTreeMap::new(),
         }
     }
 }
@@ -285,6 +311,7 @@ impl Config {
         if let Some(c) = raw.checkpoint_every {
             self.checkpoint_every = c.max(1);
         }
+        self.context_window.extend(raw.context_window);
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! Must never keep thread state itself: that belongs to thread actors.
 
 use crate::config::{Config, Durability};
-use crate::directive::{Directive, DirectiveError, Library};
+use crate::directive::{DirectiveError, Library};
 use crate::ids::ThreadId;
 use crate::ledger::{LedgerActor, LedgerError, LedgerMsg};
 use crate::limits::LimitSet;
@@ -148,10 +148,8 @@ pub struct Ctx {
     pub trust: Trust,
     /// Directive lookup.
     pub library: Library,
-    /// The LLM backend.
-    pub provider: Arc<dyn Provider>,
-    /// Provider name in config.
-    pub provider_name: String,
+    /// The LLM backends, and the rules that pick one per thread.
+    pub providers: crate::provider::Providers,
     /// The supervisor (registry owner).
     pub registry: ActorRef<RegistryMsg>,
     /// The ledger.
@@ -187,8 +185,12 @@ pub struct SpawnRequest {
 /// Options for opening a runtime.
 #[derive(Default, Clone)]
 pub struct RuntimeOptions {
-    /// Scripted provider file (overrides config).
+    /// Scripted provider file: every thread plays it (overrides config).
     pub script: Option<PathBuf>,
+    /// Provider (config name) for every thread (`--provider`).
+    pub provider: Option<String>,
+    /// Model id for every thread (`--model`).
+    pub model: Option<String>,
     /// Open without an LLM provider (commands that start no thread: cancel, recover).
     pub no_provider: bool,
     /// Do not listen on the control socket.
@@ -267,10 +269,16 @@ impl Runtime {
         for w in warnings {
             tracing::warn!("{w}");
         }
-        let (provider, provider_name): (Arc<dyn Provider>, String) = if opts.no_provider {
-            (Arc::new(NoProvider), "none".into())
+        let providers = if opts.no_provider {
+            crate::provider::Providers::single("none", Arc::new(NoProvider))
         } else {
-            build_provider(&project, &config, opts.script.as_deref())?
+            let choice = crate::provider::Choice {
+                script: opts.script.clone(),
+                provider: opts.provider.clone(),
+                model: opts.model.clone(),
+            };
+            crate::provider::Providers::build(&project.root, &config, &choice)
+                .map_err(OpenError::Provider)?
         };
         let st = |e: String| OpenError::Storage(e);
         std::fs::create_dir_all(project.state_dir())
@@ -294,8 +302,7 @@ impl Runtime {
             signer,
             trust,
             library,
-            provider,
-            provider_name,
+            providers,
             registry,
             ledger,
             events,
@@ -494,52 +501,6 @@ impl Runtime {
     }
 }
 
-fn build_provider(
-    project: &Project,
-    config: &Config,
-    script: Option<&Path>,
-) -> Result<(Arc<dyn Provider>, String), OpenError> {
-    if let Some(s) = script {
-        let p = crate::provider::scripted::Scripted::load(s).map_err(OpenError::Provider)?;
-        return Ok((Arc::new(p), "scripted".into()));
-    }
-    let name = config.default_provider.clone();
-    let pc = config.providers.get(&name).ok_or_else(|| {
-        OpenError::Provider(format!("defaults.provider is `{name}` but no `providers.{name}` is configured in .weft/config.yaml"))
-    })?;
-    match pc.kind.as_str() {
-        "scripted" => {
-            let file = pc.script.as_ref().ok_or_else(|| {
-                OpenError::Provider(format!("provider `{name}` is scripted but has no script: pass --script FILE or set providers.{name}.script"))
-            })?;
-            let p = crate::provider::scripted::Scripted::load(&project.root.join(file)).map_err(OpenError::Provider)?;
-            Ok((Arc::new(p), name))
-        }
-        kind => Err(OpenError::Provider(format!(
-            "provider `{name}` has kind `{kind}`, which this build cannot call yet (only `scripted`); use --script FILE"
-        ))),
-    }
-}
-
-/// The model id a directive runs on under the current provider.
-pub fn model_for(ctx: &Ctx, d: &Directive) -> String {
-    if ctx.provider.name() == "scripted" {
-        return "scripted".into();
-    }
-    let pc = ctx.config.providers.get(&ctx.provider_name);
-    match (&d.model.id, &d.model.tier) {
-        (Some(id), _) => id.clone(),
-        (None, Some(t)) => pc
-            .and_then(|p| p.tiers.get(t))
-            .cloned()
-            .unwrap_or_else(|| t.clone()),
-        (None, None) => pc
-            .and_then(|p| p.tiers.get("default").or_else(|| p.tiers.values().next()))
-            .cloned()
-            .unwrap_or_default(),
-    }
-}
-
 /// Output tokens of the smallest call worth making.
 pub const MIN_OUTPUT_TOKENS: u64 = 16;
 
@@ -582,7 +543,7 @@ pub async fn spawn(
                     c.of.id, c.of.limits.spend
                 )));
             }
-            (limits, c.of.capabilities.clone(), c.of.model.clone())
+            (limits, c.of.capabilities.clone(), Some(c.of.model.clone()))
         }
         None => {
             let limits = crate::limits::resolve(
@@ -595,8 +556,17 @@ pub async fn spawn(
                 Some(p) => crate::capability::attenuate(&directive.permissions, &p.capabilities),
                 None => directive.permissions.clone(),
             };
-            (limits, caps, model_for(ctx, &directive))
+            (limits, caps, None)
         }
+    };
+    let (provider, provider_name, selected) = ctx
+        .providers
+        .select(&ctx.config, &directive)
+        .map_err(SpawnError::Config)?;
+    // A continuation keeps its chain's model unless the runtime was told another.
+    let model = match model {
+        Some(m) if provider.name() != "scripted" => m,
+        _ => selected,
     };
     crate::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
     let continuation_of = req.continuation.as_ref().map(|c| c.of.id.clone());
@@ -718,7 +688,7 @@ pub async fn spawn(
     };
     let started = json!({
         "directive": directive.name, "directive_hash": directive.content_hash, "source": directive.source,
-        "parent": parent_id, "root": root_id, "model": model, "provider": ctx.provider.name(),
+        "parent": parent_id, "root": root_id, "model": model, "provider": provider_name,
         "limits": limits, "capabilities": caps, "inputs": inputs, "reserve_nanos": req.reserve,
         "continuation_of": continuation_of,
     });
@@ -740,7 +710,7 @@ pub async fn spawn(
         created_at: now.clone(),
         updated_at: now,
         model: model.clone(),
-        provider: ctx.provider.name().into(),
+        provider: provider_name.clone(),
         limits: limits.clone(),
         capabilities: caps.clone(),
         cost: Cost::default(),
@@ -766,6 +736,7 @@ pub async fn spawn(
     };
     let args = ThreadArgs {
         ctx: ctx.clone(),
+        provider,
         directive: Arc::new(directive),
         messages,
         calls_made,

@@ -252,6 +252,7 @@ impl Provider for Scripted {
                     cache_read_tokens: turn.cache_read_tokens,
                 },
                 stop_reason: stop_reason.into(),
+                stream_deltas: 0,
             })
         })
     }

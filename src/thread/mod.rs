@@ -83,9 +83,7 @@ pub enum ThreadMsg {
     LlmDone {
         /// The reservation it ran under.
         reservation: u64,
-        /// Failed attempts before the last one.
-        retries: Vec<ProviderError>,
-        /// The last attempt.
+        /// What the call returned.
         outcome: Result<LlmResponse, ProviderError>,
     },
     /// A tool task ended.
@@ -137,6 +135,8 @@ pub enum ThreadMsg {
 pub struct ThreadArgs {
     /// Runtime wiring.
     pub ctx: Arc<Ctx>,
+    /// The LLM backend this thread calls.
+    pub provider: Arc<dyn crate::provider::Provider>,
     /// The directive.
     pub directive: Arc<Directive>,
     /// The conversation to start from: the rendered prompt, or a continuation's history.
@@ -201,6 +201,7 @@ pub struct ThreadActor;
 /// State of a thread actor.
 pub struct ThreadState {
     ctx: Arc<Ctx>,
+    provider: Arc<dyn crate::provider::Provider>,
     directive: Arc<Directive>,
     parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
     limits: Limits,
@@ -221,6 +222,8 @@ pub struct ThreadState {
     waiters: Vec<Waiter>,
     announce: Vec<ThreadReport>,
     timers: Vec<tokio::task::JoinHandle<()>>,
+    /// Retries used for the current turn's call.
+    attempt: u32,
     /// `spawn_thread` tasks still under way: a thread never finalizes before they report,
     /// so no child can start after its parent has ended.
     pending_spawns: usize,
@@ -351,6 +354,7 @@ impl Actor for ThreadActor {
         let messages = a.messages;
         let s = ThreadState {
             ctx: a.ctx,
+            provider: a.provider,
             directive: a.directive,
             parent: a.parent,
             limits: a.limits,
@@ -372,6 +376,7 @@ impl Actor for ThreadActor {
             announce: Vec::new(),
             timers: Vec::new(),
             pending_spawns: 0,
+            attempt: 0,
         };
         me.cast(ThreadMsg::Start)?;
         Ok(s)
@@ -398,9 +403,8 @@ impl Actor for ThreadActor {
             ThreadMsg::NextTurn => self.next_turn(&me, s).await,
             ThreadMsg::LlmDone {
                 reservation,
-                retries,
                 outcome,
-            } => self.llm_done(&me, s, reservation, retries, outcome).await,
+            } => self.llm_done(&me, s, reservation, outcome).await,
             ThreadMsg::ToolDone { call_id, outcome } => {
                 self.tool_done(&me, s, call_id, outcome).await
             }
@@ -641,7 +645,7 @@ impl ThreadActor {
             thread_id: s.id().clone(),
             call_index: s.calls_made,
         };
-        let prompt_tokens = s.ctx.provider.estimate_prompt_tokens(&req);
+        let prompt_tokens = s.provider.estimate_prompt_tokens(&req);
         let token_room = s.limits.tokens - used_tokens;
         if prompt_tokens >= token_room {
             let max = s.limits.tokens.to_string();
@@ -655,11 +659,21 @@ impl ThreadActor {
                 )
                 .await;
         }
-        let want = s
+        let mut want = s
             .ctx
             .config
             .max_output_tokens
             .min(token_room - prompt_tokens);
+        if let Some(&window) = s.ctx.config.context_window.get(&s.doc.model) {
+            if prompt_tokens >= window {
+                let msg = format!(
+                    "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",
+                    s.doc.model
+                );
+                return self.fail(me, s, msg).await;
+            }
+            want = want.min(window - prompt_tokens);
+        }
         let min_out = crate::runtime::MIN_OUTPUT_TOKENS.min(want);
         let grant = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Reserve {
             id: s.doc.id.clone(),
@@ -689,41 +703,16 @@ impl ThreadActor {
         };
         req.max_tokens = grant.max_output_tokens;
         s.phase = Phase::Thinking;
-        let provider = s.ctx.provider.clone();
-        let retries = s.ctx.config.retries;
+        let provider = s.provider.clone();
         let token = s.cancel.child_token();
         let me2 = me.clone();
         let reservation = grant.reservation;
         tokio::spawn(async move {
-            let mut failed = Vec::new();
-            loop {
-                let outcome = provider.complete(req.clone(), token.clone()).await;
-                match outcome {
-                    Err(e)
-                        if e.kind.retryable()
-                            && (failed.len() as u32) < retries
-                            && !token.is_cancelled() =>
-                    {
-                        let wait = e
-                            .retry_after
-                            .unwrap_or_else(|| backoff(failed.len() as u32));
-                        failed.push(e);
-                        req.call_index += 1;
-                        tokio::select! {
-                            _ = tokio::time::sleep(wait) => {}
-                            _ = token.cancelled() => {}
-                        }
-                    }
-                    outcome => {
-                        let _ = me2.cast(ThreadMsg::LlmDone {
-                            reservation,
-                            retries: failed,
-                            outcome,
-                        });
-                        return;
-                    }
-                }
-            }
+            let outcome = provider.complete(req, token).await;
+            let _ = me2.cast(ThreadMsg::LlmDone {
+                reservation,
+                outcome,
+            });
         });
     }
 
@@ -732,19 +721,14 @@ impl ThreadActor {
         me: &ActorRef<ThreadMsg>,
         s: &mut ThreadState,
         reservation: u64,
-        retries: Vec<ProviderError>,
         outcome: Result<LlmResponse, ProviderError>,
     ) {
-        let mut usage = Usage::default();
-        for e in &retries {
-            add_usage(&mut usage, &e.usage);
-            s.log("llm_retry", json!({ "kind": e.kind, "message": e.message, "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64) }));
-        }
-        s.calls_made += retries.len() as u64 + 1;
-        match &outcome {
-            Ok(r) => add_usage(&mut usage, &r.usage),
-            Err(e) => add_usage(&mut usage, &e.usage),
-        }
+        // Every attempt is settled on its own, for what it actually cost.
+        let usage = match &outcome {
+            Ok(r) => r.usage,
+            Err(e) => e.usage,
+        };
+        s.calls_made += 1;
         let cost = s.price.cost(&usage);
         let _ = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Settle {
             reservation,
@@ -760,19 +744,41 @@ impl ThreadActor {
         let resp = match outcome {
             Ok(r) => r,
             Err(e) if e.kind == ErrorKind::Cancelled => return,
+            Err(e) if e.kind.retryable() && s.attempt < s.ctx.config.retries => {
+                s.attempt += 1;
+                let wait = e.retry_after.unwrap_or_else(|| backoff(s.attempt - 1));
+                s.log(
+                    "llm_retry",
+                    json!({
+                        "attempt": s.attempt, "kind": e.kind, "message": e.message, "model": s.doc.model,
+                        "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
+                        "usage": usage, "cost_nanos": cost,
+                    }),
+                );
+                let me2 = me.clone();
+                s.timers.push(tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    let _ = me2.cast(ThreadMsg::NextTurn);
+                }));
+                return;
+            }
             Err(e) => {
-                s.log("llm_call", json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "error": { "kind": e.kind, "message": e.message } }));
-                return self
-                    .fail(
-                        me,
-                        s,
-                        format!("LLM call failed ({:?}): {}", e.kind, e.message),
-                    )
-                    .await;
+                s.log(
+                    "llm_call",
+                    json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "error": { "kind": e.kind, "message": e.message } }),
+                );
+                let msg = format!(
+                    "LLM call failed ({:?}) after {} attempt(s): {}",
+                    e.kind,
+                    s.attempt + 1,
+                    e.message
+                );
+                return self.fail(me, s, msg).await;
             }
         };
+        s.attempt = 0;
         s.doc.cost.turns += 1;
-        s.log("llm_call", json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "stop_reason": resp.stop_reason }));
+        s.log("llm_call", json!({ "model": s.doc.model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "stop_reason": resp.stop_reason, "stream_deltas": resp.stream_deltas }));
         let row = s.row();
         let _ = s.ctx.registry.cast(RegistryMsg::Update {
             row: Box::new(row),

@@ -128,12 +128,12 @@ impl Fixture {
     }
 }
 
-/// Sum over every llm_call event of every thread: usage × test price, one ceiling per call.
+/// Sum over every LLM attempt (llm_call and llm_retry events) of every thread: usage × test price.
 pub fn expected_spend(fx: &Fixture) -> i64 {
     let mut total = 0i64;
     for r in fx.rows() {
         for e in fx.events(&r.id) {
-            if e["type"] == "llm_call" {
+            if e["type"] == "llm_call" || e["type"] == "llm_retry" {
                 let i = e["usage"]["input_tokens"].as_i64().unwrap();
                 let o = e["usage"]["output_tokens"].as_i64().unwrap();
                 total += i * IN_NANOS + o * OUT_NANOS; // prices are whole nanos per token: no rounding

@@ -1,0 +1,272 @@
+//! The `anthropic` provider: the Messages API, streamed.
+//!
+//! Owns the wire mapping: `tool_use`/`tool_result` blocks (streamed `input_json_delta` assembled
+//! per content block), usage from `message_start` and `message_delta` including cache reads and
+//! cache creation, `ping` and `error` events, the `anthropic-version` header.
+
+use super::http::{self, HttpSettings};
+use super::openai::JsonBody;
+use super::{
+    Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, Role, ToolCall,
+};
+use crate::money::Usage;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use tokio_util::sync::CancellationToken;
+
+/// The API version sent in `anthropic-version`.
+pub const API_VERSION: &str = "2023-06-01";
+
+/// An Anthropic Messages provider.
+pub struct Anthropic {
+    name: String,
+    settings: HttpSettings,
+    client: reqwest::Client,
+}
+
+impl Anthropic {
+    /// A provider named `name` with these settings.
+    pub fn new(name: &str, settings: HttpSettings) -> Result<Anthropic, String> {
+        let client = http::client(&settings)?;
+        Ok(Anthropic {
+            name: name.into(),
+            settings,
+            client,
+        })
+    }
+}
+
+/// The request body for `req` (public for tests of the wire format).
+pub fn body(req: &LlmRequest) -> Value {
+    let messages: Vec<Value> = req
+        .messages
+        .iter()
+        .map(|m| {
+            let content: Vec<Value> = m
+                .content
+                .iter()
+                .map(|b| match b {
+                    Block::Text { text } => json!({ "type": "text", "text": text }),
+                    Block::ToolUse { id, name, input } => json!({ "type": "tool_use", "id": id, "name": name, "input": input }),
+                    Block::ToolResult { id, content, is_error } => {
+                        json!({ "type": "tool_result", "tool_use_id": id, "content": content, "is_error": is_error })
+                    }
+                })
+                .collect();
+            let role = if m.role == Role::Assistant { "assistant" } else { "user" };
+            json!({ "role": role, "content": content })
+        })
+        .collect();
+    let mut body = json!({
+        "model": req.model,
+        "max_tokens": req.max_tokens,
+        "system": req.system,
+        "messages": messages,
+        "stream": true,
+    });
+    if !req.tools.is_empty() {
+        body["tools"] =
+            req.tools.iter().map(|t| json!({ "name": t.name, "description": t.description, "input_schema": t.input_schema })).collect();
+    }
+    body
+}
+
+/// Assembles a streamed response (public for tests).
+#[derive(Default)]
+pub struct Assembler {
+    blocks: BTreeMap<u64, (String, String, String, String)>,
+    input: u64,
+    cache_read: u64,
+    cache_creation: u64,
+    output: u64,
+    started: bool,
+    stop: Option<String>,
+    /// Text and tool-input deltas received.
+    pub deltas: u64,
+}
+
+impl Assembler {
+    /// Feeds one event; returns true at `message_stop`.
+    pub fn feed(&mut self, event: &str, data: &str) -> Result<bool, ProviderError> {
+        if event == "ping" {
+            return Ok(false);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            http::fail(ErrorKind::Server, format!("bad stream event ({e}): {data}"))
+        })?;
+        let kind = if event.is_empty() {
+            v.get("type").and_then(Value::as_str).unwrap_or_default()
+        } else {
+            event
+        };
+        match kind {
+            "message_start" => {
+                self.started = true;
+                let u = v.pointer("/message/usage").cloned().unwrap_or(Value::Null);
+                self.input = u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0);
+                self.cache_read = u
+                    .get("cache_read_input_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                self.cache_creation = u
+                    .get("cache_creation_input_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                self.output = u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+            }
+            "content_block_start" => {
+                let i = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let b = v.get("content_block").cloned().unwrap_or(Value::Null);
+                let s = |k: &str| {
+                    b.get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let text = s("text");
+                self.blocks.insert(i, (s("type"), s("id"), s("name"), text));
+            }
+            "content_block_delta" => {
+                let i = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let entry = self.blocks.entry(i).or_default();
+                let d = v.get("delta").cloned().unwrap_or(Value::Null);
+                match d.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => entry
+                        .3
+                        .push_str(d.get("text").and_then(Value::as_str).unwrap_or_default()),
+                    Some("input_json_delta") => entry.3.push_str(
+                        d.get("partial_json")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
+                    ),
+                    _ => {}
+                }
+                self.deltas += 1;
+            }
+            "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(s.to_string());
+                }
+                if let Some(o) = v.pointer("/usage/output_tokens").and_then(Value::as_u64) {
+                    self.output = o;
+                }
+                if let Some(n) = v.pointer("/usage/input_tokens").and_then(Value::as_u64) {
+                    self.input = n;
+                }
+            }
+            "message_stop" => return Ok(true),
+            "error" => {
+                let t = v
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let msg = v
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("error event")
+                    .to_string();
+                let kind = match t {
+                    "overloaded_error" => ErrorKind::Overloaded,
+                    "rate_limit_error" => ErrorKind::RateLimited,
+                    "authentication_error" | "permission_error" => ErrorKind::Auth,
+                    "invalid_request_error" => ErrorKind::InvalidRequest,
+                    _ => ErrorKind::Server,
+                };
+                return Err(http::fail(kind, format!("{t}: {msg}")));
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// Usage so far. Cache-creation tokens are billed at the input price (config has no
+    /// separate cache-write price).
+    pub fn usage(&self) -> Usage {
+        Usage {
+            input_tokens: self.input + self.cache_creation,
+            output_tokens: self.output,
+            cache_read_tokens: self.cache_read,
+        }
+    }
+
+    /// The finished response.
+    pub fn finish(self) -> Result<LlmResponse, ProviderError> {
+        if !self.started {
+            return Err(http::fail(
+                ErrorKind::Connection,
+                "the stream ended before message_start",
+            ));
+        }
+        let usage = self.usage();
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for (_, (kind, id, name, body)) in self.blocks {
+            match kind.as_str() {
+                "tool_use" => {
+                    let input = if body.trim().is_empty() {
+                        json!({})
+                    } else {
+                        serde_json::from_str(&body)
+                            .unwrap_or_else(|_| json!({ "_unparsed_arguments": body }))
+                    };
+                    tool_calls.push(ToolCall { id, name, input });
+                }
+                _ => text.push_str(&body),
+            }
+        }
+        let stop_reason = self.stop.unwrap_or_else(|| {
+            if tool_calls.is_empty() {
+                "end_turn".into()
+            } else {
+                "tool_use".into()
+            }
+        });
+        Ok(LlmResponse {
+            text,
+            tool_calls,
+            usage,
+            stop_reason,
+            stream_deltas: self.deltas,
+        })
+    }
+}
+
+impl Provider for Anthropic {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn complete(
+        &self,
+        req: LlmRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
+        let url = format!(
+            "{}/v1/messages",
+            self.settings.base_url.trim_end_matches('/')
+        );
+        let mut builder = self
+            .client
+            .post(url)
+            .header("anthropic-version", API_VERSION)
+            .json_body(&body(&req));
+        if let Some(k) = &self.settings.api_key {
+            builder = builder.header("x-api-key", k);
+        }
+        for (k, v) in &self.settings.headers {
+            builder = builder.header(k, v);
+        }
+        Box::pin(async move {
+            let resp = http::send(builder, &cancel).await?;
+            let mut asm = Assembler::default();
+            let read = http::read_sse(resp, &cancel, |ev| asm.feed(&ev.event, &ev.data)).await;
+            match read {
+                Ok(()) => asm.finish(),
+                Err(mut e) => {
+                    e.usage = asm.usage();
+                    Err(e)
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,177 @@
+//! What the HTTP providers share: the client (reqwest + rustls, read timeouts rather than total
+//! timeouts so long streams live), SSE reading that stops the moment a thread is cancelled, and
+//! the classification of HTTP failures (SPEC §6).
+//!
+//! Never puts an API key in an error, a log line or a transcript: keys only travel in headers.
+
+use super::{ErrorKind, ProviderError};
+use crate::money::Usage;
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of one HTTP provider.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Base URL as the official SDKs use it (OpenAI's includes `/v1`, Anthropic's does not).
+    pub base_url: String,
+    /// The API key, if the provider needs one.
+    pub api_key: Option<String>,
+    /// Extra headers from config.
+    pub headers: Vec<(String, String)>,
+    /// Longest silence while reading a response.
+    pub read_timeout: Duration,
+}
+
+/// Builds the HTTP client (rustls with the ring provider; no OpenSSL).
+pub fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
+    // Installing twice is harmless: the first provider wins.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(settings.read_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+/// A failure with no usage.
+pub fn fail(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
+    ProviderError {
+        kind,
+        message: message.into(),
+        retry_after: None,
+        usage: Usage::default(),
+    }
+}
+
+/// The `Cancelled` error.
+pub fn cancelled() -> ProviderError {
+    fail(ErrorKind::Cancelled, "cancelled")
+}
+
+/// Classifies a transport error.
+pub fn transport(e: &reqwest::Error) -> ProviderError {
+    let kind = if e.is_timeout() {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Connection
+    };
+    // reqwest's Display names the URL, never headers: no key can leak here.
+    fail(kind, format!("{e}"))
+}
+
+/// Classifies a non-2xx response from its status, `retry-after` header and body.
+pub async fn status_error(resp: reqwest::Response) -> ProviderError {
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(3600.0)));
+    let body = resp.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| body.chars().take(300).collect());
+    let lower = format!("{detail} {body}").to_lowercase();
+    let kind = match status {
+        429 => ErrorKind::RateLimited,
+        529 => ErrorKind::Overloaded,
+        401 | 403 => ErrorKind::Auth,
+        _ if lower.contains("overloaded") => ErrorKind::Overloaded,
+        400 | 413 | 422
+            if lower.contains("context length")
+                || lower.contains("context_length")
+                || lower.contains("prompt is too long")
+                || lower.contains("maximum context")
+                || lower.contains("exceeds the context") =>
+        {
+            ErrorKind::ContextOverflow
+        }
+        400..=499 => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Server,
+    };
+    let hint = match kind {
+        ErrorKind::Auth => " — check the API key named by the provider's `api_key_env`",
+        ErrorKind::InvalidRequest => " — check the model id and the provider's base_url",
+        ErrorKind::ContextOverflow => {
+            " — the conversation is larger than the model's context window"
+        }
+        _ => "",
+    };
+    ProviderError {
+        kind,
+        message: format!("HTTP {status}: {detail}{hint}"),
+        retry_after,
+        usage: Usage::default(),
+    }
+}
+
+/// One server-sent event.
+pub struct SseEvent {
+    /// `event:` field (empty when absent).
+    pub event: String,
+    /// `data:` field.
+    pub data: String,
+}
+
+/// Reads a streaming response event by event, handing each to `on_event`, until it returns
+/// `Ok(true)` (done), the stream ends, fails, or `cancel` fires (the connection is then dropped
+/// at once). `on_event` errors stop the stream with that error.
+pub async fn read_sse(
+    resp: reqwest::Response,
+    cancel: &CancellationToken,
+    mut on_event: impl FnMut(SseEvent) -> Result<bool, ProviderError>,
+) -> Result<(), ProviderError> {
+    let mut events = resp.bytes_stream().eventsource();
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(cancelled()),
+            n = events.next() => n,
+        };
+        match next {
+            None => return Ok(()),
+            Some(Err(e)) => {
+                return Err(fail(
+                    ErrorKind::Connection,
+                    format!("stream interrupted: {e}"),
+                ))
+            }
+            Some(Ok(ev)) => {
+                if on_event(SseEvent {
+                    event: ev.event,
+                    data: ev.data,
+                })? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Sends a request, racing it against `cancel`.
+pub async fn send(
+    req: reqwest::RequestBuilder,
+    cancel: &CancellationToken,
+) -> Result<reqwest::Response, ProviderError> {
+    let resp = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Err(cancelled()),
+        r = req.send() => r.map_err(|e| transport(&e))?,
+    };
+    if resp.status().is_success() {
+        Ok(resp)
+    } else {
+        Err(status_error(resp).await)
+    }
+}

@@ -1,0 +1,297 @@
+//! The `openai` provider: the chat-completions API at any base URL (OpenAI, Ollama, vLLM,
+//! llama.cpp, OpenRouter), streamed with `stream_options.include_usage`.
+//!
+//! Owns the wire mapping in both directions: tools as `tools`/`tool_calls` (parallel calls,
+//! assistant messages with null content), tool results as `tool` messages, usage with cached
+//! prompt tokens. Knows nothing of budgets: it sends the `max_tokens` it is given.
+
+use super::http::{self, HttpSettings};
+use super::{
+    Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,
+    ToolCall,
+};
+use crate::money::Usage;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use tokio_util::sync::CancellationToken;
+
+/// An OpenAI-compatible chat-completions provider.
+pub struct OpenAi {
+    name: String,
+    settings: HttpSettings,
+    client: reqwest::Client,
+}
+
+impl OpenAi {
+    /// A provider named `name` with these settings.
+    pub fn new(name: &str, settings: HttpSettings) -> Result<OpenAi, String> {
+        let client = http::client(&settings)?;
+        Ok(OpenAi {
+            name: name.into(),
+            settings,
+            client,
+        })
+    }
+}
+
+/// The request body for `req` (public for tests of the wire format).
+pub fn body(req: &LlmRequest) -> Value {
+    let mut messages = vec![json!({ "role": "system", "content": req.system })];
+    for m in &req.messages {
+        messages.extend(wire_messages(m));
+    }
+    let mut body = json!({
+        "model": req.model,
+        "messages": messages,
+        "max_tokens": req.max_tokens,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+    });
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| json!({ "type": "function", "function": { "name": t.name, "description": t.description, "parameters": t.input_schema } }))
+            .collect();
+    }
+    body
+}
+
+fn wire_messages(m: &Message) -> Vec<Value> {
+    let texts: Vec<&str> = m
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    match m.role {
+        Role::Assistant => {
+            let calls: Vec<Value> = m
+                .content
+                .iter()
+                .filter_map(|b| match b {
+                    Block::ToolUse { id, name, input } => Some(json!({
+                        "id": id, "type": "function",
+                        "function": { "name": name, "arguments": input.to_string() }
+                    })),
+                    _ => None,
+                })
+                .collect();
+            let content = if texts.is_empty() {
+                Value::Null
+            } else {
+                json!(texts.join("\n"))
+            };
+            let mut msg = json!({ "role": "assistant", "content": content });
+            if !calls.is_empty() {
+                msg["tool_calls"] = json!(calls);
+            }
+            vec![msg]
+        }
+        Role::User => {
+            let mut out: Vec<Value> = m
+                .content
+                .iter()
+                .filter_map(|b| match b {
+                    Block::ToolResult {
+                        id,
+                        content,
+                        is_error,
+                    } => {
+                        let content = if *is_error {
+                            format!("ERROR: {content}")
+                        } else {
+                            content.clone()
+                        };
+                        Some(json!({ "role": "tool", "tool_call_id": id, "content": content }))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !texts.is_empty() {
+                out.push(json!({ "role": "user", "content": texts.join("\n") }));
+            }
+            out
+        }
+    }
+}
+
+/// Assembles a streamed response (public for tests).
+#[derive(Default)]
+pub struct Assembler {
+    text: String,
+    calls: BTreeMap<u64, (String, String, String)>,
+    usage: Option<Usage>,
+    finish: Option<String>,
+    /// Content and tool-call deltas received.
+    pub deltas: u64,
+}
+
+impl Assembler {
+    /// Feeds one `data:` payload; returns true at `[DONE]`.
+    pub fn feed(&mut self, data: &str) -> Result<bool, ProviderError> {
+        if data.trim() == "[DONE]" {
+            return Ok(true);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            http::fail(ErrorKind::Server, format!("bad stream chunk ({e}): {data}"))
+        })?;
+        if let Some(err) = v.get("error") {
+            let msg = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("error in stream")
+                .to_string();
+            return Err(http::fail(ErrorKind::Server, msg));
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            let prompt = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+            let cached = u
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(prompt);
+            self.usage = Some(Usage {
+                input_tokens: prompt - cached,
+                output_tokens: u
+                    .get("completion_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+                cache_read_tokens: cached,
+            });
+        }
+        for choice in v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish = Some(f.to_string());
+            }
+            let Some(delta) = choice.get("delta") else {
+                continue;
+            };
+            if let Some(t) = delta.get("content").and_then(Value::as_str) {
+                if !t.is_empty() {
+                    self.text.push_str(t);
+                    self.deltas += 1;
+                }
+            }
+            for tc in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let index = tc
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(self.calls.len() as u64);
+                let entry = self.calls.entry(index).or_default();
+                if let Some(id) = tc.get("id").and_then(Value::as_str) {
+                    entry.0 = id.to_string();
+                }
+                if let Some(n) = tc.pointer("/function/name").and_then(Value::as_str) {
+                    entry.1.push_str(n);
+                }
+                if let Some(a) = tc.pointer("/function/arguments").and_then(Value::as_str) {
+                    entry.2.push_str(a);
+                }
+                self.deltas += 1;
+            }
+        }
+        Ok(false)
+    }
+
+    /// What arrived so far, as a failure's partial usage.
+    pub fn partial_usage(&self) -> Usage {
+        self.usage.unwrap_or_default()
+    }
+
+    /// The finished response; usage must have arrived.
+    pub fn finish(self) -> Result<LlmResponse, ProviderError> {
+        let usage = self.usage.ok_or_else(|| {
+            http::fail(ErrorKind::Connection, "the stream ended without a usage chunk (does the server support stream_options.include_usage?)")
+        })?;
+        let mut tool_calls = Vec::new();
+        for (i, (id, name, args)) in self.calls {
+            let input = if args.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&args)
+                    .unwrap_or_else(|_| json!({ "_unparsed_arguments": args }))
+            };
+            let id = if id.is_empty() {
+                format!("call_{i}")
+            } else {
+                id
+            };
+            tool_calls.push(ToolCall { id, name, input });
+        }
+        let stop_reason = match self.finish.as_deref() {
+            Some("length") => "max_tokens",
+            Some("tool_calls") => "tool_use",
+            _ if !tool_calls.is_empty() => "tool_use",
+            _ => "end_turn",
+        };
+        Ok(LlmResponse {
+            text: self.text,
+            tool_calls,
+            usage,
+            stop_reason: stop_reason.into(),
+            stream_deltas: self.deltas,
+        })
+    }
+}
+
+impl Provider for OpenAi {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn complete(
+        &self,
+        req: LlmRequest,
+        cancel: CancellationToken,
+    ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
+        let url = format!(
+            "{}/chat/completions",
+            self.settings.base_url.trim_end_matches('/')
+        );
+        let mut builder = self.client.post(url).json_body(&body(&req));
+        if let Some(k) = &self.settings.api_key {
+            builder = builder.bearer_auth(k);
+        }
+        for (k, v) in &self.settings.headers {
+            builder = builder.header(k, v);
+        }
+        Box::pin(async move {
+            let resp = http::send(builder, &cancel).await?;
+            let mut asm = Assembler::default();
+            let read = http::read_sse(resp, &cancel, |ev| asm.feed(&ev.data)).await;
+            match read {
+                Ok(()) => asm.finish(),
+                Err(mut e) => {
+                    e.usage = asm.partial_usage();
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// `RequestBuilder::json` without reqwest's `json` feature.
+pub trait JsonBody {
+    /// Sets a JSON body and content type.
+    fn json_body(self, v: &Value) -> Self;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, v: &Value) -> Self {
+        self.header("content-type", "application/json")
+            .body(v.to_string())
+    }
+}
