@@ -3,6 +3,8 @@
 mod budget;
 mod cli;
 mod directives;
+mod fake_llm;
 mod lifecycle;
+mod providers;
 mod support;
 mod tree;

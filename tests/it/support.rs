@@ -46,6 +46,18 @@ impl Fixture {
         Fixture { dir }
     }
 
+    /// A project whose config.yaml is exactly `config`.
+    pub fn raw(directives: &[(&str, &str)], script: &str, config: &str) -> Fixture {
+        let fx = Fixture::new(directives, script, "");
+        std::fs::write(fx.root().join(".weft/config.yaml"), config).unwrap();
+        fx
+    }
+
+    /// A runtime with explicit options.
+    pub async fn runtime_with(&self, opts: RuntimeOptions) -> Runtime {
+        Runtime::open(self.project(), opts).await.unwrap()
+    }
+
     pub fn root(&self) -> &Path {
         self.dir.path()
     }

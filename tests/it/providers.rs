@@ -1,0 +1,469 @@
+//! The HTTP providers against a loopback fake server: wire formats, exact spend, retries,
+//! dropped streams, cancellation, and configuration errors before a thread starts.
+
+use crate::fake_llm::{self, Reply};
+use crate::support::{directive, Fixture};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use weft::limits::LimitSet;
+use weft::runtime::RuntimeOptions;
+use weft::state::Status;
+
+const KEY: &str = "sk-test-do-not-leak-0123456789";
+
+/// Prices of model `m1`: $2/M in, $8/M out, $0.5/M cached → 2000, 8000, 500 nanos per token.
+fn config(kind: &str, base: &str, extra: &str) -> String {
+    std::env::set_var("WEFT_TEST_FAKE_KEY", KEY);
+    let base = if kind == "openai" {
+        format!("{base}/v1")
+    } else {
+        base.to_string()
+    };
+    format!(
+        "defaults:\n  provider: fake\n  max_output_tokens: 500\nproviders:\n  fake: {{ kind: {kind}, base_url: \"{base}\", api_key_env: WEFT_TEST_FAKE_KEY, tiers: {{ fast: m1 }}, headers: {{ x-extra: yes }} }}\npricing:\n  m1: {{ input: 2.00, output: 8.00, cache_read: 0.50 }}\n{extra}"
+    )
+}
+
+fn tree_directives() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "root",
+            directive(
+                "model: { tier: fast }\npermissions: [\"thread.spawn.child\"]",
+                "Ask the child.",
+            ),
+        ),
+        (
+            "child",
+            directive("model: { tier: fast }", "Answer briefly."),
+        ),
+    ]
+}
+
+fn cost(input: i64, cached: i64, output: i64) -> i64 {
+    input * 2000 + cached * 500 + output * 8000
+}
+
+async fn run_root(fx: &Fixture) -> (weft::thread::ThreadReport, weft::runtime::Runtime) {
+    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let report = rt
+        .run("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    (report, rt)
+}
+
+fn no_key_on_disk(fx: &Fixture) {
+    for entry in walk(&fx.root().join(".weft")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains(KEY),
+            "API key found in {}",
+            entry.display()
+        );
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_tool_tree_runs_with_exact_spend() {
+    let (base, fake) = fake_llm::start().await;
+    let spawn_args = json!({ "directive": "child", "inputs": {}, "wait": true });
+    let gap = Duration::ZERO;
+    fake.push(Reply::Sse {
+        events: fake_llm::openai("", Some(("spawn_thread", spawn_args)), 120, 20, 30),
+        gap,
+        drop_after: None,
+    });
+    fake.push(Reply::Sse {
+        events: fake_llm::openai("The child's answer is 42.", None, 50, 0, 10),
+        gap,
+        drop_after: None,
+    });
+    fake.push(Reply::Sse {
+        events: fake_llm::openai("Done: 42.", None, 300, 100, 15),
+        gap,
+        drop_after: None,
+    });
+    let d = tree_directives();
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let fx = Fixture::raw(&dirs, "", &config("openai", &base, ""));
+    let (report, rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("Done: 42."));
+    // Usage: root (100 + 20 cached, 30) + (200 + 100 cached, 15); child (50, 10).
+    assert_eq!((report.input_tokens, report.output_tokens), (300, 45));
+    assert_eq!(
+        report.spend_nanos.0,
+        cost(100, 20, 30) + cost(200, 100, 15) + cost(50, 0, 10)
+    );
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 3);
+    let first = &seen[0];
+    assert_eq!(first.path, "/v1/chat/completions");
+    assert_eq!(
+        first.headers["authorization"],
+        format!("Bearer {KEY}").as_str()
+    );
+    assert_eq!(first.headers["x-extra"], "yes");
+    assert_eq!(first.body["model"], "m1");
+    assert_eq!(first.body["stream"], true);
+    assert_eq!(first.body["stream_options"]["include_usage"], true);
+    assert!(first.body["max_tokens"].as_u64().unwrap() <= 500);
+    assert!(first.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["function"]["name"] == "spawn_thread"));
+    // The third request carries the assistant's tool call (null content) and the tool result.
+    let msgs = seen[2].body["messages"].as_array().unwrap();
+    let assistant = msgs.iter().find(|m| m["role"] == "assistant").unwrap();
+    assert!(assistant["content"].is_null());
+    assert_eq!(assistant["tool_calls"][0]["id"], "call_abc");
+    assert_eq!(
+        serde_json::from_str::<Value>(
+            assistant["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap()
+        )
+        .unwrap()["directive"],
+        "child"
+    );
+    let tool = msgs.iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool["tool_call_id"], "call_abc");
+    assert!(tool["content"]
+        .as_str()
+        .unwrap()
+        .contains("The child's answer is 42."));
+    let calls: Vec<Value> = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .filter(|e| e["type"] == "llm_call")
+        .collect();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c["stream_deltas"].as_u64().unwrap() > 1),
+        "deltas were streamed"
+    );
+    let (v, open) = rt.audit().await;
+    assert!(v.is_empty() && open == 0);
+    assert!(fx.verify_all().is_empty());
+    no_key_on_disk(&fx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_tool_tree_runs_with_exact_spend() {
+    let (base, fake) = fake_llm::start().await;
+    let spawn_args = json!({ "directive": "child", "wait": true });
+    let gap = Duration::ZERO;
+    fake.push(Reply::Sse {
+        events: fake_llm::anthropic(
+            "Let me ask.",
+            Some(("spawn_thread", spawn_args)),
+            100,
+            20,
+            30,
+        ),
+        gap,
+        drop_after: None,
+    });
+    fake.push(Reply::Sse {
+        events: fake_llm::anthropic("42", None, 50, 0, 10),
+        gap,
+        drop_after: None,
+    });
+    fake.push(Reply::Sse {
+        events: fake_llm::anthropic("Done: 42.", None, 200, 100, 15),
+        gap,
+        drop_after: None,
+    });
+    let d = tree_directives();
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let fx = Fixture::raw(&dirs, "", &config("anthropic", &base, ""));
+    let (report, rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(
+        report.spend_nanos.0,
+        cost(100, 20, 30) + cost(200, 100, 15) + cost(50, 0, 10)
+    );
+    let seen = fake.seen();
+    assert_eq!(seen[0].path, "/v1/messages");
+    assert_eq!(seen[0].headers["x-api-key"], KEY);
+    assert_eq!(
+        seen[0].headers["anthropic-version"],
+        weft::provider::anthropic::API_VERSION
+    );
+    assert_eq!(seen[0].body["stream"], true);
+    assert!(seen[0].body["system"].as_str().unwrap().contains("root"));
+    let msgs = seen[2].body["messages"].as_array().unwrap();
+    let assistant = &msgs[1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(assistant["content"][1]["type"], "tool_use");
+    assert_eq!(
+        assistant["content"][1]["input"]["directive"], "child",
+        "input_json_delta pieces assembled"
+    );
+    let result = &msgs[2]["content"][0];
+    assert_eq!(
+        (result["type"].as_str(), result["tool_use_id"].as_str()),
+        (Some("tool_result"), Some("toolu_1"))
+    );
+    let (v, open) = rt.audit().await;
+    assert!(v.is_empty() && open == 0);
+    no_key_on_disk(&fx);
+}
+
+fn solo() -> Vec<(&'static str, String)> {
+    vec![("root", directive("model: { tier: fast }", "Say hi."))]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_errors_are_retried_with_retry_after_and_bounded() {
+    for kind in ["openai", "anthropic"] {
+        let (base, fake) = fake_llm::start().await;
+        let ok = if kind == "openai" {
+            fake_llm::openai("hi", None, 10, 0, 2)
+        } else {
+            fake_llm::anthropic("hi", None, 10, 0, 2)
+        };
+        fake.push(Reply::Status {
+            code: 429,
+            retry_after: Some("0.05"),
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+        });
+        fake.push(Reply::Status {
+            code: 529,
+            retry_after: None,
+            body: r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+                .into(),
+        });
+        fake.push(Reply::Status {
+            code: 500,
+            retry_after: None,
+            body: "oops".into(),
+        });
+        fake.push(Reply::Sse {
+            events: ok,
+            gap: Duration::ZERO,
+            drop_after: None,
+        });
+        let d = solo();
+        let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let fx = Fixture::raw(&dirs, "", &config(kind, &base, "retries: 3\n"));
+        let started = Instant::now();
+        let (report, _rt) = run_root(&fx).await;
+        assert_eq!(report.status, Status::Completed, "{kind}: {report:?}");
+        assert_eq!(fake.seen().len(), 4);
+        let retries: Vec<Value> = fx
+            .events(report.thread_id.as_str())
+            .into_iter()
+            .filter(|e| e["type"] == "llm_retry")
+            .collect();
+        let kinds: Vec<&str> = retries
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["rate_limited", "overloaded", "server"], "{kind}");
+        assert_eq!(retries[0]["retry_after_ms"], 50, "retry-after honoured");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // Bounded: with one retry, the second failure ends the thread.
+        let (base, fake) = fake_llm::start().await;
+        fake.push(Reply::Status {
+            code: 503,
+            retry_after: Some("0"),
+            body: "down".into(),
+        });
+        fake.push(Reply::Status {
+            code: 503,
+            retry_after: Some("0"),
+            body: "down".into(),
+        });
+        fake.push(Reply::Status {
+            code: 503,
+            retry_after: Some("0"),
+            body: "down".into(),
+        });
+        let fx = Fixture::raw(&dirs, "", &config(kind, &base, "retries: 1\n"));
+        let (report, _rt) = run_root(&fx).await;
+        assert_eq!(report.status, Status::Error);
+        assert_eq!(fake.seen().len(), 2, "{kind}: one try + one retry");
+        assert!(report.error.unwrap().contains("HTTP 503"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_errors_end_the_thread_with_what_to_fix() {
+    let (base, fake) = fake_llm::start().await;
+    fake.push(Reply::Status {
+        code: 401,
+        retry_after: None,
+        body: r#"{"error":{"message":"invalid api key"}}"#.into(),
+    });
+    let d = solo();
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let fx = Fixture::raw(&dirs, "", &config("openai", &base, ""));
+    let (report, _rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Error);
+    let err = report.error.unwrap();
+    assert!(err.contains("Auth") && err.contains("api_key_env"), "{err}");
+    assert!(!err.contains(KEY));
+    assert_eq!(fake.seen().len(), 1, "auth errors are not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_midway_is_retried_and_partial_usage_is_settled() {
+    let (base, fake) = fake_llm::start().await;
+    // Anthropic reports input usage at message_start: the dropped attempt still costs that.
+    fake.push(Reply::Sse {
+        events: fake_llm::anthropic("this will be cut", None, 70, 0, 9),
+        gap: Duration::from_millis(20),
+        drop_after: Some(4),
+    });
+    fake.push(Reply::Sse {
+        events: fake_llm::anthropic("whole", None, 70, 0, 3),
+        gap: Duration::ZERO,
+        drop_after: None,
+    });
+    let d = solo();
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let fx = Fixture::raw(&dirs, "", &config("anthropic", &base, "retries: 2\n"));
+    let (report, rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("whole"));
+    let retry = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .find(|e| e["type"] == "llm_retry")
+        .unwrap();
+    assert_eq!(retry["kind"], "connection", "{retry}");
+    assert!(
+        retry["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream interrupted"),
+        "{retry}"
+    );
+    // First attempt: 70 in + 1 out (from message_start); second: 70 in + 3 out.
+    assert_eq!(report.spend_nanos.0, cost(70, 0, 1) + cost(70, 0, 3));
+    let (v, open) = rt.audit().await;
+    assert!(v.is_empty() && open == 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_slow_stream_ends_promptly_and_closes_the_connection() {
+    for kind in ["openai", "anthropic"] {
+        let (base, fake) = fake_llm::start().await;
+        let slow = if kind == "openai" {
+            fake_llm::openai("a very slow answer", None, 10, 0, 5)
+        } else {
+            fake_llm::anthropic("a very slow answer", None, 10, 0, 5)
+        };
+        fake.push(Reply::Sse {
+            events: slow,
+            gap: Duration::from_secs(5),
+            drop_after: None,
+        });
+        let d = solo();
+        let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let fx = Fixture::raw(&dirs, "", &config(kind, &base, ""));
+        let rt = fx.runtime_with(RuntimeOptions::default()).await;
+        let (id, _a, done) = rt
+            .start("root", Map::new(), LimitSet::default())
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        while fake.seen().is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await; // the first chunk is out
+        let started = Instant::now();
+        rt.cancel(&id, "test");
+        let report = done.await.unwrap();
+        assert_eq!(report.status, Status::Cancelled);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{kind}: cancel took {:?}",
+            started.elapsed()
+        );
+        let t1 = Instant::now();
+        while fake.closed_early.load(Ordering::SeqCst) == 0 {
+            assert!(
+                t1.elapsed() < Duration::from_secs(3),
+                "{kind}: the server never saw the connection close"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(fake.seen().len(), 1, "a cancelled call is not retried");
+        let (v, open) = rt.audit().await;
+        assert!(v.is_empty() && open == 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_errors_stop_before_any_thread_starts() {
+    let d = solo();
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let base = "http://127.0.0.1:9";
+    // Missing key.
+    let cfg = config("openai", base, "").replace("WEFT_TEST_FAKE_KEY", "WEFT_TEST_UNSET_KEY_VAR");
+    let fx = Fixture::raw(&dirs, "", &cfg);
+    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let e = rt
+        .run("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("WEFT_TEST_UNSET_KEY_VAR") && e.contains("not set"),
+        "{e}"
+    );
+    assert!(fx.rows().is_empty());
+    // Unknown provider.
+    let fx = Fixture::raw(
+        &[(
+            "root",
+            &directive("model: { id: m1, provider: nowhere }", "x"),
+        )],
+        "",
+        &config("openai", base, ""),
+    );
+    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let e = rt
+        .run("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("provider `nowhere`") && e.contains("not configured"),
+        "{e}"
+    );
+    // Unpriced model.
+    let fx = Fixture::raw(
+        &[("root", &directive("model: { id: m2 }", "x"))],
+        "",
+        &config("openai", base, ""),
+    );
+    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let e = rt
+        .run("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model `m2` has no price"), "{e}");
+    assert!(fx.rows().is_empty());
+}
