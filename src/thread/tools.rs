@@ -82,6 +82,10 @@ pub(super) fn offered(d: &Directive, caps: &[String]) -> Vec<ToolSpec> {
             input_schema: json!({"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}),
         });
     }
+    if d.outputs.is_empty() {
+        // Nothing to return: the thread ends with its text answer.
+        return out;
+    }
     let props: serde_json::Map<String, Value> = d
         .outputs
         .iter()

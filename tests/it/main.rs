@@ -3,6 +3,7 @@
 mod budget;
 mod cli;
 mod directives;
+mod e2e_llm;
 mod fake_llm;
 mod lifecycle;
 mod providers;
