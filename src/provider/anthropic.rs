@@ -270,3 +270,54 @@ impl Provider for Anthropic {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overloaded_error_event_is_classified() {
+        let mut a = Assembler::default();
+        a.feed(
+            "message_start",
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":9,"output_tokens":1}}}"#,
+        )
+        .unwrap();
+        a.feed("ping", "{}").unwrap();
+        let e = a
+            .feed(
+                "error",
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            )
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Overloaded);
+        assert_eq!(
+            a.usage().input_tokens,
+            9,
+            "what message_start billed is kept"
+        );
+    }
+
+    #[test]
+    fn cache_tokens_are_counted() {
+        let mut a = Assembler::default();
+        a.feed(
+            "message_start",
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":5,"cache_read_input_tokens":100,"cache_creation_input_tokens":7,"output_tokens":1}}}"#,
+        )
+        .unwrap();
+        a.feed("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":12}}"#).unwrap();
+        assert!(a
+            .feed("message_stop", r#"{"type":"message_stop"}"#)
+            .unwrap());
+        let r = a.finish().unwrap();
+        assert_eq!(
+            (
+                r.usage.input_tokens,
+                r.usage.cache_read_tokens,
+                r.usage.output_tokens
+            ),
+            (12, 100, 12)
+        );
+    }
+}

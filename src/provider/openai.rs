@@ -295,3 +295,82 @@ impl JsonBody for reqwest::RequestBuilder {
             .body(v.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_tool_calls_interleaved_across_chunks_are_assembled() {
+        let mut a = Assembler::default();
+        let chunks = [
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c0","type":"function","function":{"name":"spawn_thread","arguments":""}},{"index":1,"id":"c1","type":"function","function":{"name":"wait_threads","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"ids\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"directive\":\"x\"}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"[]}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        ];
+        for c in chunks {
+            assert!(!a.feed(c).unwrap());
+        }
+        assert!(a.feed("[DONE]").unwrap());
+        let r = a.finish().unwrap();
+        assert_eq!(r.tool_calls.len(), 2);
+        assert_eq!(
+            (
+                r.tool_calls[0].id.as_str(),
+                r.tool_calls[0].input["directive"].as_str()
+            ),
+            ("c0", Some("x"))
+        );
+        assert_eq!(r.tool_calls[1].input, json!({ "ids": [] }));
+        assert_eq!(
+            (
+                r.usage.input_tokens,
+                r.usage.cache_read_tokens,
+                r.usage.output_tokens
+            ),
+            (6, 4, 5)
+        );
+        assert_eq!(r.stop_reason, "tool_use");
+    }
+
+    #[test]
+    fn a_stream_without_usage_is_an_error_not_a_free_call() {
+        let mut a = Assembler::default();
+        a.feed(r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#)
+            .unwrap();
+        assert_eq!(a.finish().unwrap_err().kind, ErrorKind::Connection);
+    }
+
+    #[test]
+    fn tool_results_become_tool_messages_and_text_a_user_message() {
+        let m = Message {
+            role: Role::User,
+            content: vec![
+                Block::ToolResult {
+                    id: "a".into(),
+                    content: "1".into(),
+                    is_error: false,
+                },
+                Block::ToolResult {
+                    id: "b".into(),
+                    content: "no".into(),
+                    is_error: true,
+                },
+                Block::Text {
+                    text: "and then".into(),
+                },
+            ],
+        };
+        let w = wire_messages(&m);
+        assert_eq!(w.len(), 3);
+        assert_eq!(
+            (w[0]["role"].as_str(), w[0]["tool_call_id"].as_str()),
+            (Some("tool"), Some("a"))
+        );
+        assert!(w[1]["content"].as_str().unwrap().starts_with("ERROR"));
+        assert_eq!(w[2]["role"], "user");
+    }
+}
