@@ -150,6 +150,13 @@ pub struct Library {
     pub project_dir: Option<PathBuf>,
     /// `<user config dir>/weft/directives`.
     pub user_dir: Option<PathBuf>,
+    /// Parsed directives by name, each with the (mtime, length) of its file when parsed: a
+    /// spawn re-reads a directive only when its file changed.
+    pub cache: std::sync::Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<String, (Option<(std::time::SystemTime, u64)>, Directive)>,
+        >,
+    >,
 }
 
 /// Built-in directives embedded in the binary: (name, text).
@@ -158,7 +165,39 @@ pub const BUILTIN: &[(&str, &str)] = &[("weft/hello", include_str!("../directive
 impl Library {
     /// Loads a directive by name, or by path when `name_or_path` ends in `.md`.
     pub fn load(&self, name_or_path: &str) -> Result<Directive, DirectiveError> {
-        self.load_chain(name_or_path, &mut Vec::new())
+        let stamp = self.stamp(name_or_path);
+        if let Ok(cache) = self.cache.lock() {
+            if let Some((s, d)) = cache.get(name_or_path) {
+                if *s == stamp {
+                    return Ok(d.clone());
+                }
+            }
+        }
+        let d = self.load_chain(name_or_path, &mut Vec::new())?;
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(name_or_path.to_string(), (stamp, d.clone()));
+        }
+        Ok(d)
+    }
+
+    /// The (mtime, length) of the file a name resolves to (None for built-ins and missing files).
+    /// `extends` bases are not stamped: edit the directive itself to reload a chain mid-run.
+    fn stamp(&self, name_or_path: &str) -> Option<(std::time::SystemTime, u64)> {
+        let meta = |p: &Path| {
+            std::fs::metadata(p)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.len())))
+        };
+        if name_or_path.ends_with(".md") {
+            return meta(Path::new(name_or_path));
+        }
+        if !valid_name(name_or_path) {
+            return None;
+        }
+        [&self.project_dir, &self.user_dir]
+            .into_iter()
+            .flatten()
+            .find_map(|d| meta(&d.join(format!("{name_or_path}.md"))))
     }
 
     fn load_chain(

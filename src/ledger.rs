@@ -548,6 +548,8 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Vec<(ThreadId, u32)>>,
     },
+    /// Persist everything changed since the last flush, then release the held replies.
+    Flush,
     /// Audit: invariant violations and open reservations.
     Audit {
         /// Reply: (violations, open reservations).
@@ -556,12 +558,24 @@ pub enum LedgerMsg {
 }
 
 /// The ledger actor: owns the [`Book`] and `ledger.db`.
+///
+/// Group commit: a change is applied to the book at once (one atomic actor step) and its reply
+/// held back; a `Flush` marker queued behind it persists every change made since the last flush
+/// in one IMMEDIATE transaction and only then releases the replies. So no caller proceeds on a
+/// change that is not in ledger.db, and many concurrent callers share one commit.
 pub struct LedgerActor;
+
+type HeldReply = Box<dyn FnOnce(Option<LedgerError>) + Send>;
 
 /// State of the ledger actor.
 pub struct LedgerState {
     book: Book,
     db: Connection,
+    dirty: std::collections::HashSet<ThreadId>,
+    added: Vec<Reservation>,
+    removed: Vec<(ThreadId, u64)>,
+    held: Vec<HeldReply>,
+    flush_queued: bool,
 }
 
 /// Opens (creating) `ledger.db` in WAL mode.
@@ -582,13 +596,20 @@ pub fn open_db(path: &Path) -> Result<Connection, LedgerError> {
 }
 
 impl LedgerState {
-    /// Writes the given accounts and reservation changes in one IMMEDIATE transaction.
-    fn persist(
-        &mut self,
-        ids: &[ThreadId],
-        added: Option<&Reservation>,
-        removed: &[(ThreadId, u64)],
-    ) -> Result<(), LedgerError> {
+    /// Holds `reply` until the next flush, queueing one if none is.
+    fn hold(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
+        self.held.push(reply);
+        if !self.flush_queued {
+            self.flush_queued = me.cast(LedgerMsg::Flush).is_ok();
+        }
+    }
+
+    fn touch(&mut self, ids: &[ThreadId]) {
+        self.dirty.extend(ids.iter().cloned());
+    }
+
+    /// Persists every change since the last flush in one IMMEDIATE transaction.
+    fn persist(&mut self) -> Result<(), LedgerError> {
         let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
         let tx = self
             .db
@@ -601,7 +622,7 @@ impl LedgerState {
                      VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
                 )
                 .map_err(st)?;
-            for id in ids {
+            for id in &self.dirty {
                 if let Some(a) = self.book.get(id) {
                     up.execute(params![
                         a.id.as_str(),
@@ -618,21 +639,41 @@ impl LedgerState {
                     .map_err(st)?;
                 }
             }
-            if let Some(r) = added {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO reservations(id,thread,body) VALUES(?1,?2,?3)",
+                )
+                .map_err(st)?;
+            for r in &self.added {
                 let body = serde_json::to_string(r).unwrap_or_default();
-                tx.prepare_cached("INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)")
-                    .map_err(st)?
-                    .execute(params![r.id as i64, r.chain[0].as_str(), body])
+                ins.execute(params![r.id as i64, r.chain[0].as_str(), body])
                     .map_err(st)?;
             }
             let mut del = tx
                 .prepare_cached("DELETE FROM reservations WHERE thread=?1 AND id=?2")
                 .map_err(st)?;
-            for (t, id) in removed {
+            for (t, id) in &self.removed {
                 del.execute(params![t.as_str(), *id as i64]).map_err(st)?;
             }
         }
         tx.commit().map_err(st)
+    }
+
+    fn flush(&mut self) {
+        self.flush_queued = false;
+        let res = self.persist();
+        if let Err(e) = &res {
+            tracing::error!(
+                "ledger.db commit failed, {} change(s) not persisted: {e}",
+                self.held.len()
+            );
+        }
+        self.dirty.clear();
+        self.added.clear();
+        self.removed.clear();
+        for reply in self.held.drain(..) {
+            reply(res.as_ref().err().cloned());
+        }
     }
 }
 
@@ -647,12 +688,20 @@ impl Actor for LedgerActor {
         db: Connection,
     ) -> Result<LedgerState, ActorProcessingErr> {
         let book = Book::load(&db)?;
-        Ok(LedgerState { book, db })
+        Ok(LedgerState {
+            book,
+            db,
+            dirty: Default::default(),
+            added: vec![],
+            removed: vec![],
+            held: vec![],
+            flush_queued: false,
+        })
     }
 
     async fn handle(
         &self,
-        _me: ActorRef<LedgerMsg>,
+        me: ActorRef<LedgerMsg>,
         msg: LedgerMsg,
         s: &mut LedgerState,
     ) -> Result<(), ActorProcessingErr> {
@@ -665,17 +714,24 @@ impl Actor for LedgerActor {
                 min_first_call,
                 reply,
             } => {
-                let res = s
+                match s
                     .book
-                    .open(&id, parent.as_ref(), max, guarantee, min_first_call);
-                let res = match res {
+                    .open(&id, parent.as_ref(), max, guarantee, min_first_call)
+                {
                     Ok(()) => {
                         let ids = s.book.chain(&id).unwrap_or_default();
-                        s.persist(&ids, None, &[])
+                        s.touch(&ids);
+                        s.hold(
+                            &me,
+                            Box::new(move |e| {
+                                let _ = reply.send(e.map_or(Ok(()), Err));
+                            }),
+                        );
                     }
-                    e => e,
-                };
-                let _ = reply.send(res);
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             LedgerMsg::Reserve {
                 id,
@@ -685,18 +741,26 @@ impl Actor for LedgerActor {
                 min_output,
                 reply,
             } => {
-                let res = s
+                match s
                     .book
-                    .reserve(&id, &price, prompt_tokens, want_output, min_output);
-                let res = match res {
+                    .reserve(&id, &price, prompt_tokens, want_output, min_output)
+                {
                     Ok(g) => {
-                        let r = s.book.reservations.get(&g.reservation).cloned();
-                        let ids = r.as_ref().map(|r| r.chain.clone()).unwrap_or_default();
-                        s.persist(&ids, r.as_ref(), &[]).map(|_| g)
+                        if let Some(r) = s.book.reservations.get(&g.reservation).cloned() {
+                            s.touch(&r.chain);
+                            s.added.push(r);
+                        }
+                        s.hold(
+                            &me,
+                            Box::new(move |e| {
+                                let _ = reply.send(e.map_or(Ok(g), Err));
+                            }),
+                        );
                     }
-                    e => e,
-                };
-                let _ = reply.send(res);
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             LedgerMsg::Settle {
                 reservation,
@@ -704,14 +768,22 @@ impl Actor for LedgerActor {
                 reply,
             } => {
                 let r = s.book.reservations.get(&reservation).cloned();
-                let res = match r {
+                match r {
                     Some(r) => {
                         s.book.settle(reservation, actual);
-                        s.persist(&r.chain, None, &[(r.chain[0].clone(), r.id)])
+                        s.touch(&r.chain);
+                        s.removed.push((r.chain[0].clone(), r.id));
+                        s.hold(
+                            &me,
+                            Box::new(move |e| {
+                                let _ = reply.send(e.map_or(Ok(()), Err));
+                            }),
+                        );
                     }
-                    None => Ok(()),
-                };
-                let _ = reply.send(res);
+                    None => {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
             }
             LedgerMsg::Close { id, reply } => {
                 let open: Vec<(ThreadId, u64)> = s
@@ -721,16 +793,24 @@ impl Actor for LedgerActor {
                     .filter(|r| r.chain.first() == Some(&id))
                     .map(|r| (id.clone(), r.id))
                     .collect();
-                let res = s.book.close(&id);
-                let res = match res {
+                match s.book.close(&id) {
                     Ok(a) => {
                         let ids = s.book.chain(&id).unwrap_or_default();
-                        s.persist(&ids, None, &open).map(|_| a)
+                        s.touch(&ids);
+                        s.removed.extend(open);
+                        s.hold(
+                            &me,
+                            Box::new(move |e| {
+                                let _ = reply.send(e.map_or(Ok(a), Err));
+                            }),
+                        );
                     }
-                    e => e,
-                };
-                let _ = reply.send(res);
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
+            LedgerMsg::Flush => s.flush(),
             LedgerMsg::Get { id, reply } => {
                 let _ = reply.send(s.book.get(&id).cloned());
             }
@@ -746,6 +826,17 @@ impl Actor for LedgerActor {
             LedgerMsg::Audit { reply } => {
                 let _ = reply.send((s.book.violations(), s.book.open_reservations()));
             }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<LedgerMsg>,
+        s: &mut LedgerState,
+    ) -> Result<(), ActorProcessingErr> {
+        if !s.held.is_empty() || !s.dirty.is_empty() {
+            s.flush();
         }
         Ok(())
     }

@@ -110,6 +110,8 @@ pub struct Admission {
 /// SQL access to registry.db.
 pub struct Store {
     db: Connection,
+    /// A batch transaction is open (see [`Supervisor`]).
+    in_batch: bool,
 }
 
 const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root";
@@ -133,7 +135,10 @@ impl Store {
              CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
         )
         .map_err(st)?;
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            in_batch: false,
+        })
     }
 
     /// Opens read-only (for `threads`, `show`, `verify` in another process).
@@ -147,7 +152,31 @@ impl Store {
             })?;
         db.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(st)?;
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            in_batch: false,
+        })
+    }
+
+    /// Opens the batch transaction if none is open (IMMEDIATE: the write lock is taken now).
+    pub fn begin_batch(&mut self) -> Result<(), RegistryError> {
+        if !self.in_batch {
+            self.db.execute_batch("BEGIN IMMEDIATE").map_err(st)?;
+            self.in_batch = true;
+        }
+        Ok(())
+    }
+
+    /// Commits the batch transaction, if one is open.
+    pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
+        if self.in_batch {
+            self.in_batch = false;
+            if let Err(e) = self.db.execute_batch("COMMIT") {
+                let _ = self.db.execute_batch("ROLLBACK");
+                return Err(st(e));
+            }
+        }
+        Ok(())
     }
 
     /// Inserts a new row; with `admit`, first checks and counts the parent's spawn slots.
@@ -156,10 +185,8 @@ impl Store {
         row: &ThreadRow,
         admit: Option<&Admission>,
     ) -> Result<(), RegistryError> {
-        let tx = self
-            .db
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(st)?;
+        // A savepoint: atomic on its own, and inside the supervisor's batch transaction.
+        let tx = self.db.savepoint().map_err(st)?;
         if let Some(a) = admit {
             let (used,): (u64,) = tx
                 .query_row(
@@ -307,10 +334,7 @@ impl Store {
         new: &str,
         chain_root: &str,
     ) -> Result<(), RegistryError> {
-        let tx = self
-            .db
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(st)?;
+        let tx = self.db.savepoint().map_err(st)?;
         tx.execute(
             "UPDATE threads SET chain_root=?2 WHERE id=?1 AND chain_root IS NULL",
             params![old, chain_root],
@@ -441,6 +465,8 @@ pub enum RegistryMsg {
         /// Reply.
         reply: RpcReplyPort<Result<(), RegistryError>>,
     },
+    /// Commit the batch and release held replies.
+    Flush,
     /// Rows of one tree.
     Tree {
         /// Root id.
@@ -451,72 +477,138 @@ pub enum RegistryMsg {
 }
 
 /// The supervisor actor: sole writer of registry.db during a run.
+///
+/// Group commit, as the ledger: writes go into one open IMMEDIATE transaction and their replies
+/// are held; a `Flush` marker queued behind them commits and releases the replies. Reads see the
+/// batch's writes (same connection).
 pub struct Supervisor;
+
+type HeldReply = Box<dyn FnOnce(Option<RegistryError>) + Send>;
+
+/// State of the supervisor.
+pub struct SupervisorState {
+    store: Store,
+    held: Vec<HeldReply>,
+    flush_queued: bool,
+}
+
+impl SupervisorState {
+    /// Runs a write in the batch; its outcome is replied after the commit.
+    fn write(
+        &mut self,
+        me: &ActorRef<RegistryMsg>,
+        op: impl FnOnce(&mut Store) -> Result<(), RegistryError>,
+        reply: Option<RpcReplyPort<Result<(), RegistryError>>>,
+    ) {
+        let res = self.store.begin_batch().and_then(|_| op(&mut self.store));
+        if let Err(e) = &res {
+            tracing::error!("registry write failed: {e}");
+        }
+        let held: HeldReply = Box::new(move |commit_err| {
+            if let Some(r) = reply {
+                let _ = r.send(match (res, commit_err) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(e)) => Err(e),
+                    (Ok(()), None) => Ok(()),
+                });
+            }
+        });
+        self.held.push(held);
+        if !self.flush_queued {
+            self.flush_queued = me.cast(RegistryMsg::Flush).is_ok();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.flush_queued = false;
+        let res = self.store.commit_batch();
+        if let Err(e) = &res {
+            tracing::error!("registry.db commit failed: {e}");
+        }
+        for h in self.held.drain(..) {
+            h(res.as_ref().err().cloned());
+        }
+    }
+}
 
 impl Actor for Supervisor {
     type Msg = RegistryMsg;
-    type State = Store;
+    type State = SupervisorState;
     type Arguments = Store;
 
     async fn pre_start(
         &self,
         _me: ActorRef<RegistryMsg>,
         store: Store,
-    ) -> Result<Store, ActorProcessingErr> {
-        Ok(store)
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        Ok(SupervisorState {
+            store,
+            held: vec![],
+            flush_queued: false,
+        })
     }
 
     async fn handle(
         &self,
-        _me: ActorRef<RegistryMsg>,
+        me: ActorRef<RegistryMsg>,
         msg: RegistryMsg,
-        s: &mut Store,
+        s: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
-                let _ = reply.send(s.register(&row, admit.as_ref()));
-            }
-            RegistryMsg::Update { row, reply } => {
-                let res = s.update(&row);
-                if let Err(e) = &res {
-                    tracing::error!(thread = %row.id, "registry update failed: {e}");
+                // Refusals are answered at once; only a stored row waits for the commit.
+                let res = s
+                    .store
+                    .begin_batch()
+                    .and_then(|_| s.store.register(&row, admit.as_ref()));
+                match res {
+                    Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
                 }
-                if let Some(r) = reply {
-                    let _ = r.send(res);
-                }
             }
-            RegistryMsg::Get { id, reply } => {
-                let _ = reply.send(s.get(id.as_str()));
-            }
-            RegistryMsg::IsDescendant {
-                ancestor,
-                id,
-                reply,
-            } => {
-                let _ = reply.send(s.is_descendant(ancestor.as_str(), id.as_str()));
-            }
-            RegistryMsg::Unfinished { reply } => {
-                let _ = reply.send(s.unfinished());
-            }
+            RegistryMsg::Update { row, reply } => s.write(&me, |st| st.update(&row), reply),
             RegistryMsg::FinishInterrupted { row, reply } => {
-                let _ = reply.send(s.finish_interrupted(&row));
+                s.write(&me, |st| st.finish_interrupted(&row), Some(reply))
             }
             RegistryMsg::LinkContinuation {
                 old,
                 new,
                 chain_root,
                 reply,
+            } => s.write(
+                &me,
+                |st| st.link_continuation(old.as_str(), new.as_str(), chain_root.as_str()),
+                Some(reply),
+            ),
+            RegistryMsg::Flush => s.flush(),
+            RegistryMsg::Get { id, reply } => {
+                let _ = reply.send(s.store.get(id.as_str()));
+            }
+            RegistryMsg::IsDescendant {
+                ancestor,
+                id,
+                reply,
             } => {
-                let _ = reply.send(s.link_continuation(
-                    old.as_str(),
-                    new.as_str(),
-                    chain_root.as_str(),
-                ));
+                let _ = reply.send(s.store.is_descendant(ancestor.as_str(), id.as_str()));
+            }
+            RegistryMsg::Unfinished { reply } => {
+                let _ = reply.send(s.store.unfinished());
             }
             RegistryMsg::Tree { root, reply } => {
-                let _ = reply.send(s.tree(root.as_str()));
+                let _ = reply.send(s.store.tree(root.as_str()));
             }
         }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<RegistryMsg>,
+        s: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        s.flush();
         Ok(())
     }
 }

@@ -100,6 +100,7 @@ impl Project {
         Library {
             project_dir: Some(self.root.join("directives")),
             user_dir: Some(crate::signing::user_dir().join("directives")),
+            cache: Default::default(),
         }
     }
     /// Effective config (user file, then project file).

@@ -115,12 +115,23 @@ impl TranscriptWriter {
 
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
+        self.checkpoint_line()?;
+        self.file.sync_data()
+    }
+
+    /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::file_handle`]).
+    pub fn checkpoint_line(&mut self) -> std::io::Result<()> {
         let body =
             json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
         let sig = self.signer.sign(CHECKPOINT_DOMAIN, &body);
         self.write_line("checkpoint", json!({ "sig": sig }))?;
         self.since_checkpoint = 0;
-        self.file.sync_data()
+        Ok(())
+    }
+
+    /// A second handle on the file, to fsync it off the actor's thread.
+    pub fn file_handle(&self) -> std::io::Result<File> {
+        self.file.try_clone()
     }
 
     /// fsyncs the file.

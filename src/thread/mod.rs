@@ -248,7 +248,8 @@ impl ThreadState {
             .collect()
     }
 
-    fn sign_doc(&mut self, fsync: bool) {
+    /// Brings thread.json's cost and head up to date (before signing).
+    fn refresh_doc(&mut self) {
         self.doc.cost.turns = self.calls_turns();
         self.doc.cost.input_tokens = self.usage.input_tokens;
         self.doc.cost.output_tokens = self.usage.output_tokens;
@@ -256,6 +257,10 @@ impl ThreadState {
         self.doc.cost.own_spend_nanos = self.own_spend.0;
         self.doc.cost.elapsed_ms = self.started.elapsed().as_millis() as u64;
         self.doc.transcript_head = self.transcript.head().clone();
+    }
+
+    fn sign_doc(&mut self, fsync: bool) {
+        self.refresh_doc();
         let path = self.ctx.project.thread_dir(self.id()).join("thread.json");
         let strict = self.ctx.config.durability == crate::config::Durability::Strict;
         if let Err(e) = self
@@ -1137,10 +1142,24 @@ impl ThreadActor {
             "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos,
         });
         s.log("thread_finished", fin);
-        if let Err(err) = s.transcript.checkpoint() {
+        // The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
+        // threads ending together overlap their fsyncs instead of queueing on the workers.
+        if let Err(err) = s.transcript.checkpoint_line() {
             tracing::error!(thread = %s.doc.id, "transcript checkpoint failed: {err}");
         }
-        s.sign_doc(true);
+        s.refresh_doc();
+        let file = s.transcript.file_handle();
+        let doc = s.doc.clone();
+        let signer = s.ctx.signer.clone();
+        let path = s.ctx.project.thread_dir(s.id()).join("thread.json");
+        let written = tokio::task::spawn_blocking(move || {
+            file.and_then(|f| f.sync_data())?;
+            doc.write_signed(&path, &signer, true)
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            tracing::error!(thread = %s.doc.id, "final thread.json or transcript sync failed: {written:?}");
+        }
         let row = s.row();
         let _ = ractor::call!(s.ctx.registry, |reply| RegistryMsg::Update {
             row: Box::new(row),

@@ -66,6 +66,7 @@ fn rye_directives_map_onto_the_same_model() {
     let l = Library {
         project_dir: Some(rye.clone()),
         user_dir: None,
+        cache: Default::default(),
     };
     let d = l.load("test/limits/limit_inheritance_test").unwrap();
     assert_eq!(d.name, "test/limits/limit_inheritance_test");

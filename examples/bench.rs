@@ -1,0 +1,856 @@
+//! weft's macro benchmarks (issue: benchmarks). One command runs them and prints a table:
+//!
+//! ```sh
+//! cargo run --release --example bench -- all                 # full sizes, writes bench.json
+//! cargo run --release --example bench -- all --size tiny     # what CI runs
+//! cargo run --release --example bench -- tree --durability strict
+//! ```
+//!
+//! Every scenario uses the scripted provider at zero latency with full signing and durability,
+//! in a fresh temporary project. Numbers are printed, never asserted.
+
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use weft::ids::ThreadId;
+use weft::limits::LimitSet;
+use weft::runtime::{Project, Runtime, RuntimeOptions};
+
+struct Args {
+    what: String,
+    tiny: bool,
+    strict: bool,
+    json: PathBuf,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        what: "all".into(),
+        tiny: false,
+        strict: false,
+        json: PathBuf::from("target/bench.json"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--size" => a.tiny = it.next().as_deref() == Some("tiny"),
+            "--durability" => a.strict = it.next().as_deref() == Some("strict"),
+            "--json" => a.json = it.next().map(PathBuf::from).unwrap_or(a.json),
+            other => a.what = other.to_string(),
+        }
+    }
+    a
+}
+
+/// Peak and current resident set size of this process, in KiB (Linux; 0 elsewhere).
+fn rss_kib() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let get = |k: &str| {
+        s.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("VmHWM:"), get("VmRSS:"))
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+struct Proj {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn project(directives: &[(&str, String)], script: &str, strict: bool) -> Proj {
+    let dir = tempfile::Builder::new()
+        .prefix("weft-bench-")
+        .tempdir_in(bench_tmp())
+        .unwrap();
+    let root = dir.path().to_path_buf();
+    std::fs::create_dir_all(root.join(".weft")).unwrap();
+    for (n, t) in directives {
+        let p = root.join("directives").join(format!("{n}.md"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, t).unwrap();
+    }
+    std::fs::write(root.join("script.yaml"), script).unwrap();
+    let durability = if strict { "strict" } else { "normal" };
+    std::fs::write(
+        root.join(".weft/config.yaml"),
+        format!("durability: {durability}\ncancel_grace: 30s\npricing:\n  scripted: {{ input: 0.001, output: 0.001 }}\n"),
+    )
+    .unwrap();
+    Proj { _dir: dir, root }
+}
+
+/// Benchmarks write to the same disk as a real project (not tmpfs): `target/bench-tmp`.
+fn bench_tmp() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-tmp");
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+async fn open(p: &Proj) -> Runtime {
+    let opts = RuntimeOptions {
+        script: Some(p.root.join("script.yaml")),
+        no_control: true,
+        ..Default::default()
+    };
+    Runtime::open(
+        Project {
+            root: p.root.clone(),
+        },
+        opts,
+    )
+    .await
+    .unwrap()
+}
+
+fn front(w: usize, spawn: Option<&str>) -> String {
+    // Capabilities are attenuated by the parent's, so every spawning level holds the same one.
+    let perms = spawn
+        .map(|_| "permissions: [\"thread.spawn.**\"]\n".to_string())
+        .unwrap_or_default();
+    format!("---\n{perms}limits: {{ turns: 5, spawns: {w}, concurrency: {w}, depth: 10, spend: 1000, duration: 1h }}\n---\nWork.\n")
+}
+
+/// A tree of width `w` and depth `d`: each inner thread spawns `w` children (waiting, in one
+/// parallel tool round) then answers; leaves answer at once. 2 turns inner, 1 turn leaf.
+fn tree_project(w: usize, d: usize, strict: bool, leaf_delay: Option<&str>) -> Proj {
+    let mut dirs = Vec::new();
+    let mut script = String::new();
+    for level in 0..=d {
+        let name = format!("l{level}");
+        if level < d {
+            let next = format!("l{}", level + 1);
+            dirs.push((name.clone(), front(w, Some(&next))));
+            let calls: Vec<String> = (0..w)
+                .map(|_| {
+                    format!("      - {{ name: spawn_thread, input: {{ directive: {next} }} }}")
+                })
+                .collect();
+            script += &format!(
+                "{name}:\n  - usage: {{ input_tokens: 100, output_tokens: 20 }}\n    tool_calls:\n{}\n  - text: done\n    usage: {{ input_tokens: 200, output_tokens: 10 }}\n",
+                calls.join("\n")
+            );
+        } else {
+            dirs.push((name.clone(), front(w, None)));
+            let delay = leaf_delay
+                .map(|d| format!("    delay: {d}\n"))
+                .unwrap_or_default();
+            script += &format!("{name}:\n  - text: leaf\n{delay}    usage: {{ input_tokens: 50, output_tokens: 5 }}\n");
+        }
+    }
+    let dirs: Vec<(&str, String)> = dirs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    project(&dirs, &script, strict)
+}
+
+fn tree_size(w: usize, d: usize) -> usize {
+    (0..=d).map(|l| w.pow(l as u32)).sum()
+}
+
+fn parse_ts(s: &str) -> Option<std::time::SystemTime> {
+    humantime::parse_rfc3339(s).ok()
+}
+
+async fn bench_tree(w: usize, d: usize, strict: bool) -> Value {
+    let p = tree_project(w, d, strict, None);
+    let rt = open(&p).await;
+    let n = tree_size(w, d);
+    let t0 = Instant::now();
+    let report = rt.run("l0", Map::new(), LimitSet::default()).await.unwrap();
+    let wall = t0.elapsed();
+    assert_eq!(report.status, weft::state::Status::Completed, "{report:?}");
+    let rows = weft::registry::Store::open_read_only(&p.root.join(".weft/state/registry.db"))
+        .unwrap()
+        .list(false, usize::MAX >> 1)
+        .unwrap();
+    assert_eq!(rows.len(), n, "every thread ran");
+    let mut lat: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(
+                parse_ts(&r.updated_at)?
+                    .duration_since(parse_ts(&r.created_at)?)
+                    .ok()?
+                    .as_secs_f64()
+                    * 1e3,
+            )
+        })
+        .collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let (peak, _) = rss_kib();
+    rt.shutdown();
+    json!({
+        "threads": n, "width": w, "depth": d, "durability": if strict { "strict" } else { "normal" },
+        "wall_s": wall.as_secs_f64(), "threads_per_s": n as f64 / wall.as_secs_f64(),
+        "mean_overhead_us": wall.as_secs_f64() * 1e6 / n as f64,
+        "p50_spawn_to_terminal_ms": pct(&lat, 0.5), "p99_spawn_to_terminal_ms": pct(&lat, 0.99),
+        "peak_rss_mib": peak as f64 / 1024.0,
+    })
+}
+
+async fn bench_turns(turns: usize, strict: bool) -> Value {
+    let mut script = String::from("looper:\n");
+    for _ in 0..turns {
+        script += "  - tool_calls: [ { name: wait_threads, input: {} } ]\n    usage: { input_tokens: 10, output_tokens: 2 }\n";
+    }
+    script += "  - text: done\n";
+    let d = format!("---\npermissions: [\"thread.spawn.none\"]\nlimits: {{ turns: {}, tokens: 100000000, spend: 1000, duration: 1h }}\n---\nLoop.\n", turns + 1);
+    let p = project(&[("looper", d)], &script, strict);
+    let rt = open(&p).await;
+    let t0 = Instant::now();
+    let report = rt
+        .run("looper", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    let wall = t0.elapsed();
+    assert_eq!(report.status, weft::state::Status::Completed, "{report:?}");
+    // Per-turn gaps from the transcript's llm_call timestamps.
+    let id = report.thread_id.as_str();
+    let tr = p
+        .root
+        .join(".weft/threads")
+        .join(id)
+        .join("transcript.jsonl");
+    let events = weft::transcript::read(&tr, id, None).unwrap().events;
+    let times: Vec<std::time::SystemTime> = events
+        .iter()
+        .filter(|e| e["type"] == "llm_call")
+        .filter_map(|e| parse_ts(e["ts"].as_str()?))
+        .collect();
+    let mut gaps: Vec<f64> = times
+        .windows(2)
+        .filter_map(|w| w[1].duration_since(w[0]).ok())
+        .map(|d| d.as_secs_f64() * 1e6)
+        .collect();
+    gaps.sort_by(|a, b| a.total_cmp(b));
+    rt.shutdown();
+    let parts = turn_parts(strict).await;
+    json!({
+        "turns": turns, "durability": if strict { "strict" } else { "normal" },
+        "us_per_turn_mean": wall.as_secs_f64() * 1e6 / (turns + 1) as f64,
+        "us_per_turn_p50": pct(&gaps, 0.5), "us_per_turn_p99": pct(&gaps, 0.99),
+        "note": "p50/p99 from transcript timestamps (ms resolution); mean from wall time",
+        "parts_us": parts,
+    })
+}
+
+/// What a turn is made of, each measured alone: transcript appends (a turn writes ~4 lines),
+/// a ledger reserve+settle through the actor, a registry update through the actor, a signature.
+async fn turn_parts(strict: bool) -> Value {
+    const N: usize = 2000;
+    let p = project(&[], "", strict);
+    let rt = open(&p).await;
+    let ctx = rt.ctx().clone();
+    let id = ThreadId::parse("bench-1").unwrap();
+    let durability = if strict {
+        weft::config::Durability::Strict
+    } else {
+        weft::config::Durability::Normal
+    };
+    let path = p.root.join("t.jsonl");
+    let mut w = weft::transcript::TranscriptWriter::create(
+        &path,
+        "bench-1",
+        ctx.signer.clone(),
+        durability,
+        64,
+    )
+    .unwrap();
+    let t = Instant::now();
+    for i in 0..N {
+        w.append(
+            "tool_result",
+            json!({ "id": format!("call_{i}"), "content": "{\"threads\":[]}", "is_error": false }),
+        )
+        .unwrap();
+    }
+    let append = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    let _ = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Open {
+        id: id.clone(),
+        parent: None,
+        max: weft::money::Nanos(1_000_000_000_000),
+        guarantee: weft::money::Nanos::ZERO,
+        min_first_call: weft::money::Nanos::ZERO,
+        reply
+    });
+    let price = weft::money::Price {
+        input: 1000,
+        output: 1000,
+        cache_read: 0,
+    };
+    let t = Instant::now();
+    for _ in 0..N {
+        let g = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Reserve {
+            id: id.clone(),
+            price,
+            prompt_tokens: 100,
+            want_output: 100,
+            min_output: 1,
+            reply
+        })
+        .unwrap()
+        .unwrap();
+        let _ = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Settle {
+            reservation: g.reservation,
+            actual: weft::money::Nanos(1),
+            reply
+        });
+    }
+    let ledger = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    let row = weft::registry::ThreadRow {
+        id: "bench-1".into(),
+        directive: "x".into(),
+        root_id: "bench-1".into(),
+        status: "running".into(),
+        ..Default::default()
+    };
+    let _ = ractor::call!(ctx.registry, |reply| {
+        weft::registry::RegistryMsg::Register {
+            row: Box::new(row.clone()),
+            admit: None,
+            reply,
+        }
+    });
+    let t = Instant::now();
+    for i in 0..N {
+        let mut r = row.clone();
+        r.turns = i as u64;
+        let _ = ractor::call!(ctx.registry, |reply| weft::registry::RegistryMsg::Update {
+            row: Box::new(r),
+            reply: Some(reply)
+        });
+    }
+    let registry = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    let doc = json!({ "id": "bench-1", "status": "running", "cost": { "turns": 3 }, "limits": { "turns": 10 } });
+    let t = Instant::now();
+    for _ in 0..N {
+        let _ = ctx.signer.sign(weft::signing::THREAD_DOMAIN, &doc);
+    }
+    let sign = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    rt.shutdown();
+    json!({ "transcript_append": append, "ledger_reserve_settle": ledger, "registry_update": registry, "ed25519_sign_jcs": sign })
+}
+
+async fn bench_memory(n: usize) -> Value {
+    let p = project(
+        &[("idle", "---\nlimits: { duration: 1h }\n---\nWait.\n".into())],
+        "idle:\n  - text: never\n    delay: 1h\n",
+        false,
+    );
+    let rt = open(&p).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, before) = rss_kib();
+    let mut handles = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (id, _a, done) = rt
+            .start("idle", Map::new(), LimitSet::default())
+            .await
+            .unwrap();
+        handles.push((id, done));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, after) = rss_kib();
+    let per = (after.saturating_sub(before)) as f64 / n as f64;
+    let t = Instant::now();
+    for (id, _) in &handles {
+        rt.cancel(id, "bench done");
+    }
+    for (_, done) in handles {
+        let _ = done.await;
+    }
+    let cancel_s = t.elapsed().as_secs_f64();
+    rt.shutdown();
+    json!({ "live_threads": n, "rss_before_mib": before as f64 / 1024.0, "rss_after_mib": after as f64 / 1024.0,
+            "kib_per_live_thread": per, "cancel_all_roots_s": cancel_s })
+}
+
+async fn bench_cancel(w: usize, d: usize) -> Value {
+    let p = tree_project(w, d, false, Some("1h"));
+    let rt = open(&p).await;
+    let n = tree_size(w, d);
+    let store =
+        weft::registry::Store::open_read_only(&p.root.join(".weft/state/registry.db")).unwrap();
+    let t0 = Instant::now();
+    let (id, _a, done) = rt
+        .start("l0", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    loop {
+        let live = store
+            .list(true, usize::MAX >> 1)
+            .unwrap()
+            .iter()
+            .filter(|r| r.status == "running")
+            .count();
+        if live == n {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "tree never fully live ({live}/{n})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let build_s = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    rt.cancel(&id, "bench");
+    let report = done.await.unwrap();
+    let cancel_s = t.elapsed().as_secs_f64();
+    assert_eq!(report.status, weft::state::Status::Cancelled);
+    let left = store.list(true, 10).unwrap().len();
+    let (violations, open) = rt.audit().await;
+    rt.shutdown();
+    json!({ "threads": n, "tree_live_after_s": build_s, "cancel_to_all_finalized_s": cancel_s,
+            "left_running": left, "ledger_violations": violations.len(), "open_reservations": open })
+}
+
+async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
+    use weft::ledger::LedgerMsg;
+    use weft::money::{Nanos, Price};
+    let p = project(&[], "", false);
+    let rt = open(&p).await;
+    let ledger = rt.ctx().ledger.clone();
+    // (a) `spawns` concurrent guarantees of 1000 nanos against a parent that has exactly k × 1000.
+    let parent = ThreadId::parse("parent-0").unwrap();
+    let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
+        id: parent.clone(),
+        parent: None,
+        max: Nanos(1000 * k as i64),
+        guarantee: Nanos::ZERO,
+        min_first_call: Nanos::ZERO,
+        reply
+    });
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..spawns {
+        let ledger = ledger.clone();
+        let parent = parent.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = ThreadId::parse(&format!("kid-{i}")).unwrap();
+            matches!(
+                ractor::call!(ledger, |reply| LedgerMsg::Open {
+                    id,
+                    parent: Some(parent),
+                    max: Nanos(1_000_000),
+                    guarantee: Nanos(1000),
+                    min_first_call: Nanos(1),
+                    reply
+                }),
+                Ok(Ok(()))
+            )
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    let admit_s = t.elapsed().as_secs_f64();
+    // (b) `callers` threads at depth 5 reserving and settling at once, each call up the chain.
+    let mut chain_tip = Vec::new();
+    for c in 0..callers {
+        let mut up: Option<ThreadId> = None;
+        for level in 0..5 {
+            let id = ThreadId::parse(&format!("c{c}-l{level}")).unwrap();
+            let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
+                id: id.clone(),
+                parent: up.clone(),
+                max: Nanos(i64::MAX / 4),
+                guarantee: Nanos::ZERO,
+                min_first_call: Nanos::ZERO,
+                reply
+            });
+            up = Some(id);
+        }
+        chain_tip.push(up.unwrap());
+    }
+    const CALLS: usize = 20;
+    let price = Price {
+        input: 1000,
+        output: 1000,
+        cache_read: 0,
+    };
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for tip in chain_tip {
+        let ledger = ledger.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..CALLS {
+                let g = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
+                    id: tip.clone(),
+                    price,
+                    prompt_tokens: 100,
+                    want_output: 100,
+                    min_output: 1,
+                    reply
+                })
+                .unwrap()
+                .unwrap();
+                let _ = ractor::call!(ledger, |reply| LedgerMsg::Settle {
+                    reservation: g.reservation,
+                    actual: Nanos(150),
+                    reply
+                });
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let el = t.elapsed().as_secs_f64();
+    let (violations, _) = rt.audit().await;
+    rt.shutdown();
+    json!({ "concurrent_guarantee_spawns": spawns, "budget_admits": k, "admitted": admitted, "exactly_k": admitted == k,
+            "admission_s": admit_s, "depth5_callers": callers, "reservations": callers * CALLS,
+            "reservations_per_s": (callers * CALLS) as f64 / el, "violations": violations.len() })
+}
+
+/// The floor: bare ractor actors doing the same spawn/message pattern, nothing persisted; and
+/// the unavoidable costs per thread on this disk (fsync, ed25519 signature, SQLite commit).
+async fn bench_floor(w: usize, d: usize) -> Value {
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+    struct Node;
+    enum Msg {
+        Go,
+        Done,
+    }
+    struct St {
+        parent: Option<ActorRef<Msg>>,
+        depth: usize,
+        pending: usize,
+        w: usize,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+    type Args = (
+        Option<ActorRef<Msg>>,
+        usize,
+        usize,
+        Option<tokio::sync::oneshot::Sender<()>>,
+    );
+    impl Actor for Node {
+        type Msg = Msg;
+        type State = St;
+        type Arguments = Args;
+        async fn pre_start(&self, me: ActorRef<Msg>, a: Args) -> Result<St, ActorProcessingErr> {
+            me.cast(Msg::Go)?;
+            Ok(St {
+                parent: a.0,
+                depth: a.1,
+                pending: 0,
+                w: a.2,
+                done: a.3,
+            })
+        }
+        async fn handle(
+            &self,
+            me: ActorRef<Msg>,
+            m: Msg,
+            s: &mut St,
+        ) -> Result<(), ActorProcessingErr> {
+            match m {
+                Msg::Go if s.depth > 0 => {
+                    for _ in 0..s.w {
+                        Actor::spawn_linked(
+                            None,
+                            Node,
+                            (Some(me.clone()), s.depth - 1, s.w, None),
+                            me.get_cell(),
+                        )
+                        .await?;
+                    }
+                    s.pending = s.w;
+                }
+                Msg::Done if s.pending > 1 => s.pending -= 1,
+                _ => {
+                    if let Some(p) = &s.parent {
+                        p.cast(Msg::Done)?;
+                    }
+                    if let Some(tx) = s.done.take() {
+                        let _ = tx.send(());
+                    }
+                    me.stop(None);
+                }
+            }
+            Ok(())
+        }
+        async fn handle_supervisor_evt(
+            &self,
+            _me: ActorRef<Msg>,
+            _e: ractor::SupervisionEvent,
+            _s: &mut St,
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+    let n = tree_size(w, d);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let t = Instant::now();
+    Actor::spawn(None, Node, (None, d, w, Some(tx)))
+        .await
+        .unwrap();
+    rx.await.unwrap();
+    let actors_s = t.elapsed().as_secs_f64();
+    // Unavoidable work, measured alone on the bench disk.
+    let dir = tempfile::tempdir_in(bench_tmp()).unwrap();
+    const N: usize = 300;
+    let t = Instant::now();
+    for i in 0..N {
+        let p = dir.path().join(format!("f{i}"));
+        let f = std::fs::File::create(&p).unwrap();
+        std::io::Write::write_all(&mut &f, b"{\"x\":1}\n").unwrap();
+        f.sync_all().unwrap();
+    }
+    let fsync_us = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    let signer = weft::signing::Signer::load_or_create(dir.path()).unwrap();
+    let doc = json!({"id": "x", "status": "completed", "limits": {"turns": 3}});
+    let t = Instant::now();
+    for _ in 0..N * 10 {
+        let _ = signer.sign(weft::signing::THREAD_DOMAIN, &doc);
+    }
+    let sign_us = t.elapsed().as_secs_f64() * 1e6 / (N * 10) as f64;
+    let db = rusqlite::Connection::open(dir.path().join("x.db")).unwrap();
+    db.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);").unwrap();
+    let t = Instant::now();
+    for i in 0..N * 10 {
+        db.execute("INSERT INTO t(id, v) VALUES(?1, 'x')", [i as i64])
+            .unwrap();
+    }
+    let sqlite_us = t.elapsed().as_secs_f64() * 1e6 / (N * 10) as f64;
+    json!({ "bare_actor_tree_threads": n, "bare_actor_tree_s": actors_s, "bare_actor_threads_per_s": n as f64 / actors_s,
+            "fsync_us": fsync_us, "ed25519_sign_us": sign_us, "sqlite_wal_commit_us": sqlite_us })
+}
+
+/// LangGraph running the equivalent tree in the same invocation (benches/langgraph_tree.py, in a
+/// venv the script creates from PyPI). Returns null with a reason when Python or PyPI is missing.
+fn bench_langgraph(w: usize, d: usize) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/langgraph_tree.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(w.to_string())
+        .arg(d.to_string())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| json!({ "error": format!("bad output ({e}): {}", String::from_utf8_lossy(&o.stdout)) })),
+        Ok(o) => json!({ "error": String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("failed").to_string() }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
+fn row(name: &str, value: String, target: &str) {
+    println!("{name:<44} {value:>18}   {target}");
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let a = args();
+    let (w, d) = if a.tiny { (3, 2) } else { (10, 4) };
+    let mut out = serde_json::Map::new();
+    let want = |s: &str| a.what == "all" || a.what == s;
+    let machine = format!(
+        "{} cores, {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::env::consts::OS
+    );
+    out.insert("machine".into(), json!(machine));
+    if want("floor") {
+        out.insert("floor".into(), bench_floor(w, d).await);
+    }
+    if want("tree") {
+        out.insert("tree".into(), bench_tree(w, d, a.strict).await);
+    }
+    if want("turns") {
+        out.insert(
+            "turns".into(),
+            bench_turns(if a.tiny { 50 } else { 1000 }, a.strict).await,
+        );
+    }
+    if want("memory") {
+        out.insert(
+            "memory".into(),
+            bench_memory(if a.tiny { 200 } else { 10_000 }).await,
+        );
+    }
+    if want("cancel") {
+        let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };
+        out.insert("cancel".into(), bench_cancel(cw, cd).await);
+    }
+    if want("ledger") {
+        out.insert(
+            "ledger".into(),
+            if a.tiny {
+                bench_ledger(100, 7, 50).await
+            } else {
+                bench_ledger(1000, 137, 1000).await
+            },
+        );
+    }
+    if want("langgraph") {
+        out.insert("langgraph".into(), bench_langgraph(w, d));
+    }
+    let v = Value::Object(out);
+    println!(
+        "\nweft benchmarks ({machine}; durability {})",
+        if a.strict { "strict" } else { "normal" }
+    );
+    println!("{:<44} {:>18}   target", "measure", "value");
+    if let Some(t) = v.get("tree") {
+        row(
+            &format!("tree {}×{} ({} threads): wall", w, d, t["threads"]),
+            format!("{:.2} s", f(t, "wall_s")),
+            "≤ 5 s (10×4)",
+        );
+        row("  threads/s", format!("{:.0}", f(t, "threads_per_s")), "");
+        row(
+            "  mean overhead per thread",
+            format!("{:.0} µs", f(t, "mean_overhead_us")),
+            "",
+        );
+        row(
+            "  spawn→terminal p50 / p99",
+            format!(
+                "{:.1} / {:.1} ms",
+                f(t, "p50_spawn_to_terminal_ms"),
+                f(t, "p99_spawn_to_terminal_ms")
+            ),
+            "",
+        );
+        row("  peak RSS", format!("{:.0} MiB", f(t, "peak_rss_mib")), "");
+        if let Some(fl) = v.get("floor") {
+            row(
+                "  × bare-ractor floor (threads/s)",
+                format!(
+                    "{:.1}×",
+                    f(fl, "bare_actor_threads_per_s") / f(t, "threads_per_s")
+                ),
+                "",
+            );
+        }
+    }
+    if let Some(t) = v.get("turns") {
+        row(
+            &format!("per turn ({} turns): mean", t["turns"]),
+            format!("{:.0} µs", f(t, "us_per_turn_mean")),
+            "≤ 100 µs",
+        );
+        row(
+            "  p50 / p99",
+            format!(
+                "{:.0} / {:.0} µs",
+                f(t, "us_per_turn_p50"),
+                f(t, "us_per_turn_p99")
+            ),
+            "",
+        );
+        let p = &t["parts_us"];
+        row(
+            "  transcript append (per line)",
+            format!("{:.1} µs", f(p, "transcript_append")),
+            "",
+        );
+        row(
+            "  ledger reserve+settle",
+            format!("{:.1} µs", f(p, "ledger_reserve_settle")),
+            "",
+        );
+        row(
+            "  registry update",
+            format!("{:.1} µs", f(p, "registry_update")),
+            "",
+        );
+        row(
+            "  ed25519 sign (JCS)",
+            format!("{:.1} µs", f(p, "ed25519_sign_jcs")),
+            "",
+        );
+    }
+    if let Some(m) = v.get("memory") {
+        row(
+            &format!("memory ({} live idle threads)", m["live_threads"]),
+            format!("{:.1} KiB/thread", f(m, "kib_per_live_thread")),
+            "≤ 32 KiB",
+        );
+    }
+    if let Some(c) = v.get("cancel") {
+        row(
+            &format!("cancel root of {} live threads", c["threads"]),
+            format!("{:.3} s", f(c, "cancel_to_all_finalized_s")),
+            "≤ 1 s (10k)",
+        );
+    }
+    if let Some(l) = v.get("ledger") {
+        row(
+            &format!(
+                "ledger: {} guarantee spawns, budget for {}",
+                l["concurrent_guarantee_spawns"], l["budget_admits"]
+            ),
+            format!("{} admitted", l["admitted"]),
+            "exactly K",
+        );
+        row(
+            "  depth-5 reservations/s",
+            format!("{:.0}", f(l, "reservations_per_s")),
+            "",
+        );
+    }
+    if let Some(fl) = v.get("floor") {
+        row(
+            "floor: bare ractor tree threads/s",
+            format!("{:.0}", f(fl, "bare_actor_threads_per_s")),
+            "",
+        );
+        row(
+            "floor: fsync / ed25519 sign / SQLite commit",
+            format!(
+                "{:.0}/{:.0}/{:.0} µs",
+                f(fl, "fsync_us"),
+                f(fl, "ed25519_sign_us"),
+                f(fl, "sqlite_wal_commit_us")
+            ),
+            "",
+        );
+    }
+    if let Some(lg) = v.get("langgraph") {
+        if let Some(e) = lg.get("error") {
+            row("langgraph", "not run".into(), e.as_str().unwrap_or(""));
+        } else {
+            row(
+                &format!("langgraph tree ({} threads): wall", lg["threads"]),
+                format!("{:.2} s", f(lg, "wall_s")),
+                "",
+            );
+            row("  threads/s", format!("{:.0}", f(lg, "threads_per_s")), "");
+            row(
+                "  peak RSS",
+                format!("{:.0} MiB", f(lg, "peak_rss_mib")),
+                "",
+            );
+            if let Some(t) = v.get("tree") {
+                row(
+                    "  weft / langgraph throughput",
+                    format!("{:.1}×", f(t, "threads_per_s") / f(lg, "threads_per_s")),
+                    "≥ 10×",
+                );
+                row(
+                    "  weft / langgraph peak RSS",
+                    format!("{:.2}×", f(t, "peak_rss_mib") / f(lg, "peak_rss_mib")),
+                    "",
+                );
+            }
+        }
+    }
+    std::fs::create_dir_all(a.json.parent().unwrap_or(Path::new("."))).ok();
+    std::fs::write(&a.json, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    println!("\nwrote {}", a.json.display());
+}
