@@ -143,6 +143,12 @@ pub struct Directive {
     pub extends: Option<String>,
 }
 
+/// Parsed directives by name with the (mtime, length) of their file when parsed.
+pub type DirectiveCache = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (FileStamp, Directive)>>>;
+
+/// A file's (mtime, length), or None for built-ins.
+pub type FileStamp = Option<(std::time::SystemTime, u64)>;
+
 /// Where to look for directives, in order: project → user → built-in.
 #[derive(Debug, Clone, Default)]
 pub struct Library {
@@ -152,11 +158,7 @@ pub struct Library {
     pub user_dir: Option<PathBuf>,
     /// Parsed directives by name, each with the (mtime, length) of its file when parsed: a
     /// spawn re-reads a directive only when its file changed.
-    pub cache: std::sync::Arc<
-        std::sync::Mutex<
-            std::collections::HashMap<String, (Option<(std::time::SystemTime, u64)>, Directive)>,
-        >,
-    >,
+    pub cache: DirectiveCache,
 }
 
 /// Built-in directives embedded in the binary: (name, text).
