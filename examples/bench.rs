@@ -89,9 +89,10 @@ fn project(directives: &[(&str, String)], script: &str, strict: bool) -> Proj {
     Proj { _dir: dir, root }
 }
 
-/// Benchmarks write to the same disk as a real project (not tmpfs): `target/bench-tmp`.
+/// Benchmarks write under the system temp dir (`$TMPDIR`, else /tmp; set TMPDIR to measure
+/// another disk). The floor measures the same place, so the ratios compare like with like.
 fn bench_tmp() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-tmp");
+    let p = std::env::temp_dir().join("weft-bench");
     std::fs::create_dir_all(&p).unwrap();
     p
 }
@@ -608,6 +609,18 @@ async fn bench_floor(w: usize, d: usize) -> Value {
         f.sync_all().unwrap();
     }
     let fsync_us = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    // The file work every thread does, bare: a directory, a transcript, two atomic replaces.
+    let t = Instant::now();
+    for i in 0..n {
+        let td = dir.path().join(format!("t{i}"));
+        std::fs::create_dir(&td).unwrap();
+        std::fs::write(td.join("transcript.jsonl"), b"{}\n").unwrap();
+        for _ in 0..2 {
+            std::fs::write(td.join("thread.json.tmp"), b"{}").unwrap();
+            std::fs::rename(td.join("thread.json.tmp"), td.join("thread.json")).unwrap();
+        }
+    }
+    let files_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     let signer = weft::signing::Signer::load_or_create(dir.path()).unwrap();
     let doc = json!({"id": "x", "status": "completed", "limits": {"turns": 3}});
     let t = Instant::now();
@@ -624,7 +637,7 @@ async fn bench_floor(w: usize, d: usize) -> Value {
     }
     let sqlite_us = t.elapsed().as_secs_f64() * 1e6 / (N * 10) as f64;
     json!({ "bare_actor_tree_threads": n, "bare_actor_tree_s": actors_s, "bare_actor_threads_per_s": n as f64 / actors_s,
-            "fsync_us": fsync_us, "ed25519_sign_us": sign_us, "sqlite_wal_commit_us": sqlite_us })
+            "fsync_us": fsync_us, "thread_files_us": files_us, "ed25519_sign_us": sign_us, "sqlite_wal_commit_us": sqlite_us })
 }
 
 /// LangGraph running the equivalent tree in the same invocation (benches/langgraph_tree.py, in a

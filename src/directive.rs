@@ -144,7 +144,8 @@ pub struct Directive {
 }
 
 /// Parsed directives by name with the (mtime, length) of their file when parsed.
-pub type DirectiveCache = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (FileStamp, Directive)>>>;
+pub type DirectiveCache =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (FileStamp, Directive)>>>;
 
 /// A file's (mtime, length), or None for built-ins.
 pub type FileStamp = Option<(std::time::SystemTime, u64)>;

@@ -16,7 +16,7 @@ use crate::runtime::Ctx;
 use crate::state::{Status, ThreadDoc};
 use crate::transcript::{now_ts, TranscriptWriter};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -199,6 +199,15 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
         }
     };
     let doc_path = dir.join("thread.json");
+    // A thread.json torn by the crash (not JSON at all) is set aside and rebuilt; one that parses
+    // but fails verification is left for `weft verify` to report: recovery never signs over it.
+    let torn_doc = doc_path.exists()
+        && std::fs::read(&doc_path)
+            .map(|b| serde_json::from_slice::<Value>(&b).is_err())
+            .unwrap_or(false);
+    if torn_doc {
+        let _ = std::fs::rename(&doc_path, dir.join("thread.json.torn"));
+    }
     let doc = if doc_path.exists() {
         ThreadDoc::read_verified(&doc_path, &ctx.trust)
             .map_err(|e| format!("{e} (left as is; `weft verify` reports it)"))

@@ -189,11 +189,9 @@ impl Store {
         let tx = self.db.savepoint().map_err(st)?;
         if let Some(a) = admit {
             let (used,): (u64,) = tx
-                .query_row(
-                    "SELECT spawn_count FROM threads WHERE id=?1",
-                    [a.parent.as_str()],
-                    |r| Ok((r.get(0)?,)),
-                )
+                .prepare_cached("SELECT spawn_count FROM threads WHERE id=?1")
+                .map_err(st)?
+                .query_row([a.parent.as_str()], |r| Ok((r.get(0)?,)))
                 .optional()
                 .map_err(st)?
                 .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
@@ -205,11 +203,9 @@ impl Store {
                 });
             }
             let live: u64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM threads WHERE parent=?1 AND status IN ('created','running')",
-                    [a.parent.as_str()],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT COUNT(*) FROM threads WHERE parent=?1 AND status IN ('created','running')")
+                .map_err(st)?
+                .query_row([a.parent.as_str()], |r| r.get(0))
                 .map_err(st)?;
             if live >= a.concurrency {
                 return Err(RegistryError::Concurrency {
@@ -218,14 +214,14 @@ impl Store {
                     max: a.concurrency,
                 });
             }
-            tx.execute(
-                "UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1",
-                [a.parent.as_str()],
-            )
-            .map_err(st)?;
+            tx.prepare_cached("UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1")
+                .map_err(st)?
+                .execute([a.parent.as_str()])
+                .map_err(st)?;
         }
-        tx.execute(
-            &format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"),
+        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"))
+            .map_err(st)?
+            .execute(
             params![
                 row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
                 row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,

@@ -4,7 +4,7 @@
 //! Owns the wiring (supervisor, ledger, signer, provider, directive library) in [`Ctx`].
 //! Must never keep thread state itself: that belongs to thread actors.
 
-use crate::config::{Config, Durability};
+use crate::config::Config;
 use crate::directive::{DirectiveError, Library};
 use crate::ids::ThreadId;
 use crate::ledger::{LedgerActor, LedgerError, LedgerMsg};
@@ -157,6 +157,41 @@ pub struct Ctx {
     pub ledger: ActorRef<LedgerMsg>,
     /// Live events.
     pub events: broadcast::Sender<Event>,
+    /// Verified thread.json documents of running parents (see [`Ctx::verified_doc`]).
+    pub verified: std::sync::Mutex<
+        std::collections::HashMap<ThreadId, (crate::directive::FileStamp, ThreadDoc)>,
+    >,
+}
+
+impl Ctx {
+    /// A thread's thread.json, verified against the trust store. The verified document is kept
+    /// while the file is unchanged (same mtime and length), so a parent spawning many children is
+    /// verified once per transition, not once per child; any change is read and verified again.
+    pub fn verified_doc(&self, id: &ThreadId) -> Result<ThreadDoc, String> {
+        let path = self.project.thread_dir(id).join("thread.json");
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .and_then(|m| Some((m.modified().ok()?, m.len())));
+        if let Ok(cache) = self.verified.lock() {
+            if let Some((s, d)) = cache.get(id) {
+                if stamp.is_some() && *s == stamp {
+                    return Ok(d.clone());
+                }
+            }
+        }
+        let doc = ThreadDoc::read_verified(&path, &self.trust).map_err(|e| e.to_string())?;
+        if let Ok(mut cache) = self.verified.lock() {
+            cache.insert(id.clone(), (stamp, doc.clone()));
+        }
+        Ok(doc)
+    }
+
+    /// Forgets a finished thread's cached document.
+    pub fn forget(&self, id: &ThreadId) {
+        if let Ok(mut cache) = self.verified.lock() {
+            cache.remove(id);
+        }
+    }
 }
 
 /// Where a new thread hangs in the tree.
@@ -307,6 +342,7 @@ impl Runtime {
             registry,
             ledger,
             events,
+            verified: Default::default(),
         });
         let recovered = crate::recovery::recover(&ctx).await;
         crate::control::remove_stale(&ctx.project);
@@ -515,13 +551,7 @@ pub async fn spawn(
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     // 1. The parent, from its verified thread.json.
     let parent_doc = match &req.parent {
-        Some(p) => {
-            let path = ctx.project.thread_dir(&p.id).join("thread.json");
-            Some(
-                ThreadDoc::read_verified(&path, &ctx.trust)
-                    .map_err(|e| SpawnError::Untrusted(e.to_string()))?,
-            )
-        }
+        Some(p) => Some(ctx.verified_doc(&p.id).map_err(SpawnError::Untrusted)?),
         None => None,
     };
     // 2. Directive and inputs (a continuation keeps its predecessor's conversation instead).
@@ -668,12 +698,17 @@ pub async fn spawn(
                 row: Box::new(row),
                 reply: Some(reply)
             });
-            let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close { id, reply });
+            let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+                id: id.clone(),
+                reply
+            });
+            // No half-written files behind: the thread never ran.
+            let _ = std::fs::remove_dir_all(ctx.project.thread_dir(&id));
             SpawnError::Storage(msg)
         }
     };
     let dir = ctx.project.thread_dir(&id);
-    if let Err(e) = std::fs::create_dir_all(dir.join("files")) {
+    if let Err(e) = std::fs::create_dir(&dir) {
         return Err(fail(format!("{}: {e}", dir.display())).await);
     }
     let durability = ctx.config.durability;
@@ -724,13 +759,9 @@ pub async fn spawn(
         chain_root: chain_root.clone(),
         transcript_head: transcript.head().clone(),
     };
-    if let Err(e) = doc.write_signed(
-        &dir.join("thread.json"),
-        &ctx.signer,
-        durability == Durability::Strict,
-    ) {
-        return Err(fail(format!("thread.json: {e}")).await);
-    }
+    // The first signed thread.json (history: created, running) is written by the actor as it
+    // starts, one file write instead of two; a crash before that leaves a registry row that
+    // recovery completes from the registry and the ledger.
     let (messages, calls_made) = match req.continuation {
         Some(c) => (c.messages, c.calls_made),
         None => (vec![crate::provider::Message::user(prompt)], 0),

@@ -147,7 +147,8 @@ impl ThreadDoc {
         self.history.push(Transition { status, at });
     }
 
-    /// Signs and writes atomically (temp file, optional fsync, rename).
+    /// Signs and writes: replacing an existing file atomically (temp file, optional fsync,
+    /// rename); the first version is created in place.
     pub fn write_signed(&self, path: &Path, signer: &Signer, fsync: bool) -> std::io::Result<()> {
         let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
         let sig = signer.sign(THREAD_DOMAIN, &v);
@@ -158,6 +159,23 @@ impl ThreadDoc {
             );
         }
         let bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
+        // The first version has nothing to protect: create it in place (one inode, no rename).
+        // A crash mid-write leaves a torn file, which recovery rebuilds from the registry.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(mut f) => {
+                f.write_all(&bytes)?;
+                if fsync {
+                    f.sync_all()?;
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
         let tmp = path.with_extension("json.tmp");
         {
             let mut f = std::fs::File::create(&tmp)?;

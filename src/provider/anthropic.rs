@@ -60,7 +60,7 @@ pub fn body(req: &LlmRequest) -> Value {
     let mut body = json!({
         "model": req.model,
         "max_tokens": req.max_tokens,
-        "system": req.system,
+        "system": &*req.system,
         "messages": messages,
         "stream": true,
     });

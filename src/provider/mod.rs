@@ -92,11 +92,11 @@ pub struct LlmRequest {
     /// Model id.
     pub model: String,
     /// System prompt.
-    pub system: String,
+    pub system: std::sync::Arc<str>,
     /// Conversation so far.
-    pub messages: Vec<Message>,
+    pub messages: std::sync::Arc<Vec<Message>>,
     /// Tools offered.
-    pub tools: Vec<ToolSpec>,
+    pub tools: std::sync::Arc<Vec<ToolSpec>>,
     /// Output token cap granted by the ledger.
     pub max_tokens: u64,
     /// Directive name (the scripted provider keys its script by it).
@@ -213,7 +213,7 @@ pub trait Provider: Send + Sync {
 /// A conservative estimate: one token per 3 bytes plus per-message overhead.
 pub fn heuristic_prompt_tokens(req: &LlmRequest) -> u64 {
     let mut bytes = req.system.len() + req.model.len();
-    for m in &req.messages {
+    for m in req.messages.iter() {
         bytes += 16;
         for b in &m.content {
             bytes += match b {
@@ -223,7 +223,7 @@ pub fn heuristic_prompt_tokens(req: &LlmRequest) -> u64 {
             };
         }
     }
-    for t in &req.tools {
+    for t in req.tools.iter() {
         bytes += t.name.len() + t.description.len() + t.input_schema.to_string().len();
     }
     (bytes as u64).div_ceil(3) + 8

@@ -36,8 +36,8 @@ impl OpenAi {
 
 /// The request body for `req` (public for tests of the wire format).
 pub fn body(req: &LlmRequest) -> Value {
-    let mut messages = vec![json!({ "role": "system", "content": req.system })];
-    for m in &req.messages {
+    let mut messages = vec![json!({ "role": "system", "content": &*req.system })];
+    for m in req.messages.iter() {
         messages.extend(wire_messages(m));
     }
     let mut body = json!({

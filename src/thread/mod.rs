@@ -209,9 +209,10 @@ pub struct ThreadState {
     doc: ThreadDoc,
     transcript: TranscriptWriter,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
-    system: String,
-    messages: Vec<Message>,
-    tools: Vec<ToolSpec>,
+    /// Shared with in-flight requests (no copy per call); appended through `Arc::make_mut`.
+    system: Arc<str>,
+    messages: Arc<Vec<Message>>,
+    tools: Arc<Vec<ToolSpec>>,
     phase: Phase,
     calls_made: u64,
     usage: Usage,
@@ -367,9 +368,9 @@ impl Actor for ThreadActor {
             doc: a.doc,
             transcript: a.transcript,
             on_finish: a.on_finish,
-            system,
-            messages,
-            tools,
+            system: system.into(),
+            messages: Arc::new(messages),
+            tools: Arc::new(tools),
             phase: Phase::Idle,
             calls_made: a.calls_made,
             usage: Usage::default(),
@@ -623,7 +624,7 @@ impl ThreadActor {
             let reports: Vec<Value> = s.announce.drain(..).map(|r| json!(r)).collect();
             let text = format!("Children finished: {}", Value::Array(reports));
             s.log("message", json!({ "role": "user", "text": text }));
-            s.messages.push(Message::user(text));
+            Arc::make_mut(&mut s.messages).push(Message::user(text));
         }
         let turns = s.doc.cost.turns;
         if turns >= s.limits.turns {
@@ -812,7 +813,7 @@ impl ThreadActor {
                 input: c.input.clone(),
             });
         }
-        s.messages.push(Message {
+        Arc::make_mut(&mut s.messages).push(Message {
             role: Role::Assistant,
             content,
         });
@@ -842,7 +843,7 @@ impl ThreadActor {
             let nudge =
                 "You must call directive_return with the declared outputs to finish.".to_string();
             s.log("message", json!({ "role": "user", "text": nudge }));
-            s.messages.push(Message::user(nudge));
+            Arc::make_mut(&mut s.messages).push(Message::user(nudge));
             let _ = me.cast(ThreadMsg::NextTurn);
             return;
         }
@@ -903,7 +904,7 @@ impl ThreadActor {
                 })
             })
             .collect();
-        s.messages.push(Message {
+        Arc::make_mut(&mut s.messages).push(Message {
             role: Role::User,
             content: blocks,
         });
@@ -1170,6 +1171,7 @@ impl ThreadActor {
         if let Some((_, parent)) = &s.parent {
             let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
         }
+        s.ctx.forget(s.id());
         if let Some(tx) = s.on_finish.take() {
             let _ = tx.send(report);
         }
