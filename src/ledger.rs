@@ -526,8 +526,9 @@ pub enum LedgerMsg {
         reservation: u64,
         /// Actual cost.
         actual: Nanos,
-        /// Reply: the reserving account after settlement.
-        reply: RpcReplyPort<Result<(), LedgerError>>,
+        /// Reply once persisted (None: fire and forget; later messages of the same sender are
+        /// handled after it anyway).
+        reply: Option<RpcReplyPort<Result<(), LedgerError>>>,
     },
     /// Close an account (exactly-once release).
     Close {
@@ -776,12 +777,16 @@ impl Actor for LedgerActor {
                         s.hold(
                             &me,
                             Box::new(move |e| {
-                                let _ = reply.send(e.map_or(Ok(()), Err));
+                                if let Some(r) = reply {
+                                    let _ = r.send(e.map_or(Ok(()), Err));
+                                }
                             }),
                         );
                     }
                     None => {
-                        let _ = reply.send(Ok(()));
+                        if let Some(r) = reply {
+                            let _ = r.send(Ok(()));
+                        }
                     }
                 }
             }

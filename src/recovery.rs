@@ -130,6 +130,28 @@ async fn recover_one(ctx: &Arc<Ctx>, row: &ThreadRow) -> Recovered {
         "interrupted: the process that ran this thread (pid {}) ended while it was {}; `weft resume {id}` continues it",
         row.owner_pid, row.status
     );
+    // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
+    // them with the recorded cost (a no-op for those already settled), then close the account,
+    // which releases whatever is still reserved as unspent.
+    let tr = ctx.project.thread_dir(&id).join("transcript.jsonl");
+    if let Ok(read) = crate::transcript::read(&tr, id.as_str(), None) {
+        for e in read
+            .events
+            .iter()
+            .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
+        {
+            if let (Some(reservation), Some(cost)) =
+                (e["reservation"].as_u64(), e["cost_nanos"].as_i64())
+            {
+                let actual = crate::money::Nanos(cost);
+                let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+                    reservation,
+                    actual,
+                    reply: Some(reply)
+                });
+            }
+        }
+    }
     let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
         id: id.clone(),
         reply

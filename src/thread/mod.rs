@@ -729,38 +729,66 @@ impl ThreadActor {
         reservation: u64,
         outcome: Result<LlmResponse, ProviderError>,
     ) {
-        // Every attempt is settled on its own, for what it actually cost.
+        // Every attempt is recorded and settled on its own, for what it actually cost: first the
+        // transcript line (with the reservation id, so recovery can settle it if the ledger never
+        // heard), then the settlement, cast: the next reservation queues behind it in the ledger.
         let usage = match &outcome {
             Ok(r) => r.usage,
             Err(e) => e.usage,
         };
         s.calls_made += 1;
         let cost = s.price.cost(&usage);
-        let _ = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Settle {
-            reservation,
-            actual: cost,
-            reply
-        });
         add_usage(&mut s.usage, &usage);
         s.own_spend = s.own_spend.plus(cost);
-        if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
+        let ending = matches!(s.phase, Phase::Draining(_) | Phase::Done);
+        let retry = match &outcome {
+            Err(e)
+                if !ending
+                    && e.kind != ErrorKind::Cancelled
+                    && e.kind.retryable()
+                    && s.attempt < s.ctx.config.retries =>
+            {
+                Some(e.retry_after.unwrap_or_else(|| backoff(s.attempt)))
+            }
+            _ => None,
+        };
+        let model = s.doc.model.clone();
+        let (kind, event) = match (&outcome, retry) {
+            (Err(e), Some(wait)) => (
+                "llm_retry",
+                json!({
+                    "attempt": s.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
+                    "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
+                    "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                }),
+            ),
+            (Err(e), None) => (
+                "llm_call",
+                json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                        "error": { "kind": e.kind, "message": e.message } }),
+            ),
+            (Ok(r), _) => (
+                "llm_call",
+                json!({ "model": model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                        "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
+            ),
+        };
+        s.log(kind, event);
+        let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
+            reservation,
+            actual: cost,
+            reply: None,
+        });
+        if ending {
             return;
         }
         s.phase = Phase::Idle;
         let resp = match outcome {
             Ok(r) => r,
             Err(e) if e.kind == ErrorKind::Cancelled => return,
-            Err(e) if e.kind.retryable() && s.attempt < s.ctx.config.retries => {
+            Err(_) if retry.is_some() => {
                 s.attempt += 1;
-                let wait = e.retry_after.unwrap_or_else(|| backoff(s.attempt - 1));
-                s.log(
-                    "llm_retry",
-                    json!({
-                        "attempt": s.attempt, "kind": e.kind, "message": e.message, "model": s.doc.model,
-                        "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
-                        "usage": usage, "cost_nanos": cost,
-                    }),
-                );
+                let wait = retry.unwrap_or_default();
                 let me2 = me.clone();
                 s.timers.push(tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
@@ -769,10 +797,6 @@ impl ThreadActor {
                 return;
             }
             Err(e) => {
-                s.log(
-                    "llm_call",
-                    json!({ "model": s.doc.model, "usage": usage, "cost_nanos": cost, "error": { "kind": e.kind, "message": e.message } }),
-                );
                 let msg = format!(
                     "LLM call failed ({:?}) after {} attempt(s): {}",
                     e.kind,
@@ -784,7 +808,6 @@ impl ThreadActor {
         };
         s.attempt = 0;
         s.doc.cost.turns += 1;
-        s.log("llm_call", json!({ "model": s.doc.model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "stop_reason": resp.stop_reason, "stream_deltas": resp.stream_deltas }));
         let row = s.row();
         let _ = s.ctx.registry.cast(RegistryMsg::Update {
             row: Box::new(row),
