@@ -670,47 +670,75 @@ async fn main() {
     let a = args();
     let (w, d) = if a.tiny { (3, 2) } else { (10, 4) };
     let mut out = serde_json::Map::new();
-    let want = |s: &str| a.what == "all" || a.what == s;
     let machine = format!(
         "{} cores, {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::env::consts::OS
     );
     out.insert("machine".into(), json!(machine));
-    if want("floor") {
-        out.insert("floor".into(), bench_floor(w, d).await);
-    }
-    if want("tree") {
-        out.insert("tree".into(), bench_tree(w, d, a.strict).await);
-    }
-    if want("turns") {
-        out.insert(
-            "turns".into(),
-            bench_turns(if a.tiny { 50 } else { 1000 }, a.strict).await,
-        );
-    }
-    if want("memory") {
-        out.insert(
-            "memory".into(),
-            bench_memory(if a.tiny { 200 } else { 10_000 }).await,
-        );
-    }
-    if want("cancel") {
-        let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };
-        out.insert("cancel".into(), bench_cancel(cw, cd).await);
-    }
-    if want("ledger") {
-        out.insert(
-            "ledger".into(),
+    out.insert("dir".into(), json!(bench_tmp().display().to_string()));
+    let scenarios = [
+        "floor",
+        "tree",
+        "turns",
+        "memory",
+        "cancel",
+        "ledger",
+        "langgraph",
+    ];
+    if a.what == "all" {
+        // Each scenario in a fresh process, so memory figures are not polluted by the others.
+        for name in scenarios {
+            let part =
+                std::env::temp_dir().join(format!("weft-bench-{name}-{}.json", std::process::id()));
+            let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+            cmd.arg(name)
+                .arg("--json")
+                .arg(&part)
+                .stdout(std::process::Stdio::null());
             if a.tiny {
-                bench_ledger(100, 7, 50).await
-            } else {
-                bench_ledger(1000, 137, 1000).await
-            },
-        );
-    }
-    if want("langgraph") {
-        out.insert("langgraph".into(), bench_langgraph(w, d));
+                cmd.args(["--size", "tiny"]);
+            }
+            if a.strict {
+                cmd.args(["--durability", "strict"]);
+            }
+            let status = cmd.status().unwrap();
+            let v: Value = std::fs::read(&part)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(Value::Null);
+            let _ = std::fs::remove_file(&part);
+            out.insert(
+                name.into(),
+                v.get(name)
+                    .cloned()
+                    .unwrap_or_else(|| json!({ "error": format!("scenario failed: {status}") })),
+            );
+        }
+    } else {
+        let v = match a.what.as_str() {
+            "floor" => bench_floor(w, d).await,
+            "tree" => bench_tree(w, d, a.strict).await,
+            "turns" => bench_turns(if a.tiny { 50 } else { 1000 }, a.strict).await,
+            "memory" => bench_memory(if a.tiny { 200 } else { 10_000 }).await,
+            "cancel" => {
+                let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };
+                bench_cancel(cw, cd).await
+            }
+            "ledger" => {
+                if a.tiny {
+                    bench_ledger(100, 7, 50).await
+                } else {
+                    bench_ledger(1000, 137, 1000).await
+                }
+            }
+            "langgraph" => bench_langgraph(w, d),
+            other => {
+                eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
+                std::process::exit(2);
+            }
+        };
+        out.insert(a.what.clone(), v);
     }
     let v = Value::Object(out);
     println!(
@@ -833,6 +861,19 @@ async fn main() {
             ),
             "",
         );
+        row(
+            "floor: a thread's files (dir, transcript, 2 replaces)",
+            format!("{:.0} µs", f(fl, "thread_files_us")),
+            "",
+        );
+        if let Some(t) = v.get("tree") {
+            let files_s = f(fl, "thread_files_us") * f(t, "threads") / 1e6;
+            row(
+                "  tree's file work alone, on this disk",
+                format!("{files_s:.2} s"),
+                "",
+            );
+        }
     }
     if let Some(lg) = v.get("langgraph") {
         if let Some(e) = lg.get("error") {

@@ -119,6 +119,8 @@ pub struct Grant {
 pub struct Book {
     accounts: HashMap<ThreadId, Account>,
     reservations: HashMap<u64, Reservation>,
+    /// Open reservation ids by reserving thread (so closing is not a scan of every reservation).
+    by_thread: HashMap<ThreadId, Vec<u64>>,
     next_id: u64,
 }
 
@@ -186,6 +188,10 @@ impl Book {
             match serde_json::from_str::<Reservation>(&body) {
                 Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
                     book.next_id = book.next_id.max(r.id);
+                    book.by_thread
+                        .entry(r.chain[0].clone())
+                        .or_default()
+                        .push(r.id);
                     book.reservations.insert(r.id, r);
                 }
                 _ => tracing::warn!("ledger.db: unreadable reservation left as is: {body}"),
@@ -207,6 +213,11 @@ impl Book {
     /// Every account.
     pub fn accounts(&self) -> impl Iterator<Item = &Account> {
         self.accounts.values()
+    }
+
+    /// Open reservation ids of one thread's own calls.
+    pub fn open_of(&self, id: &ThreadId) -> Vec<u64> {
+        self.by_thread.get(id).cloned().unwrap_or_default()
     }
 
     /// Open reservations.
@@ -390,6 +401,7 @@ impl Book {
             amount,
             edges,
         };
+        self.by_thread.entry(id.clone()).or_default().push(r.id);
         self.reservations.insert(r.id, r);
         Ok(Grant {
             reservation: self.next_id,
@@ -404,6 +416,12 @@ impl Book {
         let Some(r) = self.reservations.remove(&reservation) else {
             return false;
         };
+        if let Some(ids) = r.chain.first().and_then(|t| self.by_thread.get_mut(t)) {
+            ids.retain(|x| *x != reservation);
+            if ids.is_empty() {
+                self.by_thread.remove(&r.chain[0]);
+            }
+        }
         let Some(first) = r.chain.first() else {
             return true;
         };
@@ -453,12 +471,7 @@ impl Book {
         if acct.closed {
             return Ok(acct.clone());
         }
-        let open: Vec<u64> = self
-            .reservations
-            .values()
-            .filter(|r| r.chain.first() == Some(id))
-            .map(|r| r.id)
-            .collect();
+        let open = self.open_of(id);
         for r in open {
             self.settle(r, Nanos::ZERO);
         }
@@ -793,10 +806,9 @@ impl Actor for LedgerActor {
             LedgerMsg::Close { id, reply } => {
                 let open: Vec<(ThreadId, u64)> = s
                     .book
-                    .reservations
-                    .values()
-                    .filter(|r| r.chain.first() == Some(&id))
-                    .map(|r| (id.clone(), r.id))
+                    .open_of(&id)
+                    .into_iter()
+                    .map(|r| (id.clone(), r))
                     .collect();
                 match s.book.close(&id) {
                     Ok(a) => {
