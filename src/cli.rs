@@ -159,6 +159,14 @@ macro_rules! out {
     }};
 }
 
+/// A failure that is not the user's input (storage, I/O): exit code 1.
+fn failed(e: impl std::fmt::Display) -> Exit {
+    Exit {
+        code: 1,
+        message: e.to_string(),
+    }
+}
+
 fn usage(message: impl Into<String>) -> Exit {
     Exit {
         code: 2,
@@ -250,10 +258,7 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
             message: format!("{}: {e}", weft.join(d).display()),
         })?;
     }
-    std::fs::create_dir_all(root.join("directives")).map_err(|e| Exit {
-        code: 1,
-        message: e.to_string(),
-    })?;
+    std::fs::create_dir_all(root.join("directives")).map_err(failed)?;
     let cfg = weft.join("config.yaml");
     if cfg.exists() {
         out!("{} already exists; left as it is", cfg.display());
@@ -265,14 +270,8 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
         out!("wrote {}", cfg.display());
     }
     let signer =
-        crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(|e| Exit {
-            code: 1,
-            message: e.to_string(),
-        })?;
-    signer.trust_in(&weft.join("trust")).map_err(|e| Exit {
-        code: 1,
-        message: e.to_string(),
-    })?;
+        crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(failed)?;
+    signer.trust_in(&weft.join("trust")).map_err(failed)?;
     out!(
         "signing key {} trusted in {}",
         signer.key_id,
@@ -507,17 +506,11 @@ async fn cancel(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<
         .await
         .map_err(open_error)?;
     let store = open_store(&project)?;
-    let row = store
-        .get(id.as_str())
-        .map_err(|e| Exit {
-            code: 1,
-            message: e.to_string(),
-        })?
-        .ok_or_else(|| {
-            usage(format!(
-                "no thread {id} in this project (see `weft threads`)"
-            ))
-        })?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
     let finish = |row: &ThreadRow, note: &str| {
         if as_json {
             out!(
@@ -614,10 +607,7 @@ async fn recover(explicit: Option<PathBuf>, as_json: bool) -> Result<i32, Exit> 
 fn chain(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
-    let rows = open_store(&project)?.chain(id.as_str()).map_err(|e| Exit {
-        code: 1,
-        message: e.to_string(),
-    })?;
+    let rows = open_store(&project)?.chain(id.as_str()).map_err(failed)?;
     if rows.is_empty() {
         return Err(usage(format!("no thread {id} in this project")));
     }
@@ -766,10 +756,7 @@ fn print_tree(rows: &[ThreadRow]) {
 }
 
 fn open_store(project: &Project) -> Result<Store, Exit> {
-    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(|e| Exit {
-        code: 1,
-        message: e.to_string(),
-    })
+    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
 }
 
 fn threads(
@@ -780,10 +767,7 @@ fn threads(
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
     let store = open_store(&project)?;
-    let rows = store.list(active, 100_000).map_err(|e| Exit {
-        code: 1,
-        message: e.to_string(),
-    })?;
+    let rows = store.list(active, 100_000).map_err(failed)?;
     if as_json {
         out!("{}", serde_json::to_string(&rows).unwrap_or_default());
     } else if tree {
@@ -811,10 +795,7 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     let store = open_store(&project)?;
     let row = store
         .get(id.as_str())
-        .map_err(|e| Exit {
-            code: 1,
-            message: e.to_string(),
-        })?
+        .map_err(failed)?
         .ok_or_else(|| Exit {
             code: 1,
             message: format!("no thread {id} in this project"),

@@ -233,6 +233,13 @@ pub struct RuntimeOptions {
     pub no_control: bool,
 }
 
+/// A started root thread: its id, its actor, and where its report arrives when it ends.
+pub type Started = (
+    ThreadId,
+    ActorRef<ThreadMsg>,
+    oneshot::Receiver<ThreadReport>,
+);
+
 /// A project opened for running threads.
 pub struct Runtime {
     ctx: Arc<Ctx>,
@@ -397,14 +404,7 @@ impl Runtime {
         directive: &str,
         inputs: Map<String, Value>,
         overrides: LimitSet,
-    ) -> Result<
-        (
-            ThreadId,
-            ActorRef<ThreadMsg>,
-            oneshot::Receiver<ThreadReport>,
-        ),
-        SpawnError,
-    > {
+    ) -> Result<Started, SpawnError> {
         let (tx, rx) = oneshot::channel();
         let req = SpawnRequest {
             directive: directive.into(),
@@ -466,14 +466,7 @@ impl Runtime {
         id: &ThreadId,
         message: &str,
         overrides: LimitSet,
-    ) -> Result<
-        (
-            ThreadId,
-            ActorRef<ThreadMsg>,
-            oneshot::Receiver<ThreadReport>,
-        ),
-        SpawnError,
-    > {
+    ) -> Result<Started, SpawnError> {
         let dir = self.ctx.project.thread_dir(id);
         let of = ThreadDoc::read_verified(&dir.join("thread.json"), &self.ctx.trust)
             .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
