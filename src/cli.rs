@@ -272,6 +272,9 @@ fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     let signer =
         crate::signing::Signer::load_or_create(&crate::signing::user_dir()).map_err(failed)?;
     signer.trust_in(&weft.join("trust")).map_err(failed)?;
+    // Empty databases, so `weft threads` works before the first run.
+    crate::registry::Store::open(&weft.join("state").join("registry.db")).map_err(failed)?;
+    crate::ledger::open_db(&weft.join("state").join("ledger.db")).map_err(failed)?;
     out!(
         "signing key {} trusted in {}",
         signer.key_id,
@@ -766,6 +769,14 @@ fn threads(
     as_json: bool,
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
+    if !project.state_dir().join("registry.db").exists() {
+        if as_json {
+            out!("[]");
+        } else {
+            out!("no threads yet (`weft run <directive>` starts one)");
+        }
+        return Ok(0);
+    }
     let store = open_store(&project)?;
     let rows = store.list(active, 100_000).map_err(failed)?;
     if as_json {
@@ -793,13 +804,11 @@ fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exi
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
     let store = open_store(&project)?;
-    let row = store
-        .get(id.as_str())
-        .map_err(failed)?
-        .ok_or_else(|| Exit {
-            code: 1,
-            message: format!("no thread {id} in this project"),
-        })?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
     let (trust, _) = crate::signing::Trust::load(&project.trust_dir());
     let doc = crate::state::ThreadDoc::read_verified(
         &project.thread_dir(&id).join("thread.json"),

@@ -277,6 +277,9 @@ impl Providers {
             }
         }
         if let Some(script) = &choice.script {
+            if let Some(other) = choice.provider.as_deref().filter(|p| *p != "scripted") {
+                return Err(format!("--script plays a script for every thread; it cannot be combined with --provider {other}"));
+            }
             let s = scripted::Scripted::load(script)?;
             p.by_name.insert("scripted".into(), std::sync::Arc::new(s));
             p.broken.remove("scripted");
