@@ -579,7 +579,7 @@ pub enum LedgerMsg {
 /// change that is not in ledger.db, and many concurrent callers share one commit.
 pub struct LedgerActor;
 
-type HeldReply = Box<dyn FnOnce(Option<LedgerError>) + Send>;
+type HeldReply = crate::batch::HeldReply<LedgerError>;
 
 /// State of the ledger actor.
 pub struct LedgerState {
@@ -588,8 +588,7 @@ pub struct LedgerState {
     dirty: std::collections::HashSet<ThreadId>,
     added: Vec<Reservation>,
     removed: Vec<(ThreadId, u64)>,
-    held: Vec<HeldReply>,
-    flush_queued: bool,
+    held: crate::batch::GroupCommit<LedgerError>,
 }
 
 /// Opens (creating) `ledger.db` in WAL mode.
@@ -612,10 +611,7 @@ pub fn open_db(path: &Path) -> Result<Connection, LedgerError> {
 impl LedgerState {
     /// Holds `reply` until the next flush, queueing one if none is.
     fn hold(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
-        self.held.push(reply);
-        if !self.flush_queued {
-            self.flush_queued = me.cast(LedgerMsg::Flush).is_ok();
-        }
+        self.held.hold(reply, || me.cast(LedgerMsg::Flush).is_ok());
     }
 
     fn touch(&mut self, ids: &[ThreadId]) {
@@ -674,7 +670,6 @@ impl LedgerState {
     }
 
     fn flush(&mut self) {
-        self.flush_queued = false;
         let res = self.persist();
         if let Err(e) = &res {
             tracing::error!(
@@ -685,9 +680,7 @@ impl LedgerState {
         self.dirty.clear();
         self.added.clear();
         self.removed.clear();
-        for reply in self.held.drain(..) {
-            reply(res.as_ref().err().cloned());
-        }
+        self.held.release(&res);
     }
 }
 
@@ -708,8 +701,7 @@ impl Actor for LedgerActor {
             dirty: Default::default(),
             added: vec![],
             removed: vec![],
-            held: vec![],
-            flush_queued: false,
+            held: Default::default(),
         })
     }
 

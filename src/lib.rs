@@ -8,10 +8,12 @@
 //! - [`thread`]: the thread actor and its turn loop; [`ledger`]: the budget ledger actor;
 //!   [`registry`]: the supervisor actor and registry.db.
 //! - [`provider`]: LLM backends; [`transcript`], [`state`], [`signing`]: durable, signed records.
+//! - [`batch`]: group commit shared by the actors that own a database.
 //! - [`verify`]: checking thread.json signatures and transcript chains; [`cli`]: the `weft` binary.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+pub mod batch;
 pub mod capability;
 pub mod cli;
 pub mod config;

@@ -479,13 +479,12 @@ pub enum RegistryMsg {
 /// batch's writes (same connection).
 pub struct Supervisor;
 
-type HeldReply = Box<dyn FnOnce(Option<RegistryError>) + Send>;
+type HeldReply = crate::batch::HeldReply<RegistryError>;
 
 /// State of the supervisor.
 pub struct SupervisorState {
     store: Store,
-    held: Vec<HeldReply>,
-    flush_queued: bool,
+    held: crate::batch::GroupCommit<RegistryError>,
 }
 
 impl SupervisorState {
@@ -509,21 +508,15 @@ impl SupervisorState {
                 });
             }
         });
-        self.held.push(held);
-        if !self.flush_queued {
-            self.flush_queued = me.cast(RegistryMsg::Flush).is_ok();
-        }
+        self.held.hold(held, || me.cast(RegistryMsg::Flush).is_ok());
     }
 
     fn flush(&mut self) {
-        self.flush_queued = false;
         let res = self.store.commit_batch();
         if let Err(e) = &res {
             tracing::error!("registry.db commit failed: {e}");
         }
-        for h in self.held.drain(..) {
-            h(res.as_ref().err().cloned());
-        }
+        self.held.release(&res);
     }
 }
 
@@ -539,8 +532,7 @@ impl Actor for Supervisor {
     ) -> Result<SupervisorState, ActorProcessingErr> {
         Ok(SupervisorState {
             store,
-            held: vec![],
-            flush_queued: false,
+            held: Default::default(),
         })
     }
 
