@@ -779,14 +779,17 @@ impl Actor for LedgerActor {
                         s.book.settle(reservation, actual);
                         s.touch(&r.chain);
                         s.removed.push((r.chain[0].clone(), r.id));
-                        s.hold(
-                            &me,
-                            Box::new(move |e| {
-                                if let Some(r) = reply {
-                                    let _ = r.send(e.map_or(Ok(()), Err));
-                                }
-                            }),
-                        );
+                        // A settlement nobody waits for rides with the next commit (the caller's
+                        // next reserve or close): its cost is already in the transcript, and
+                        // recovery settles recorded calls, so it needs no commit of its own.
+                        if let Some(reply) = reply {
+                            s.hold(
+                                &me,
+                                Box::new(move |e| {
+                                    let _ = reply.send(e.map_or(Ok(()), Err));
+                                }),
+                            );
+                        }
                     }
                     None => {
                         if let Some(r) = reply {
