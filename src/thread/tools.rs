@@ -255,12 +255,19 @@ fn spawn_thread(
         };
         match crate::runtime::spawn(&ctx, req, None).await {
             Ok((child, actor)) => {
-                let _ = me.cast(ThreadMsg::ChildSpawned {
+                let msg = ThreadMsg::ChildSpawned {
                     call_id: call.id,
                     child,
-                    actor,
+                    actor: actor.clone(),
                     wait,
-                });
+                };
+                if me.cast(msg).is_err() {
+                    // The parent is already gone (e.g. killed after its cancel grace): the child
+                    // must not outlive it.
+                    let _ = actor.cast(ThreadMsg::Cancel {
+                        reason: "its parent ended before it started".into(),
+                    });
+                }
             }
             Err(e) => {
                 let _ = me.cast(ThreadMsg::SpawnRefused {
