@@ -5,7 +5,6 @@
 //! cache creation, `ping` and `error` events, the `anthropic-version` header.
 
 use super::http::{self, HttpSettings};
-use super::openai::JsonBody;
 use super::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, Role, ToolCall,
 };
@@ -241,33 +240,28 @@ impl Provider for Anthropic {
         req: LlmRequest,
         cancel: CancellationToken,
     ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
-        let url = format!(
-            "{}/v1/messages",
-            self.settings.base_url.trim_end_matches('/')
-        );
-        let mut builder = self
-            .client
-            .post(url)
-            .header("anthropic-version", API_VERSION)
-            .json_body(&body(&req));
-        if let Some(k) = &self.settings.api_key {
-            builder = builder.header("x-api-key", k);
-        }
-        for (k, v) in &self.settings.headers {
-            builder = builder.header(k, v);
-        }
-        Box::pin(async move {
-            let resp = http::send(builder, &cancel).await?;
-            let mut asm = Assembler::default();
-            let read = http::read_sse(resp, &cancel, |ev| asm.feed(&ev.event, &ev.data)).await;
-            match read {
-                Ok(()) => asm.finish(),
-                Err(mut e) => {
-                    e.usage = asm.usage();
-                    Err(e)
-                }
-            }
-        })
+        let version = [("anthropic-version", API_VERSION)];
+        http::post_stream::<Assembler>(
+            &self.client,
+            &self.settings,
+            "/v1/messages",
+            http::Auth::Header("x-api-key"),
+            &version,
+            &body(&req),
+            cancel,
+        )
+    }
+}
+
+impl http::StreamAssembler for Assembler {
+    fn feed(&mut self, ev: &http::SseEvent) -> Result<bool, ProviderError> {
+        Assembler::feed(self, &ev.event, &ev.data)
+    }
+    fn partial_usage(&self) -> Usage {
+        self.usage()
+    }
+    fn finish(self) -> Result<LlmResponse, ProviderError> {
+        Assembler::finish(self)
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Never puts an API key in an error, a log line or a transcript: keys only travel in headers.
 
-use super::{ErrorKind, ProviderError};
+use super::{BoxFuture, ErrorKind, LlmResponse, ProviderError};
 use crate::money::Usage;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
@@ -174,4 +174,64 @@ pub async fn send(
     } else {
         Err(status_error(resp).await)
     }
+}
+
+/// Assembles one streamed response from its SSE events (one per wire format).
+pub trait StreamAssembler: Default + Send + 'static {
+    /// Feeds one event; true when the stream is complete.
+    fn feed(&mut self, ev: &SseEvent) -> Result<bool, ProviderError>;
+    /// Usage already billed, reported with a failure mid-stream.
+    fn partial_usage(&self) -> Usage;
+    /// The finished response.
+    fn finish(self) -> Result<LlmResponse, ProviderError>;
+}
+
+/// How a provider presents its key.
+pub enum Auth {
+    /// `authorization: Bearer <key>` (OpenAI-compatible).
+    Bearer,
+    /// The key as this header's value (Anthropic's `x-api-key`).
+    Header(&'static str),
+}
+
+/// POSTs `body` to `base_url + path` with the provider's key and headers, streams the response
+/// through assembler `A`, and stops at once when `cancel` fires. A failure mid-stream carries the
+/// usage billed so far.
+pub fn post_stream<A: StreamAssembler>(
+    client: &reqwest::Client,
+    settings: &HttpSettings,
+    path: &str,
+    auth: Auth,
+    extra_headers: &[(&str, &str)],
+    body: &serde_json::Value,
+    cancel: CancellationToken,
+) -> BoxFuture<Result<LlmResponse, ProviderError>> {
+    let url = format!("{}{path}", settings.base_url.trim_end_matches('/'));
+    let mut builder = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in extra_headers {
+        builder = builder.header(*k, *v);
+    }
+    if let Some(key) = &settings.api_key {
+        builder = match auth {
+            Auth::Bearer => builder.bearer_auth(key),
+            Auth::Header(name) => builder.header(name, key),
+        };
+    }
+    for (k, v) in &settings.headers {
+        builder = builder.header(k, v);
+    }
+    Box::pin(async move {
+        let resp = send(builder, &cancel).await?;
+        let mut asm = A::default();
+        match read_sse(resp, &cancel, |ev| asm.feed(&ev)).await {
+            Ok(()) => asm.finish(),
+            Err(mut e) => {
+                e.usage = asm.partial_usage();
+                Err(e)
+            }
+        }
+    })
 }

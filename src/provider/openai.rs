@@ -257,42 +257,27 @@ impl Provider for OpenAi {
         req: LlmRequest,
         cancel: CancellationToken,
     ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
-        let url = format!(
-            "{}/chat/completions",
-            self.settings.base_url.trim_end_matches('/')
-        );
-        let mut builder = self.client.post(url).json_body(&body(&req));
-        if let Some(k) = &self.settings.api_key {
-            builder = builder.bearer_auth(k);
-        }
-        for (k, v) in &self.settings.headers {
-            builder = builder.header(k, v);
-        }
-        Box::pin(async move {
-            let resp = http::send(builder, &cancel).await?;
-            let mut asm = Assembler::default();
-            let read = http::read_sse(resp, &cancel, |ev| asm.feed(&ev.data)).await;
-            match read {
-                Ok(()) => asm.finish(),
-                Err(mut e) => {
-                    e.usage = asm.partial_usage();
-                    Err(e)
-                }
-            }
-        })
+        http::post_stream::<Assembler>(
+            &self.client,
+            &self.settings,
+            "/chat/completions",
+            http::Auth::Bearer,
+            &[],
+            &body(&req),
+            cancel,
+        )
     }
 }
 
-/// `RequestBuilder::json` without reqwest's `json` feature.
-pub trait JsonBody {
-    /// Sets a JSON body and content type.
-    fn json_body(self, v: &Value) -> Self;
-}
-
-impl JsonBody for reqwest::RequestBuilder {
-    fn json_body(self, v: &Value) -> Self {
-        self.header("content-type", "application/json")
-            .body(v.to_string())
+impl http::StreamAssembler for Assembler {
+    fn feed(&mut self, ev: &http::SseEvent) -> Result<bool, ProviderError> {
+        Assembler::feed(self, &ev.data)
+    }
+    fn partial_usage(&self) -> Usage {
+        Assembler::partial_usage(self)
+    }
+    fn finish(self) -> Result<LlmResponse, ProviderError> {
+        Assembler::finish(self)
     }
 }
 
