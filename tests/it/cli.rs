@@ -117,6 +117,27 @@ fn verify_detects_an_edited_thread_json_and_an_edited_transcript_line() {
 }
 
 #[test]
+fn verify_detects_a_transcript_cut_short_as_a_head_mismatch() {
+    let dir = demo();
+    let out = run_demo(dir.path());
+    let id = out["thread_id"].as_str().unwrap();
+    let tr_path = dir
+        .path()
+        .join(".weft/threads")
+        .join(id)
+        .join("transcript.jsonl");
+    let tr = std::fs::read_to_string(&tr_path).unwrap();
+    // Dropping the last lines keeps the chain valid; only thread.json's signed head betrays it.
+    let lines: Vec<&str> = tr.lines().collect();
+    std::fs::write(&tr_path, lines[..lines.len() - 2].join("\n") + "\n").unwrap();
+    let o = weft(dir.path(), &["verify", id, "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let verdicts: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = verdicts[0]["problems"].to_string();
+    assert!(problems.contains("head mismatch"), "{problems}");
+}
+
+#[test]
 fn a_torn_last_line_is_reported_not_fatal() {
     let dir = demo();
     let out = run_demo(dir.path());
