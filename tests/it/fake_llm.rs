@@ -49,6 +49,14 @@ impl Fake {
     pub fn push(&self, r: Reply) {
         self.replies.lock().unwrap().push_back(r);
     }
+    /// A whole stream, sent at once.
+    pub fn stream(&self, events: Vec<String>) {
+        self.push(Reply::Sse {
+            events,
+            gap: Duration::ZERO,
+            drop_after: None,
+        });
+    }
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }

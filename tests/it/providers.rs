@@ -45,6 +45,11 @@ fn cost(input: i64, cached: i64, output: i64) -> i64 {
     input * 2000 + cached * 500 + output * 8000
 }
 
+fn project(d: &[(&'static str, String)], config: &str) -> Fixture {
+    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    Fixture::raw(&dirs, "", config)
+}
+
 async fn run_root(fx: &Fixture) -> (weft::thread::ThreadReport, weft::runtime::Runtime) {
     let rt = fx.runtime_with(RuntimeOptions::default()).await;
     let report = rt
@@ -82,25 +87,22 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 async fn openai_tool_tree_runs_with_exact_spend() {
     let (base, fake) = fake_llm::start().await;
     let spawn_args = json!({ "directive": "child", "inputs": {}, "wait": true });
-    let gap = Duration::ZERO;
-    fake.push(Reply::Sse {
-        events: fake_llm::openai("", Some(("spawn_thread", spawn_args)), 120, 20, 30),
-        gap,
-        drop_after: None,
-    });
-    fake.push(Reply::Sse {
-        events: fake_llm::openai("The child's answer is 42.", None, 50, 0, 10),
-        gap,
-        drop_after: None,
-    });
-    fake.push(Reply::Sse {
-        events: fake_llm::openai("Done: 42.", None, 300, 100, 15),
-        gap,
-        drop_after: None,
-    });
-    let d = tree_directives();
-    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let fx = Fixture::raw(&dirs, "", &config("openai", &base, ""));
+    fake.stream(fake_llm::openai(
+        "",
+        Some(("spawn_thread", spawn_args)),
+        120,
+        20,
+        30,
+    ));
+    fake.stream(fake_llm::openai(
+        "The child's answer is 42.",
+        None,
+        50,
+        0,
+        10,
+    ));
+    fake.stream(fake_llm::openai("Done: 42.", None, 300, 100, 15));
+    let fx = project(&tree_directives(), &config("openai", &base, ""));
     let (report, rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
     assert_eq!(report.result.as_deref(), Some("Done: 42."));
@@ -169,31 +171,16 @@ async fn openai_tool_tree_runs_with_exact_spend() {
 async fn anthropic_tool_tree_runs_with_exact_spend() {
     let (base, fake) = fake_llm::start().await;
     let spawn_args = json!({ "directive": "child", "wait": true });
-    let gap = Duration::ZERO;
-    fake.push(Reply::Sse {
-        events: fake_llm::anthropic(
-            "Let me ask.",
-            Some(("spawn_thread", spawn_args)),
-            100,
-            20,
-            30,
-        ),
-        gap,
-        drop_after: None,
-    });
-    fake.push(Reply::Sse {
-        events: fake_llm::anthropic("42", None, 50, 0, 10),
-        gap,
-        drop_after: None,
-    });
-    fake.push(Reply::Sse {
-        events: fake_llm::anthropic("Done: 42.", None, 200, 100, 15),
-        gap,
-        drop_after: None,
-    });
-    let d = tree_directives();
-    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let fx = Fixture::raw(&dirs, "", &config("anthropic", &base, ""));
+    fake.stream(fake_llm::anthropic(
+        "Let me ask.",
+        Some(("spawn_thread", spawn_args)),
+        100,
+        20,
+        30,
+    ));
+    fake.stream(fake_llm::anthropic("42", None, 50, 0, 10));
+    fake.stream(fake_llm::anthropic("Done: 42.", None, 200, 100, 15));
+    let fx = project(&tree_directives(), &config("anthropic", &base, ""));
     let (report, rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
     assert_eq!(
@@ -261,9 +248,7 @@ async fn retryable_errors_are_retried_with_retry_after_and_bounded() {
             gap: Duration::ZERO,
             drop_after: None,
         });
-        let d = solo();
-        let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-        let fx = Fixture::raw(&dirs, "", &config(kind, &base, "retries: 3\n"));
+        let fx = project(&solo(), &config(kind, &base, "retries: 3\n"));
         let started = Instant::now();
         let (report, _rt) = run_root(&fx).await;
         assert_eq!(report.status, Status::Completed, "{kind}: {report:?}");
@@ -297,7 +282,7 @@ async fn retryable_errors_are_retried_with_retry_after_and_bounded() {
             retry_after: Some("0"),
             body: "down".into(),
         });
-        let fx = Fixture::raw(&dirs, "", &config(kind, &base, "retries: 1\n"));
+        let fx = project(&solo(), &config(kind, &base, "retries: 1\n"));
         let (report, _rt) = run_root(&fx).await;
         assert_eq!(report.status, Status::Error);
         assert_eq!(fake.seen().len(), 2, "{kind}: one try + one retry");
@@ -313,9 +298,7 @@ async fn permanent_errors_end_the_thread_with_what_to_fix() {
         retry_after: None,
         body: r#"{"error":{"message":"invalid api key"}}"#.into(),
     });
-    let d = solo();
-    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let fx = Fixture::raw(&dirs, "", &config("openai", &base, ""));
+    let fx = project(&solo(), &config("openai", &base, ""));
     let (report, _rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Error);
     let err = report.error.unwrap();
@@ -338,9 +321,7 @@ async fn a_stream_dropped_midway_is_retried_and_partial_usage_is_settled() {
         gap: Duration::ZERO,
         drop_after: None,
     });
-    let d = solo();
-    let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let fx = Fixture::raw(&dirs, "", &config("anthropic", &base, "retries: 2\n"));
+    let fx = project(&solo(), &config("anthropic", &base, "retries: 2\n"));
     let (report, rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
     assert_eq!(report.result.as_deref(), Some("whole"));
@@ -377,9 +358,7 @@ async fn cancel_during_a_slow_stream_ends_promptly_and_closes_the_connection() {
             gap: Duration::from_secs(5),
             drop_after: None,
         });
-        let d = solo();
-        let dirs: Vec<(&str, &str)> = d.iter().map(|(n, t)| (*n, t.as_str())).collect();
-        let fx = Fixture::raw(&dirs, "", &config(kind, &base, ""));
+        let fx = project(&solo(), &config(kind, &base, ""));
         let rt = fx.runtime_with(RuntimeOptions::default()).await;
         let (id, _a, done) = rt
             .start("root", Map::new(), LimitSet::default())
