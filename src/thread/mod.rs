@@ -225,9 +225,11 @@ pub struct ThreadState {
     timers: Vec<tokio::task::JoinHandle<()>>,
     /// Retries used for the current turn's call.
     attempt: u32,
-    /// `spawn_thread` tasks still under way: a thread never finalizes before they report,
-    /// so no child can start after its parent has ended.
-    pending_spawns: usize,
+    /// `spawn_thread` calls whose task is still under way (by call id): a thread never
+    /// finalizes before they report, so no child can start after its parent has ended.
+    spawning: std::collections::HashSet<String>,
+    /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
+    doomed: std::collections::HashSet<String>,
 }
 
 impl ThreadState {
@@ -381,7 +383,8 @@ impl Actor for ThreadActor {
             waiters: Vec::new(),
             announce: Vec::new(),
             timers: Vec::new(),
-            pending_spawns: 0,
+            spawning: Default::default(),
+            doomed: Default::default(),
             attempt: 0,
         };
         me.cast(ThreadMsg::Start)?;
@@ -424,7 +427,8 @@ impl Actor for ThreadActor {
                     .await
             }
             ThreadMsg::SpawnRefused { call_id, error } => {
-                s.pending_spawns = s.pending_spawns.saturating_sub(1);
+                s.spawning.remove(&call_id);
+                s.doomed.remove(&call_id);
                 if !self.drained(&me, s).await {
                     self.tool_done(&me, s, call_id, ToolOutcome::err(error))
                         .await;
@@ -952,13 +956,19 @@ impl ThreadActor {
         actor: ActorRef<ThreadMsg>,
         wait: bool,
     ) {
-        s.pending_spawns = s.pending_spawns.saturating_sub(1);
+        s.spawning.remove(&call_id);
+        let doomed = s.doomed.remove(&call_id);
         let entry = s.children.entry(child.clone()).or_insert(Child {
             actor: None,
             report: None,
             claimed: false,
         });
         entry.actor = Some(actor.clone());
+        if doomed && entry.report.is_none() {
+            let _ = actor.cast(ThreadMsg::Cancel {
+                reason: "a sibling failed (on_child_error: cancel_siblings)".into(),
+            });
+        }
         if matches!(s.phase, Phase::Draining(_)) {
             if entry.report.is_none() {
                 let _ = actor.cast(ThreadMsg::Cancel {
@@ -1013,6 +1023,9 @@ impl ThreadActor {
             match s.directive.on_child_error {
                 OnChildError::Continue => {}
                 OnChildError::CancelSiblings => {
+                    // Siblings still being spawned are cancelled as they arrive.
+                    let spawning: Vec<String> = s.spawning.iter().cloned().collect();
+                    s.doomed.extend(spawning);
                     for c in s.live_children() {
                         if let Some(a) = s.children.get(&c).and_then(|c| c.actor.clone()) {
                             let _ = a.cast(ThreadMsg::Cancel {
@@ -1067,7 +1080,7 @@ impl ThreadActor {
     async fn drained(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) -> bool {
         match &s.phase {
             Phase::Draining(e) => {
-                if s.live_children().is_empty() && s.pending_spawns == 0 {
+                if s.live_children().is_empty() && s.spawning.is_empty() {
                     let e = e.clone();
                     self.complete_finalize(me, s, e).await;
                 }
@@ -1097,7 +1110,7 @@ impl ThreadActor {
         }
         s.cancel.cancel();
         let live = s.live_children();
-        if live.is_empty() && s.pending_spawns == 0 {
+        if live.is_empty() && s.spawning.is_empty() {
             return self.complete_finalize(me, s, e).await;
         }
         s.log("cancelling_children", json!({ "children": live }));

@@ -237,7 +237,7 @@ fn spawn_thread(
         },
     };
     let wait = input.get("wait").and_then(Value::as_bool).unwrap_or(true);
-    s.pending_spawns += 1;
+    s.spawning.insert(call.id.clone());
     let ctx = s.ctx.clone();
     let parent = ParentLink {
         id: s.doc.id.clone(),
