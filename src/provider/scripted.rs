@@ -199,7 +199,14 @@ impl Provider for Scripted {
         cancel: CancellationToken,
     ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
         let turn = self.turn(&req).cloned();
-        let estimate = super::heuristic_prompt_tokens(&req);
+        // Only a turn without scripted usage needs the (conversation-long) estimate.
+        let estimate = match &turn {
+            Ok(Turn {
+                input_tokens: Some(_),
+                ..
+            }) => 0,
+            _ => super::heuristic_prompt_tokens(&req),
+        };
         Box::pin(async move {
             let turn = turn?;
             if let Some(d) = turn.delay {
