@@ -795,26 +795,14 @@ async fn main() {
             "",
         );
         let p = &t["parts_us"];
-        row(
-            "  transcript append (per line)",
-            format!("{:.1} µs", f(p, "transcript_append")),
-            "",
-        );
-        row(
-            "  ledger reserve+settle",
-            format!("{:.1} µs", f(p, "ledger_reserve_settle")),
-            "",
-        );
-        row(
-            "  registry update",
-            format!("{:.1} µs", f(p, "registry_update")),
-            "",
-        );
-        row(
-            "  ed25519 sign (JCS)",
-            format!("{:.1} µs", f(p, "ed25519_sign_jcs")),
-            "",
-        );
+        for (label, key) in [
+            ("  transcript append (per line)", "transcript_append"),
+            ("  ledger reserve+settle", "ledger_reserve_settle"),
+            ("  registry update", "registry_update"),
+            ("  ed25519 sign (JCS)", "ed25519_sign_jcs"),
+        ] {
+            row(label, format!("{:.1} µs", f(p, key)), "");
+        }
     }
     if let Some(m) = v.get("memory") {
         row(

@@ -141,6 +141,23 @@ pub struct Directive {
     pub content_hash: String,
     /// The directive whose metadata this one inherits.
     pub extends: Option<String>,
+    /// Which inheritable keys the file itself sets (the rest come from `extends`).
+    pub declared: Declared,
+}
+
+/// Front-matter keys a directive sets itself, for `extends`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Declared {
+    /// `description`.
+    pub description: bool,
+    /// `model`.
+    pub model: bool,
+    /// `permissions`.
+    pub permissions: bool,
+    /// `hooks`.
+    pub hooks: bool,
+    /// `on_child_error`.
+    pub on_child_error: bool,
 }
 
 /// Parsed directives by name with the (mtime, length) of their file when parsed.
@@ -228,7 +245,7 @@ impl Library {
                     ),
                     ..e
                 })?;
-            d = inherit(d, &base, &text);
+            d = inherit(d, &base);
         }
         Ok(d)
     }
@@ -300,17 +317,16 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 /// Metadata (not body) comes from `base` where `d`'s own front matter does not set it.
-fn inherit(mut d: Directive, base: &Directive, text: &str) -> Directive {
-    let (yaml, _, _) = split_front(text).unwrap_or_default();
-    let has = |key: &str| yaml.lines().any(|l| l.starts_with(&format!("{key}:")));
-    if !has("description") {
+fn inherit(mut d: Directive, base: &Directive) -> Directive {
+    let own = d.declared;
+    if !own.description {
         d.description = base.description.clone();
     }
-    if !has("model") {
+    if !own.model {
         d.model = base.model.clone();
     }
     d.limits = base.limits.overlay(&d.limits);
-    if !has("permissions") {
+    if !own.permissions {
         d.permissions = base.permissions.clone();
     }
     for (k, v) in &base.inputs {
@@ -319,10 +335,10 @@ fn inherit(mut d: Directive, base: &Directive, text: &str) -> Directive {
     for (k, v) in &base.outputs {
         d.outputs.entry(k.clone()).or_insert_with(|| v.clone());
     }
-    if !has("hooks") {
+    if !own.hooks {
         d.hooks = base.hooks.clone();
     }
-    if !has("on_child_error") {
+    if !own.on_child_error {
         d.on_child_error = base.on_child_error;
     }
     d.content_hash =
@@ -399,6 +415,13 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
             err(loc, format!("invalid front matter: {}", yaml_message(&e)))
         })?
     };
+    let declared = Declared {
+        description: front.description.is_some(),
+        model: front.model.is_some(),
+        permissions: front.permissions.is_some(),
+        hooks: front.hooks.is_some(),
+        on_child_error: front.on_child_error.is_some(),
+    };
     let at = |key: &str| crate::config::find_line(&yaml, key).map(|(l, c)| (l + offset - 1, c));
     let limits = match &front.limits {
         Some(m) => LimitSet::from_map(m).map_err(|m| err(at("limits"), m))?,
@@ -464,6 +487,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         body,
         content_hash: crate::signing::sha256_hex(text.as_bytes()),
         extends: front.extends,
+        declared,
     })
 }
 

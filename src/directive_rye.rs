@@ -125,6 +125,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         body,
         content_hash: crate::signing::sha256_hex(text.as_bytes()),
         extends: None,
+        declared: Default::default(),
     })
 }
 

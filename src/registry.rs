@@ -235,7 +235,7 @@ impl Store {
 
     /// Writes status, cost and result fields of an existing row (never leaves a terminal state).
     pub fn update(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
-        let n = self
+        self
             .db
             .prepare_cached(
                 "UPDATE threads SET status=?2, updated_at=?3, turns=?4, tokens_in=?5, tokens_out=?6, own_spend=?7,
@@ -248,7 +248,6 @@ impl Store {
                 row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error
             ])
             .map_err(st)?;
-        let _ = n;
         Ok(())
     }
 

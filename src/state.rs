@@ -5,7 +5,7 @@
 
 use crate::ids::ThreadId;
 use crate::limits::Limits;
-use crate::signing::{SignatureBlock, Signer, Trust, THREAD_DOMAIN};
+use crate::signing::{Signer, Trust, THREAD_DOMAIN};
 use crate::transcript::Head;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -203,9 +203,4 @@ impl ThreadDoc {
         }
         serde_json::from_value(body).map_err(|e| err(format!("signed but not a thread.json: {e}")))
     }
-}
-
-/// The `signature` of a thread.json, if present.
-pub fn signature_of(v: &serde_json::Value) -> Option<SignatureBlock> {
-    serde_json::from_value(v.get("signature")?.clone()).ok()
 }

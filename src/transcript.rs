@@ -10,7 +10,7 @@ use crate::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
 use serde_json::{json, Map, Value};
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The `prev` of the first line.
@@ -28,7 +28,6 @@ pub struct Head {
 /// Appends events to one thread's transcript.
 pub struct TranscriptWriter {
     file: File,
-    path: PathBuf,
     thread_id: String,
     head: Head,
     since_checkpoint: u64,
@@ -57,7 +56,6 @@ impl TranscriptWriter {
             .open(path)?;
         Ok(TranscriptWriter {
             file,
-            path: path.to_path_buf(),
             thread_id: thread_id.into(),
             head: Head {
                 seq: -1,
@@ -82,7 +80,6 @@ impl TranscriptWriter {
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok(TranscriptWriter {
             file,
-            path: path.to_path_buf(),
             thread_id: thread_id.into(),
             head,
             since_checkpoint: 0,
@@ -95,11 +92,6 @@ impl TranscriptWriter {
     /// The current chain head.
     pub fn head(&self) -> &Head {
         &self.head
-    }
-
-    /// The file being written.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Appends one event; `payload` must be an object (other values go under `value`).
@@ -134,11 +126,6 @@ impl TranscriptWriter {
         self.file.try_clone()
     }
 
-    /// fsyncs the file.
-    pub fn sync(&mut self) -> std::io::Result<()> {
-        self.file.sync_data()
-    }
-
     fn write_line(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
         let mut obj = match payload {
             Value::Object(m) => m,
@@ -171,6 +158,8 @@ impl TranscriptWriter {
 pub struct ReadReport {
     /// Every complete, parseable event in order.
     pub events: Vec<Value>,
+    /// The sha256 of each of those lines, in the same order.
+    pub hashes: Vec<String>,
     /// Head after the last good line.
     pub head: Option<Head>,
     /// A torn (incomplete, unparseable) last line was found and left out.
@@ -214,6 +203,7 @@ pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Res
             break;
         }
         prev = crate::signing::sha256_hex(raw);
+        rep.hashes.push(prev.clone());
         rep.head = Some(Head {
             seq: i as i64,
             hash: prev.clone(),

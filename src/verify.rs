@@ -44,15 +44,10 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
                 problems.push(format!("{}:{line}: {msg}", tr_path.display()));
             } else if let Some(doc) = &doc {
                 let want = &doc.transcript_head;
-                let at = usize::try_from(want.seq)
+                let hash_at = usize::try_from(want.seq)
                     .ok()
-                    .and_then(|i| rep.events.get(i));
-                let hash_at = at.map(|_| {
-                    // Recompute the hash of line `seq` from the file's bytes.
-                    line_hash(&tr_path, want.seq as usize)
-                });
-                let matches = want.seq < 0 && rep.events.is_empty()
-                    || hash_at.flatten().as_deref() == Some(want.hash.as_str());
+                    .and_then(|i| rep.hashes.get(i));
+                let matches = want.seq < 0 && rep.events.is_empty() || hash_at == Some(&want.hash);
                 if !matches {
                     problems.push(format!(
                         "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
@@ -80,13 +75,4 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
         problems,
         torn_last_line: torn,
     }
-}
-
-fn line_hash(path: &std::path::Path, index: usize) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    let line = bytes
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .nth(index)?;
-    Some(crate::signing::sha256_hex(line))
 }

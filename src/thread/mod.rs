@@ -253,7 +253,6 @@ impl ThreadState {
 
     /// Brings thread.json's cost and head up to date (before signing).
     fn refresh_doc(&mut self) {
-        self.doc.cost.turns = self.calls_turns();
         self.doc.cost.input_tokens = self.usage.input_tokens;
         self.doc.cost.output_tokens = self.usage.output_tokens;
         self.doc.cost.cache_read_tokens = self.usage.cache_read_tokens;
@@ -272,10 +271,6 @@ impl ThreadState {
         {
             tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}");
         }
-    }
-
-    fn calls_turns(&self) -> u64 {
-        self.doc.cost.turns
     }
 
     fn row(&self) -> ThreadRow {

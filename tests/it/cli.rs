@@ -41,6 +41,13 @@ fn demo() -> tempfile::TempDir {
     dir
 }
 
+fn transcript(project: &Path, id: &str) -> std::path::PathBuf {
+    project
+        .join(".weft/threads")
+        .join(id)
+        .join("transcript.jsonl")
+}
+
 fn run_demo(dir: &Path) -> Value {
     let script = dir.join("script.yaml");
     let o = weft(
@@ -121,11 +128,7 @@ fn verify_detects_a_transcript_cut_short_as_a_head_mismatch() {
     let dir = demo();
     let out = run_demo(dir.path());
     let id = out["thread_id"].as_str().unwrap();
-    let tr_path = dir
-        .path()
-        .join(".weft/threads")
-        .join(id)
-        .join("transcript.jsonl");
+    let tr_path = transcript(dir.path(), id);
     let tr = std::fs::read_to_string(&tr_path).unwrap();
     // Dropping the last lines keeps the chain valid; only thread.json's signed head betrays it.
     let lines: Vec<&str> = tr.lines().collect();
@@ -142,11 +145,7 @@ fn a_torn_last_line_is_reported_not_fatal() {
     let dir = demo();
     let out = run_demo(dir.path());
     let id = out["thread_id"].as_str().unwrap();
-    let tr_path = dir
-        .path()
-        .join(".weft/threads")
-        .join(id)
-        .join("transcript.jsonl");
+    let tr_path = transcript(dir.path(), id);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&tr_path)

@@ -253,3 +253,12 @@ pub fn anthropic(
     out.push(event("message_stop", json!({"type":"message_stop"})));
     out
 }
+
+/// The same reply in the wire format of provider `kind` (`openai` or `anthropic`).
+pub fn reply(kind: &str, text: &str, input: u64, cached: u64, output: u64) -> Vec<String> {
+    if kind == "openai" {
+        openai(text, None, input + cached, cached, output)
+    } else {
+        anthropic(text, None, input, cached, output)
+    }
+}

@@ -222,11 +222,7 @@ fn solo() -> Vec<(&'static str, String)> {
 async fn retryable_errors_are_retried_with_retry_after_and_bounded() {
     for kind in ["openai", "anthropic"] {
         let (base, fake) = fake_llm::start().await;
-        let ok = if kind == "openai" {
-            fake_llm::openai("hi", None, 10, 0, 2)
-        } else {
-            fake_llm::anthropic("hi", None, 10, 0, 2)
-        };
+        let ok = fake_llm::reply(kind, "hi", 10, 0, 2);
         fake.push(Reply::Status {
             code: 429,
             retry_after: Some("0.05"),
@@ -348,11 +344,7 @@ async fn a_stream_dropped_midway_is_retried_and_partial_usage_is_settled() {
 async fn cancel_during_a_slow_stream_ends_promptly_and_closes_the_connection() {
     for kind in ["openai", "anthropic"] {
         let (base, fake) = fake_llm::start().await;
-        let slow = if kind == "openai" {
-            fake_llm::openai("a very slow answer", None, 10, 0, 5)
-        } else {
-            fake_llm::anthropic("a very slow answer", None, 10, 0, 5)
-        };
+        let slow = fake_llm::reply(kind, "a very slow answer", 10, 0, 5);
         fake.push(Reply::Sse {
             events: slow,
             gap: Duration::from_secs(5),
