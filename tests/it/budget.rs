@@ -121,6 +121,63 @@ spender:
     assert!(report.spend_nanos.0 <= 1_000_000);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_guarantee_is_honoured_while_a_sibling_takes_the_rest() {
+    // Budget $0.01 = 10,000,000 nanos at 1000 nanos/input token and 4000/output token.
+    let parent = directive(
+        "limits: { spend: 0.01 }\npermissions: [\"thread.spawn.**\"]",
+        "Fan.",
+    );
+    let script = r#"
+parent:
+  - usage: { input_tokens: 100, output_tokens: 10 }
+    tool_calls:
+      - { name: spawn_thread, input: { directive: a, reserve: 0.008 } }
+      - { name: spawn_thread, input: { directive: b } }
+  - usage: { input_tokens: 100, output_tokens: 10 }
+    text: both done
+a:
+  - text: a needed 6M nanos
+    delay: 100ms
+    usage: { input_tokens: 6000, output_tokens: 10 }
+b:
+  - text: b wanted far more than was left
+    usage: { input_tokens: 1500, output_tokens: 1000 }
+"#;
+    let fx = Fixture::new(
+        &[
+            ("parent", &parent),
+            ("a", &directive("", "A.")),
+            ("b", &directive("", "B.")),
+        ],
+        script,
+        "defaults:\n  max_output_tokens: 100\n",
+    );
+    let (report, rt) = fx.run("parent", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let rows = fx.rows();
+    let a = rows.iter().find(|r| r.directive == "a").unwrap();
+    let b = rows.iter().find(|r| r.directive == "b").unwrap();
+    assert_eq!(
+        (a.status.as_str(), a.own_spend_nanos),
+        ("completed", 6_040_000),
+        "a got its whole call"
+    );
+    // b could only use what was neither spent (140k) nor guaranteed to a (8M): its output was
+    // lowered from 100 to (10M - 140k - 8M - 1.5M prompt) / 4000 = 90 tokens.
+    let b_call = fx
+        .events(&b.id)
+        .into_iter()
+        .find(|e| e["type"] == "llm_call")
+        .unwrap();
+    assert_eq!(b_call["usage"]["output_tokens"], 90, "{b_call}");
+    assert_eq!(b.status, "completed");
+    assert_eq!(report.spend_nanos.0, expected_spend(&fx));
+    assert!(report.spend_nanos.0 <= 10_000_000);
+    let (v, open) = rt.audit().await;
+    assert!(v.is_empty() && open == 0);
+}
+
 const P: Price = Price {
     input: 1_000_000_000,
     output: 3_000_000_000,

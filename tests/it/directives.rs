@@ -55,6 +55,24 @@ fn project_directives_shadow_builtins_and_extends_inherits_metadata() {
 }
 
 #[test]
+fn an_extends_cycle_is_refused_with_the_chain() {
+    let fx = Fixture::new(
+        &[
+            ("a", &directive("extends: b", "A.")),
+            ("b", &directive("extends: a", "B.")),
+        ],
+        "",
+        "",
+    );
+    let e = lib(&fx).load("a").unwrap_err().to_string();
+    assert!(e.contains("`extends` forms a cycle"), "{e}");
+    assert!(
+        e.contains("a.md") && e.contains("b.md"),
+        "names the files: {e}"
+    );
+}
+
+#[test]
 fn rye_directives_map_onto_the_same_model() {
     let rye = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/rye/directives");
     if !rye.exists() {
