@@ -131,14 +131,16 @@ async fn a_reserve_guarantee_is_honoured_while_a_sibling_takes_the_rest() {
     let script = r#"
 parent:
   - usage: { input_tokens: 100, output_tokens: 10 }
+    tool_calls: [ { name: spawn_thread, input: { directive: a, reserve: 0.008, wait: false } } ]
+  - usage: { input_tokens: 100, output_tokens: 10 }
     tool_calls:
-      - { name: spawn_thread, input: { directive: a, reserve: 0.008 } }
       - { name: spawn_thread, input: { directive: b } }
+      - { name: wait_threads, input: {} }
   - usage: { input_tokens: 100, output_tokens: 10 }
     text: both done
 a:
   - text: a needed 6M nanos
-    delay: 100ms
+    delay: 400ms
     usage: { input_tokens: 6000, output_tokens: 10 }
 b:
   - text: b wanted far more than was left
@@ -163,14 +165,15 @@ b:
         ("completed", 6_040_000),
         "a got its whole call"
     );
-    // b could only use what was neither spent (140k) nor guaranteed to a (8M): its output was
-    // lowered from 100 to (10M - 140k - 8M - 1.5M prompt) / 4000 = 90 tokens.
+    // a's guarantee is set aside before b exists (a is spawned a turn earlier). b could then only
+    // use what was neither spent by the parent (2 × 140k) nor guaranteed to a (8M): its output
+    // was lowered from 100 to (10M - 280k - 8M - 1.5M prompt) / 4000 = 55 tokens.
     let b_call = fx
         .events(&b.id)
         .into_iter()
         .find(|e| e["type"] == "llm_call")
         .unwrap();
-    assert_eq!(b_call["usage"]["output_tokens"], 90, "{b_call}");
+    assert_eq!(b_call["usage"]["output_tokens"], 55, "{b_call}");
     assert_eq!(b.status, "completed");
     assert_eq!(report.spend_nanos.0, expected_spend(&fx));
     assert!(report.spend_nanos.0 <= 10_000_000);
