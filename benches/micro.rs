@@ -4,9 +4,9 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::json;
 use std::hint::black_box;
-use weft::ids::ThreadId;
-use weft::ledger::Book;
-use weft::money::{Nanos, Price, Usage};
+use weft::internals::Book;
+use weft::ThreadId;
+use weft::{Nanos, Price, Usage};
 
 fn ledger(c: &mut Criterion) {
     let price = Price {
@@ -54,27 +54,29 @@ fn capabilities(c: &mut Criterion) {
         .map(|s| s.to_string())
         .collect();
     c.bench_function("capability check", |b| {
-        b.iter(|| weft::capability::allowed(black_box(&caps), "thread.spawn.research.answer"))
+        b.iter(|| {
+            weft::internals::capability::allowed(black_box(&caps), "thread.spawn.research.answer")
+        })
     });
     let child: Vec<String> = vec!["thread.spawn.**".into(), "tool.*".into()];
     c.bench_function("capability attenuation", |b| {
-        b.iter(|| weft::capability::attenuate(black_box(&child), &caps))
+        b.iter(|| weft::internals::capability::attenuate(black_box(&child), &caps))
     });
 }
 
 fn signing(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
-    let signer = weft::signing::Signer::load_or_create(dir.path()).unwrap();
+    let signer = weft::internals::Signer::load_or_create(dir.path()).unwrap();
     let doc = json!({"id": "research.fanout-1-0", "status": "running", "limits": {"turns": 8, "spend": 250000000},
                      "history": [{"status": "created", "at": "2026-11-22T00:00:00.000Z"}], "capabilities": ["thread.spawn.research.*"]});
     c.bench_function("thread.json sign (JCS + ed25519)", |b| {
-        b.iter(|| signer.sign(weft::signing::THREAD_DOMAIN, black_box(&doc)))
+        b.iter(|| signer.sign(weft::internals::THREAD_DOMAIN, black_box(&doc)))
     });
-    let mut w = weft::transcript::TranscriptWriter::create(
+    let mut w = weft::internals::TranscriptWriter::create(
         &dir.path().join("t.jsonl"),
         "t-1-0",
         std::sync::Arc::new(signer),
-        weft::config::Durability::Normal,
+        weft::Durability::Normal,
         1_000_000,
     )
     .unwrap();
@@ -92,7 +94,7 @@ fn signing(c: &mut Criterion) {
 fn directives(c: &mut Criterion) {
     let text = "---\ndescription: d\nmodel: { tier: fast }\nlimits: { turns: 8, spend: 0.25, duration: 2m }\npermissions: [\"thread.spawn.x.*\"]\ninputs:\n  topic: { type: string, required: true }\noutputs:\n  summary: { type: string, required: true }\n---\nResearch {input:topic}.\n";
     c.bench_function("directive parse", |b| {
-        b.iter(|| weft::directive::parse("d.md", black_box(text), "d").unwrap())
+        b.iter(|| weft::internals::parse_directive("d.md", black_box(text), "d").unwrap())
     });
 }
 

@@ -12,9 +12,9 @@
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use weft::ids::ThreadId;
-use weft::limits::LimitSet;
-use weft::runtime::{Project, Runtime, RuntimeOptions};
+use weft::LimitSet;
+use weft::ThreadId;
+use weft::{Project, Runtime};
 
 struct Args {
     what: String,
@@ -98,17 +98,11 @@ fn bench_tmp() -> PathBuf {
 }
 
 async fn open(p: &Proj) -> Runtime {
-    let opts = RuntimeOptions {
-        script: Some(p.root.join("script.yaml")),
-        no_control: true,
-        ..Default::default()
-    };
-    Runtime::open(
-        Project {
-            root: p.root.clone(),
-        },
-        opts,
-    )
+    Runtime::builder(Project {
+        root: p.root.clone(),
+    })
+    .script(p.root.join("script.yaml"))
+    .open()
     .await
     .unwrap()
 }
@@ -167,8 +161,8 @@ async fn bench_tree(w: usize, d: usize, strict: bool) -> Value {
     let t0 = Instant::now();
     let report = rt.run("l0", Map::new(), LimitSet::default()).await.unwrap();
     let wall = t0.elapsed();
-    assert_eq!(report.status, weft::state::Status::Completed, "{report:?}");
-    let rows = weft::registry::Store::open_read_only(&p.root.join(".weft/state/registry.db"))
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let rows = weft::internals::Store::open_read_only(&p.root.join(".weft/state/registry.db"))
         .unwrap()
         .list(false, usize::MAX >> 1)
         .unwrap();
@@ -208,17 +202,18 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
     let rt = open(&p).await;
     let mut events = rt.events();
     let t0 = Instant::now();
-    let (_, _a, done) = rt
+    let handle = rt
         .start("looper", Map::new(), LimitSet::default())
         .await
         .unwrap();
+    let done = handle.wait();
     // Per-turn latency: the gaps between consecutive turn events, timed as they arrive.
     let mut stamps = Vec::with_capacity(turns + 1);
     let mut done = Box::pin(done);
     let report = loop {
         tokio::select! {
             ev = events.recv() => {
-                if let Ok(weft::runtime::Event::Turn { .. }) = ev {
+                if let Ok(weft::Event::Turn { .. }) = ev {
                     stamps.push(Instant::now());
                 }
             }
@@ -226,7 +221,7 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
         }
     };
     let wall = t0.elapsed();
-    assert_eq!(report.status, weft::state::Status::Completed, "{report:?}");
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let mut gaps: Vec<f64> = stamps
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6)
@@ -249,22 +244,18 @@ async fn turn_parts(strict: bool) -> Value {
     const N: usize = 2000;
     let p = project(&[], "", strict);
     let rt = open(&p).await;
-    let ctx = rt.ctx().clone();
+    let (registry, ledger) = weft::internals::actors(&rt);
+    let signer = weft::internals::signer(&rt);
     let id = ThreadId::parse("bench-1").unwrap();
     let durability = if strict {
-        weft::config::Durability::Strict
+        weft::Durability::Strict
     } else {
-        weft::config::Durability::Normal
+        weft::Durability::Normal
     };
     let path = p.root.join("t.jsonl");
-    let mut w = weft::transcript::TranscriptWriter::create(
-        &path,
-        "bench-1",
-        ctx.signer.clone(),
-        durability,
-        64,
-    )
-    .unwrap();
+    let mut w =
+        weft::internals::TranscriptWriter::create(&path, "bench-1", signer.clone(), durability, 64)
+            .unwrap();
     let t = Instant::now();
     for i in 0..N {
         w.append(
@@ -274,22 +265,22 @@ async fn turn_parts(strict: bool) -> Value {
         .unwrap();
     }
     let append = t.elapsed().as_secs_f64() * 1e6 / N as f64;
-    let _ = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Open {
+    let _ = ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Open {
         id: id.clone(),
         parent: None,
-        max: weft::money::Nanos(1_000_000_000_000),
-        guarantee: weft::money::Nanos::ZERO,
-        min_first_call: weft::money::Nanos::ZERO,
+        max: weft::Nanos(1_000_000_000_000),
+        guarantee: weft::Nanos::ZERO,
+        min_first_call: weft::Nanos::ZERO,
         reply
     });
-    let price = weft::money::Price {
+    let price = weft::Price {
         input: 1000,
         output: 1000,
         cache_read: 0,
     };
     let t = Instant::now();
     for _ in 0..N {
-        let g = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Reserve {
+        let g = ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Reserve {
             id: id.clone(),
             price,
             prompt_tokens: 100,
@@ -299,22 +290,22 @@ async fn turn_parts(strict: bool) -> Value {
         })
         .unwrap()
         .unwrap();
-        let _ = ractor::call!(ctx.ledger, |reply| weft::ledger::LedgerMsg::Settle {
+        let _ = ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Settle {
             reservation: g.reservation,
-            actual: weft::money::Nanos(1),
+            actual: weft::Nanos(1),
             reply: Some(reply)
         });
     }
     let ledger = t.elapsed().as_secs_f64() * 1e6 / N as f64;
-    let row = weft::registry::ThreadRow {
+    let row = weft::internals::ThreadRow {
         id: "bench-1".into(),
         directive: "x".into(),
         root_id: "bench-1".into(),
         status: "running".into(),
         ..Default::default()
     };
-    let _ = ractor::call!(ctx.registry, |reply| {
-        weft::registry::RegistryMsg::Register {
+    let _ = ractor::call!(registry, |reply| {
+        weft::internals::RegistryMsg::Register {
             row: Box::new(row.clone()),
             admit: None,
             reply,
@@ -324,7 +315,7 @@ async fn turn_parts(strict: bool) -> Value {
     for i in 0..N {
         let mut r = row.clone();
         r.turns = i as u64;
-        let _ = ractor::call!(ctx.registry, |reply| weft::registry::RegistryMsg::Update {
+        let _ = ractor::call!(registry, |reply| weft::internals::RegistryMsg::Update {
             row: Box::new(r),
             reply: Some(reply)
         });
@@ -333,7 +324,7 @@ async fn turn_parts(strict: bool) -> Value {
     let doc = json!({ "id": "bench-1", "status": "running", "cost": { "turns": 3 }, "limits": { "turns": 10 } });
     let t = Instant::now();
     for _ in 0..N {
-        let _ = ctx.signer.sign(weft::signing::THREAD_DOMAIN, &doc);
+        let _ = signer.sign(weft::internals::THREAD_DOMAIN, &doc);
     }
     let sign = t.elapsed().as_secs_f64() * 1e6 / N as f64;
     rt.shutdown();
@@ -351,10 +342,12 @@ async fn bench_memory(n: usize) -> Value {
     let (_, before) = rss_kib();
     let mut handles = Vec::with_capacity(n);
     for _ in 0..n {
-        let (id, _a, done) = rt
+        let handle = rt
             .start("idle", Map::new(), LimitSet::default())
             .await
             .unwrap();
+        let id = handle.id().clone();
+        let done = handle.wait();
         handles.push((id, done));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -378,12 +371,14 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
     let rt = open(&p).await;
     let n = tree_size(w, d);
     let store =
-        weft::registry::Store::open_read_only(&p.root.join(".weft/state/registry.db")).unwrap();
+        weft::internals::Store::open_read_only(&p.root.join(".weft/state/registry.db")).unwrap();
     let t0 = Instant::now();
-    let (id, _a, done) = rt
+    let handle = rt
         .start("l0", Map::new(), LimitSet::default())
         .await
         .unwrap();
+    let id = handle.id().clone();
+    let done = handle.wait();
     loop {
         let live = store
             .list(true, usize::MAX >> 1)
@@ -405,7 +400,7 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
     rt.cancel(&id, "bench");
     let report = done.await.unwrap();
     let cancel_s = t.elapsed().as_secs_f64();
-    assert_eq!(report.status, weft::state::Status::Cancelled);
+    assert_eq!(report.status, weft::Status::Cancelled);
     let left = store.list(true, 10).unwrap().len();
     let (violations, open) = rt.audit().await;
     rt.shutdown();
@@ -414,11 +409,11 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
 }
 
 async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
-    use weft::ledger::LedgerMsg;
-    use weft::money::{Nanos, Price};
+    use weft::internals::LedgerMsg;
+    use weft::{Nanos, Price};
     let p = project(&[], "", false);
     let rt = open(&p).await;
-    let ledger = rt.ctx().ledger.clone();
+    let (_, ledger) = weft::internals::actors(&rt);
     // (a) `spawns` concurrent guarantees of 1000 nanos against a parent that has exactly k × 1000.
     let parent = ThreadId::parse("parent-0").unwrap();
     let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
@@ -621,11 +616,11 @@ async fn bench_floor(w: usize, d: usize) -> Value {
         }
     }
     let files_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    let signer = weft::signing::Signer::load_or_create(dir.path()).unwrap();
+    let signer = weft::internals::Signer::load_or_create(dir.path()).unwrap();
     let doc = json!({"id": "x", "status": "completed", "limits": {"turns": 3}});
     let t = Instant::now();
     for _ in 0..N * 10 {
-        let _ = signer.sign(weft::signing::THREAD_DOMAIN, &doc);
+        let _ = signer.sign(weft::internals::THREAD_DOMAIN, &doc);
     }
     let sign_us = t.elapsed().as_secs_f64() * 1e6 / (N * 10) as f64;
     let db = rusqlite::Connection::open(dir.path().join("x.db")).unwrap();

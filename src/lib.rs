@@ -1,35 +1,103 @@
 //! weft — an actor-based orchestration runtime for hierarchical LLM agent threads.
 //!
+//! A directive (markdown with YAML front matter) becomes a thread: an actor that owns its
+//! hash-chained transcript and signed `thread.json`, calls an LLM, runs tools and may spawn
+//! child threads, all within budgets no subtree can exceed. Embed it like this:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use weft::{LimitSet, Project, Runtime};
+//! let project = Project::find(&std::env::current_dir()?).ok_or("no .weft/ here")?;
+//! let rt = Runtime::builder(project).open().await?;
+//! let report = rt.run("research/fanout", Default::default(), LimitSet::default()).await?;
+//! println!("{:?} {}", report.status, report.spend_nanos);
+//! rt.shutdown();
+//! # Ok(()) }
+//! ```
+//!
 //! # Layout
-//! - [`directive`] / [`directive_rye`]: directive files → validated [`directive::Directive`].
-//! - [`limits`]: limit sets and their inheritance; [`capability`]: permission matching.
-//! - [`config`]: `.weft/config.yaml`; [`money`]: nano-USD and prices; [`ids`]: thread ids.
-//! - [`runtime`]: the public [`runtime::Runtime`] API and the spawn procedure.
-//! - [`thread`]: the thread actor and its turn loop; [`ledger`]: the budget ledger actor;
-//!   [`registry`]: the supervisor actor and registry.db.
-//! - [`provider`]: LLM backends; [`transcript`], [`state`], [`signing`]: durable, signed records.
-//! - [`batch`]: group commit shared by the actors that own a database.
-//! - [`verify`]: checking thread.json signatures and transcript chains; [`cli`]: the `weft` binary.
+//! One folder per concept of SPEC.md; dependencies point one way, from the surfaces down to
+//! plain types: `cli`, `server` → `runtime` → `thread` → `tools` → `provider`, `ledger`,
+//! `registry`, `record`, `directive` → `project` → `core`.
+//! - `core`: ids, money, limits, capabilities, statuses — plain types, no I/O.
+//! - `project`: a project's paths, the user's config folder, config, YAML error helpers.
+//! - `directive`: front matter and Rye XML parsing, library lookup and `extends`, inputs/outputs.
+//! - `ledger`: the pure budget book, its actor and `ledger.db`.
+//! - `registry`: `registry.db` and the actor that owns it (spawn admission).
+//! - `record`: signing, transcript, thread.json, verification, group commit.
+//! - `provider`: the [`Provider`] trait and its types; scripted, OpenAI, Anthropic; selection.
+//! - `tools`: tool results and the capability gate in front of every call.
+//! - `thread`: the thread actor split by concern, and the spawn procedure of SPEC §4.
+//! - `runtime`: the public facade ([`Runtime`], [`ThreadHandle`]), resume, crash recovery.
+//! - `server`: the local control endpoint (started by the CLI, never by the runtime).
+//! - `cli`: the `weft` binary's commands.
+//!
+//! Public: what a library user needs — the runtime and its handle, events and reports, the
+//! provider trait and its types (plug in your own backend), directive, config and limit types,
+//! and the error enums. Everything else is crate-private.
 #![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
+#![warn(unreachable_pub, missing_docs)]
 
-pub mod batch;
-pub mod capability;
-pub mod cli;
-pub mod config;
-pub mod control;
-pub mod directive;
-pub mod directive_rye;
-pub mod ids;
-pub mod ledger;
-pub mod limits;
-pub mod money;
-pub mod provider;
-pub mod recovery;
-pub mod registry;
-pub mod runtime;
-pub mod signing;
-pub mod state;
-pub mod thread;
-pub mod transcript;
-pub mod verify;
+mod cli;
+mod core;
+mod directive;
+mod ledger;
+mod project;
+mod provider;
+mod record;
+mod registry;
+mod runtime;
+mod server;
+mod thread;
+mod tools;
+
+pub use crate::core::ids::ThreadId;
+pub use crate::core::limits::{LimitSet, Limits};
+pub use crate::core::money::{Nanos, Price, Usage};
+pub use crate::core::status::Status;
+pub use crate::directive::{
+    Declared, Directive, DirectiveError, InputSpec, Library, ModelSpec, OnChildError, OutputSpec,
+};
+pub use crate::ledger::Account;
+pub use crate::project::config::{Config, ConfigError, Durability, ProviderConfig};
+pub use crate::project::Project;
+pub use crate::provider::{
+    Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,
+    ToolCall, ToolSpec,
+};
+pub use crate::runtime::{
+    OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
+};
+pub use crate::thread::{Event, SpawnError, ThreadReport};
+
+/// The `weft` binary's glue (its argument type and entry point); not part of the library API.
+#[doc(hidden)]
+pub use crate::cli::{main as cli_main, Cli};
+
+/// Not part of the API: weft's own integration tests and benchmarks reach internals through
+/// this module. No stability promise; a library user has no reason to touch it. Thread actor
+/// messages are deliberately absent, so nothing outside a runtime can forge a thread's report.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::core::capability;
+    pub use crate::directive::parse as parse_directive;
+    pub use crate::ledger::{Book, Grant, LedgerMsg};
+    pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;
+    pub use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
+    pub use crate::record::thread_doc::ThreadDoc;
+    pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
+    pub use crate::record::verify::{verify_thread, Verdict};
+    pub use crate::registry::{is_terminal, RegistryMsg, Store, ThreadRow};
+
+    /// The registry and ledger actors of a runtime (for benchmarks that drive them directly).
+    pub fn actors(
+        rt: &crate::Runtime,
+    ) -> (ractor::ActorRef<RegistryMsg>, ractor::ActorRef<LedgerMsg>) {
+        (rt.ctx().registry.clone(), rt.ctx().ledger.clone())
+    }
+
+    /// The runtime's signing key (for benchmarks of the signature floor).
+    pub fn signer(rt: &crate::Runtime) -> std::sync::Arc<Signer> {
+        rt.ctx().signer.clone()
+    }
+}

@@ -1,4 +1,4 @@
-//! The `weft` binary: parses arguments and hands over to [`weft::cli`].
+//! The `weft` binary: parses arguments and hands over to weft's CLI module.
 use clap::Parser;
 
 fn main() {
@@ -9,7 +9,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = weft::cli::Cli::parse();
+    let cli = weft::Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -20,7 +20,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let code = rt.block_on(weft::cli::main(cli));
+    let code = rt.block_on(weft::cli_main(cli));
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     std::process::exit(code);
 }

@@ -8,7 +8,7 @@ use super::http::{self, HttpSettings};
 use super::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, Role, ToolCall,
 };
-use crate::money::Usage;
+use crate::core::money::Usage;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 pub const API_VERSION: &str = "2023-06-01";
 
 /// An Anthropic Messages provider.
-pub struct Anthropic {
+pub(crate) struct Anthropic {
     name: String,
     settings: HttpSettings,
     client: reqwest::Client,
@@ -25,7 +25,7 @@ pub struct Anthropic {
 
 impl Anthropic {
     /// A provider named `name` with these settings.
-    pub fn new(name: &str, settings: HttpSettings) -> Result<Anthropic, String> {
+    pub(crate) fn new(name: &str, settings: HttpSettings) -> Result<Anthropic, String> {
         let client = http::client(&settings)?;
         Ok(Anthropic {
             name: name.into(),
@@ -36,7 +36,7 @@ impl Anthropic {
 }
 
 /// The request body for `req` (public for tests of the wire format).
-pub fn body(req: &LlmRequest) -> Value {
+pub(crate) fn body(req: &LlmRequest) -> Value {
     let messages: Vec<Value> = req
         .messages
         .iter()
@@ -72,7 +72,7 @@ pub fn body(req: &LlmRequest) -> Value {
 
 /// Assembles a streamed response (public for tests).
 #[derive(Default)]
-pub struct Assembler {
+pub(crate) struct Assembler {
     blocks: BTreeMap<u64, (String, String, String, String)>,
     input: u64,
     cache_read: u64,
@@ -86,7 +86,7 @@ pub struct Assembler {
 
 impl Assembler {
     /// Feeds one event; returns true at `message_stop`.
-    pub fn feed(&mut self, event: &str, data: &str) -> Result<bool, ProviderError> {
+    pub(crate) fn feed(&mut self, event: &str, data: &str) -> Result<bool, ProviderError> {
         if event == "ping" {
             return Ok(false);
         }
@@ -180,7 +180,7 @@ impl Assembler {
 
     /// Usage so far. Cache-creation tokens are billed at the input price (config has no
     /// separate cache-write price).
-    pub fn usage(&self) -> Usage {
+    pub(crate) fn usage(&self) -> Usage {
         Usage {
             input_tokens: self.input + self.cache_creation,
             output_tokens: self.output,
@@ -189,7 +189,7 @@ impl Assembler {
     }
 
     /// The finished response.
-    pub fn finish(self) -> Result<LlmResponse, ProviderError> {
+    pub(crate) fn finish(self) -> Result<LlmResponse, ProviderError> {
         if !self.started {
             return Err(http::fail(
                 ErrorKind::Connection,

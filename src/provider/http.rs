@@ -5,7 +5,7 @@
 //! Never puts an API key in an error, a log line or a transcript: keys only travel in headers.
 
 use super::{BoxFuture, ErrorKind, LlmResponse, ProviderError};
-use crate::money::Usage;
+use crate::core::money::Usage;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Settings of one HTTP provider.
 #[derive(Debug, Clone)]
-pub struct HttpSettings {
+pub(crate) struct HttpSettings {
     /// Base URL as the official SDKs use it (OpenAI's includes `/v1`, Anthropic's does not).
     pub base_url: String,
     /// The API key, if the provider needs one.
@@ -25,7 +25,7 @@ pub struct HttpSettings {
 }
 
 /// Builds the HTTP client (rustls with the ring provider; no OpenSSL).
-pub fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
+pub(crate) fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
     // Installing twice is harmless: the first provider wins.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
@@ -37,7 +37,7 @@ pub fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
 }
 
 /// A failure with no usage.
-pub fn fail(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
+pub(crate) fn fail(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
     ProviderError {
         kind,
         message: message.into(),
@@ -47,12 +47,12 @@ pub fn fail(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
 }
 
 /// The `Cancelled` error.
-pub fn cancelled() -> ProviderError {
+pub(crate) fn cancelled() -> ProviderError {
     fail(ErrorKind::Cancelled, "cancelled")
 }
 
 /// Classifies a transport error.
-pub fn transport(e: &reqwest::Error) -> ProviderError {
+pub(crate) fn transport(e: &reqwest::Error) -> ProviderError {
     let kind = if e.is_timeout() {
         ErrorKind::Timeout
     } else {
@@ -63,7 +63,7 @@ pub fn transport(e: &reqwest::Error) -> ProviderError {
 }
 
 /// Classifies a non-2xx response from its status, `retry-after` header and body.
-pub async fn status_error(resp: reqwest::Response) -> ProviderError {
+pub(crate) async fn status_error(resp: reqwest::Response) -> ProviderError {
     let status = resp.status().as_u16();
     let retry_after = resp
         .headers()
@@ -117,7 +117,7 @@ pub async fn status_error(resp: reqwest::Response) -> ProviderError {
 }
 
 /// One server-sent event.
-pub struct SseEvent {
+pub(crate) struct SseEvent {
     /// `event:` field (empty when absent).
     pub event: String,
     /// `data:` field.
@@ -127,7 +127,7 @@ pub struct SseEvent {
 /// Reads a streaming response event by event, handing each to `on_event`, until it returns
 /// `Ok(true)` (done), the stream ends, fails, or `cancel` fires (the connection is then dropped
 /// at once). `on_event` errors stop the stream with that error.
-pub async fn read_sse(
+pub(crate) async fn read_sse(
     resp: reqwest::Response,
     cancel: &CancellationToken,
     mut on_event: impl FnMut(SseEvent) -> Result<bool, ProviderError>,
@@ -160,7 +160,7 @@ pub async fn read_sse(
 }
 
 /// Sends a request, racing it against `cancel`.
-pub async fn send(
+pub(crate) async fn send(
     req: reqwest::RequestBuilder,
     cancel: &CancellationToken,
 ) -> Result<reqwest::Response, ProviderError> {
@@ -177,7 +177,7 @@ pub async fn send(
 }
 
 /// Assembles one streamed response from its SSE events (one per wire format).
-pub trait StreamAssembler: Default + Send + 'static {
+pub(crate) trait StreamAssembler: Default + Send + 'static {
     /// Feeds one event; true when the stream is complete.
     fn feed(&mut self, ev: &SseEvent) -> Result<bool, ProviderError>;
     /// Usage already billed, reported with a failure mid-stream.
@@ -187,7 +187,7 @@ pub trait StreamAssembler: Default + Send + 'static {
 }
 
 /// How a provider presents its key.
-pub enum Auth {
+pub(crate) enum Auth {
     /// `authorization: Bearer <key>` (OpenAI-compatible).
     Bearer,
     /// The key as this header's value (Anthropic's `x-api-key`).
@@ -197,7 +197,7 @@ pub enum Auth {
 /// POSTs `body` to `base_url + path` with the provider's key and headers, streams the response
 /// through assembler `A`, and stops at once when `cancel` fires. A failure mid-stream carries the
 /// usage billed so far.
-pub fn post_stream<A: StreamAssembler>(
+pub(crate) fn post_stream<A: StreamAssembler>(
     client: &reqwest::Client,
     settings: &HttpSettings,
     path: &str,

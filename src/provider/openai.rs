@@ -10,13 +10,13 @@ use super::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,
     ToolCall,
 };
-use crate::money::Usage;
+use crate::core::money::Usage;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
 
 /// An OpenAI-compatible chat-completions provider.
-pub struct OpenAi {
+pub(crate) struct OpenAi {
     name: String,
     settings: HttpSettings,
     client: reqwest::Client,
@@ -24,7 +24,7 @@ pub struct OpenAi {
 
 impl OpenAi {
     /// A provider named `name` with these settings.
-    pub fn new(name: &str, settings: HttpSettings) -> Result<OpenAi, String> {
+    pub(crate) fn new(name: &str, settings: HttpSettings) -> Result<OpenAi, String> {
         let client = http::client(&settings)?;
         Ok(OpenAi {
             name: name.into(),
@@ -35,7 +35,7 @@ impl OpenAi {
 }
 
 /// The request body for `req` (public for tests of the wire format).
-pub fn body(req: &LlmRequest) -> Value {
+pub(crate) fn body(req: &LlmRequest) -> Value {
     let mut messages = vec![json!({ "role": "system", "content": &*req.system })];
     for m in req.messages.iter() {
         messages.extend(wire_messages(m));
@@ -120,7 +120,7 @@ fn wire_messages(m: &Message) -> Vec<Value> {
 
 /// Assembles a streamed response (public for tests).
 #[derive(Default)]
-pub struct Assembler {
+pub(crate) struct Assembler {
     text: String,
     calls: BTreeMap<u64, (String, String, String)>,
     usage: Option<Usage>,
@@ -131,7 +131,7 @@ pub struct Assembler {
 
 impl Assembler {
     /// Feeds one `data:` payload; returns true at `[DONE]`.
-    pub fn feed(&mut self, data: &str) -> Result<bool, ProviderError> {
+    pub(crate) fn feed(&mut self, data: &str) -> Result<bool, ProviderError> {
         if data.trim() == "[DONE]" {
             return Ok(true);
         }
@@ -207,12 +207,12 @@ impl Assembler {
     }
 
     /// What arrived so far, as a failure's partial usage.
-    pub fn partial_usage(&self) -> Usage {
+    pub(crate) fn partial_usage(&self) -> Usage {
         self.usage.unwrap_or_default()
     }
 
     /// The finished response; usage must have arrived.
-    pub fn finish(self) -> Result<LlmResponse, ProviderError> {
+    pub(crate) fn finish(self) -> Result<LlmResponse, ProviderError> {
         let usage = self.usage.ok_or_else(|| {
             http::fail(ErrorKind::Connection, "the stream ended without a usage chunk (does the server support stream_options.include_usage?)")
         })?;

@@ -8,7 +8,7 @@
 //! message}`. It honours the ledger's `max_tokens` like a real model: output usage never exceeds it.
 
 use super::{BoxFuture, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, ToolCall};
-use crate::money::Usage;
+use crate::core::money::Usage;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -62,7 +62,7 @@ struct RawTurn {
 
 /// One scripted turn.
 #[derive(Debug, Clone)]
-pub struct Turn {
+pub(crate) struct Turn {
     text: String,
     tool_calls: Vec<(String, serde_json::Value)>,
     input_tokens: Option<u64>,
@@ -74,26 +74,26 @@ pub struct Turn {
 
 /// The scripted provider.
 #[derive(Debug, Clone)]
-pub struct Scripted {
+pub(crate) struct Scripted {
     source: String,
     turns: Arc<BTreeMap<String, Vec<Turn>>>,
 }
 
 impl Scripted {
     /// Loads a script file; errors name the file, line and what was expected.
-    pub fn load(path: &Path) -> Result<Scripted, String> {
+    pub(crate) fn load(path: &Path) -> Result<Scripted, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("{}: cannot read script: {e}", path.display()))?;
         Scripted::parse(&path.display().to_string(), &text)
     }
 
     /// Parses script text.
-    pub fn parse(source: &str, text: &str) -> Result<Scripted, String> {
+    pub(crate) fn parse(source: &str, text: &str) -> Result<Scripted, String> {
         let raw: BTreeMap<String, Vec<RawTurn>> = serde_saphyr::from_str(text).map_err(|e| {
             let loc = e.location().map(|l| format!(":{}:{}", l.line(), l.column())).unwrap_or_default();
             format!(
                 "{source}{loc}: invalid script: {} (expected a map of directive name → list of turns with text, tool_calls, usage, delay, error)",
-                crate::directive::yaml_message(&e)
+                crate::project::yaml::yaml_message(&e)
             )
         })?;
         let mut turns = BTreeMap::new();

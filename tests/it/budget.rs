@@ -3,10 +3,10 @@
 use crate::support::{directive, expected_spend, Fixture};
 use proptest::prelude::*;
 use serde_json::json;
-use weft::ids::ThreadId;
-use weft::ledger::Book;
-use weft::money::{Nanos, Price};
-use weft::state::Status;
+use weft::internals::Book;
+use weft::Status;
+use weft::ThreadId;
+use weft::{Nanos, Price};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn siblings_share_the_parent_budget_without_starving_each_other() {
@@ -241,7 +241,7 @@ proptest! {
         b.open(&id(0), None, Nanos(root_max), Nanos::ZERO, Nanos::ZERO).unwrap();
         let mut open_ids = vec![0usize];
         let mut next = 1usize;
-        let mut grants: Vec<(usize, weft::ledger::Grant)> = Vec::new();
+        let mut grants: Vec<(usize, weft::internals::Grant)> = Vec::new();
         let mut settled_total = 0i64;
         for op in ops {
             match op {
@@ -327,7 +327,7 @@ proptest! {
             assert_eq!(report.spend_nanos.0, expected_spend(&fx));
             let (v, open) = rt.audit().await;
             assert!(v.is_empty() && open == 0, "{v:?} {open}");
-            assert!(fx.rows().iter().all(|r| weft::registry::is_terminal(&r.status)));
+            assert!(fx.rows().iter().all(|r| weft::internals::is_terminal(&r.status)));
             assert!(fx.verify_all().is_empty());
         });
     }

@@ -16,9 +16,8 @@ use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use weft::limits::LimitSet;
-use weft::runtime::RuntimeOptions;
-use weft::state::Status;
+use weft::LimitSet;
+use weft::Status;
 
 #[derive(Default)]
 struct Proxy {
@@ -180,7 +179,7 @@ async fn real_server_through_both_providers() {
             "Name three colours.",
         );
         let fx = Fixture::raw(&[("colours", &d)], "", &config(kind, &base, 48));
-        let rt = fx.runtime_with(RuntimeOptions::default()).await;
+        let rt = fx.runtime_configured().await;
         let report = rt
             .run("colours", Map::new(), LimitSet::default())
             .await
@@ -247,11 +246,13 @@ async fn cancelling_a_long_real_generation_stops_it() {
             "Write a very long story about a lighthouse keeper, with many chapters.",
         );
         let fx = Fixture::raw(&[("story", &d)], "", &config(kind, &base, 3000));
-        let rt = fx.runtime_with(RuntimeOptions::default()).await;
-        let (id, _a, done) = rt
+        let rt = fx.runtime_configured().await;
+        let handle = rt
             .start("story", Map::new(), LimitSet::default())
             .await
             .unwrap();
+        let id = handle.id().clone();
+        let done = handle.wait();
         // Wait until text is streaming.
         let t0 = Instant::now();
         loop {

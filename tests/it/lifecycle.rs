@@ -4,9 +4,9 @@ use crate::support::{directive, expected_spend, weft_home, Fixture};
 use serde_json::{json, Map, Value};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use weft::ids::ThreadId;
-use weft::limits::LimitSet;
-use weft::state::Status;
+use weft::LimitSet;
+use weft::Status;
+use weft::ThreadId;
 
 fn spawn_calls(directive: &str, n: usize) -> String {
     (0..n)
@@ -50,10 +50,12 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 async fn cancelling_the_root_of_111_live_threads_reaches_every_leaf_quickly() {
     let fx = wide_tree("60s");
     let rt = fx.runtime().await;
-    let (id, _actor, done) = rt
+    let handle = rt
         .start("root", Map::new(), LimitSet::default())
         .await
         .unwrap();
+    let id = handle.id().clone();
+    let done = handle.wait();
     wait_until("111 running threads", || {
         fx.rows().iter().filter(|r| r.status == "running").count() == 111
     })
@@ -125,10 +127,11 @@ leaf:
         "",
     );
     let rt = fx.runtime().await;
-    let (_id, _actor, done) = rt
+    let handle = rt
         .start("root", Map::new(), LimitSet::default())
         .await
         .unwrap();
+    let done = handle.wait();
     wait_until("the slow subtree", || {
         fx.rows().iter().any(|r| {
             r.directive == "leaf"
@@ -518,7 +521,8 @@ mod interleavings {
                 let dirs: Vec<(&str, &str)> = dirs.iter().map(|(n, d)| (*n, d.as_str())).collect();
                 let fx = Fixture::new(&dirs, &script, "retries: 0\n");
                 let rt = fx.runtime().await;
-                let (_id, _actor, done) = rt.start("l0", Map::new(), LimitSet::default()).await.unwrap();
+                let handle = rt.start("l0", Map::new(), LimitSet::default()).await.unwrap();
+    let done = handle.wait();
                 let mut done = Box::pin(done);
                 let mut early = None;
                 for (at_ms, pick) in cancels {
@@ -529,7 +533,7 @@ mod interleavings {
                             break;
                         }
                     }
-                    let live: Vec<_> = fx.rows().into_iter().filter(|r| !weft::registry::is_terminal(&r.status)).collect();
+                    let live: Vec<_> = fx.rows().into_iter().filter(|r| !weft::internals::is_terminal(&r.status)).collect();
                     if let Some(r) = live.get(pick % live.len().max(1)) {
                         rt.cancel(&ThreadId::parse(&r.id).unwrap(), "random cancel");
                     }
@@ -541,7 +545,7 @@ mod interleavings {
                 assert!(report.status.is_terminal());
                 let rows = fx.rows();
                 for r in &rows {
-                    assert!(weft::registry::is_terminal(&r.status), "{} left {}", r.id, r.status);
+                    assert!(weft::internals::is_terminal(&r.status), "{} left {}", r.id, r.status);
                     let finished = fx.events(&r.id).iter().filter(|e| e["type"] == "thread_finished").count();
                     assert_eq!(finished, 1, "{} finished {finished} times", r.id);
                     let doc = fx.doc(&r.id);

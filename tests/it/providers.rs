@@ -6,9 +6,8 @@ use crate::support::{directive, Fixture};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use weft::limits::LimitSet;
-use weft::runtime::RuntimeOptions;
-use weft::state::Status;
+use weft::LimitSet;
+use weft::Status;
 
 const KEY: &str = "sk-test-do-not-leak-0123456789";
 
@@ -50,8 +49,8 @@ fn project(d: &[(&'static str, String)], config: &str) -> Fixture {
     Fixture::raw(&dirs, "", config)
 }
 
-async fn run_root(fx: &Fixture) -> (weft::thread::ThreadReport, weft::runtime::Runtime) {
-    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+async fn run_root(fx: &Fixture) -> (weft::ThreadReport, weft::Runtime) {
+    let rt = fx.runtime_configured().await;
     let report = rt
         .run("root", Map::new(), LimitSet::default())
         .await
@@ -192,7 +191,7 @@ async fn anthropic_tool_tree_runs_with_exact_spend() {
     assert_eq!(seen[0].headers["x-api-key"], KEY);
     assert_eq!(
         seen[0].headers["anthropic-version"],
-        weft::provider::anthropic::API_VERSION
+        weft::internals::ANTHROPIC_API_VERSION
     );
     assert_eq!(seen[0].body["stream"], true);
     assert!(seen[0].body["system"].as_str().unwrap().contains("root"));
@@ -351,11 +350,13 @@ async fn cancel_during_a_slow_stream_ends_promptly_and_closes_the_connection() {
             drop_after: None,
         });
         let fx = project(&solo(), &config(kind, &base, ""));
-        let rt = fx.runtime_with(RuntimeOptions::default()).await;
-        let (id, _a, done) = rt
+        let rt = fx.runtime_configured().await;
+        let handle = rt
             .start("root", Map::new(), LimitSet::default())
             .await
             .unwrap();
+        let id = handle.id().clone();
+        let done = handle.wait();
         let t0 = Instant::now();
         while fake.seen().is_empty() {
             assert!(t0.elapsed() < Duration::from_secs(5));
@@ -393,7 +394,7 @@ async fn configuration_errors_stop_before_any_thread_starts() {
     // Missing key.
     let cfg = config("openai", base, "").replace("WEFT_TEST_FAKE_KEY", "WEFT_TEST_UNSET_KEY_VAR");
     let fx = Fixture::raw(&dirs, "", &cfg);
-    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let rt = fx.runtime_configured().await;
     let e = rt
         .run("root", Map::new(), LimitSet::default())
         .await
@@ -413,7 +414,7 @@ async fn configuration_errors_stop_before_any_thread_starts() {
         "",
         &config("openai", base, ""),
     );
-    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let rt = fx.runtime_configured().await;
     let e = rt
         .run("root", Map::new(), LimitSet::default())
         .await
@@ -429,7 +430,7 @@ async fn configuration_errors_stop_before_any_thread_starts() {
         "",
         &config("openai", base, ""),
     );
-    let rt = fx.runtime_with(RuntimeOptions::default()).await;
+    let rt = fx.runtime_configured().await;
     let e = rt
         .run("root", Map::new(), LimitSet::default())
         .await

@@ -3,9 +3,9 @@
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use weft::limits::LimitSet;
-use weft::runtime::{Project, Runtime, RuntimeOptions};
-use weft::thread::ThreadReport;
+use weft::LimitSet;
+use weft::ThreadReport;
+use weft::{Project, Runtime};
 
 /// One signing-key home for the whole test binary (set before any runtime opens).
 pub fn weft_home() -> &'static Path {
@@ -53,9 +53,9 @@ impl Fixture {
         fx
     }
 
-    /// A runtime with explicit options.
-    pub async fn runtime_with(&self, opts: RuntimeOptions) -> Runtime {
-        Runtime::open(self.project(), opts).await.unwrap()
+    /// A runtime on the project's configured providers (no script forced).
+    pub async fn runtime_configured(&self) -> Runtime {
+        Runtime::open(self.project()).await.unwrap()
     }
 
     pub fn root(&self) -> &Path {
@@ -69,15 +69,11 @@ impl Fixture {
     }
 
     pub async fn runtime(&self) -> Runtime {
-        Runtime::open(
-            self.project(),
-            RuntimeOptions {
-                script: Some(self.root().join("script.yaml")),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
+        Runtime::builder(self.project())
+            .script(self.root().join("script.yaml"))
+            .open()
+            .await
+            .unwrap()
     }
 
     /// Runs a root thread and returns its report with the runtime (for audits).
@@ -92,8 +88,8 @@ impl Fixture {
     }
 
     /// Every registry row of the project.
-    pub fn rows(&self) -> Vec<weft::registry::ThreadRow> {
-        weft::registry::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
+    pub fn rows(&self) -> Vec<weft::internals::ThreadRow> {
+        weft::internals::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
             .unwrap()
             .list(false, 100_000)
             .unwrap()
@@ -106,20 +102,22 @@ impl Fixture {
             .join(".weft/threads")
             .join(id)
             .join("transcript.jsonl");
-        weft::transcript::read(&p, id, None).unwrap().events
+        weft::internals::read_transcript(&p, id, None)
+            .unwrap()
+            .events
     }
 
     /// Verifies every thread; returns the failures.
-    pub fn verify_all(&self) -> Vec<weft::verify::Verdict> {
+    pub fn verify_all(&self) -> Vec<weft::internals::Verdict> {
         let project = self.project();
-        let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
+        let (trust, _) = weft::internals::Trust::load(&project.trust_dir());
         self.rows()
             .iter()
             .map(|r| {
-                weft::verify::verify_thread(
+                weft::internals::verify_thread(
                     &project,
                     &trust,
-                    &weft::ids::ThreadId::parse(&r.id).unwrap(),
+                    &weft::ThreadId::parse(&r.id).unwrap(),
                 )
             })
             .filter(|v| !v.ok)
@@ -127,12 +125,12 @@ impl Fixture {
     }
 
     /// The signed thread.json of a thread.
-    pub fn doc(&self, id: &str) -> weft::state::ThreadDoc {
+    pub fn doc(&self, id: &str) -> weft::internals::ThreadDoc {
         let project = self.project();
-        let (trust, _) = weft::signing::Trust::load(&project.trust_dir());
-        weft::state::ThreadDoc::read_verified(
+        let (trust, _) = weft::internals::Trust::load(&project.trust_dir());
+        weft::internals::ThreadDoc::read_verified(
             &project
-                .thread_dir(&weft::ids::ThreadId::parse(id).unwrap())
+                .thread_dir(&weft::ThreadId::parse(id).unwrap())
                 .join("thread.json"),
             &trust,
         )

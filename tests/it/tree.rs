@@ -2,7 +2,7 @@
 
 use crate::support::{directive, expected_spend, Fixture};
 use serde_json::json;
-use weft::state::Status;
+use weft::Status;
 
 fn three_level() -> Fixture {
     let root = directive(
@@ -418,14 +418,12 @@ leaf:
         "",
     );
     let rt = fx.runtime().await;
-    let (id, _actor, done) = rt
-        .start(
-            "root",
-            serde_json::Map::new(),
-            weft::limits::LimitSet::default(),
-        )
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
         .await
         .unwrap();
+    let id = handle.id().clone();
+    let done = handle.wait();
     // Wait until both leaves are live.
     for _ in 0..200 {
         if fx

@@ -1,0 +1,86 @@
+//! `weft cancel`: reach the process that owns a thread through its control endpoint and wait
+//! until the subtree is finalized.
+
+use super::{failed, find_project, open_error, open_store, usage, Exit};
+use crate::core::ids::ThreadId;
+use crate::registry::ThreadRow;
+use crate::runtime::Runtime;
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+pub(super) async fn cancel(
+    explicit: Option<PathBuf>,
+    id: String,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let rt = Runtime::builder(project.clone())
+        .without_provider()
+        .open()
+        .await
+        .map_err(open_error)?;
+    let store = open_store(&project)?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
+    let finish = |row: &ThreadRow, note: &str| {
+        if as_json {
+            out!(
+                "{}",
+                json!({ "thread_id": row.id, "status": row.status, "note": note })
+            );
+        } else {
+            out!("{} {} — {note}", row.id, row.status);
+        }
+    };
+    if crate::registry::is_terminal(&row.status) {
+        finish(&row, &format!("already {}; nothing to cancel", row.status));
+        rt.shutdown();
+        return Ok(0);
+    }
+    #[cfg(unix)]
+    {
+        let reply = crate::server::control::request(
+            &project,
+            row.owner_pid,
+            &json!({ "op": "cancel", "id": id }),
+        )
+        .await
+        .map_err(|m| Exit {
+            code: 1,
+            message: m,
+        })?;
+        if reply["ok"] != true {
+            return Err(Exit {
+                code: 1,
+                message: reply["error"]
+                    .as_str()
+                    .unwrap_or("cancel refused")
+                    .to_string(),
+            });
+        }
+    }
+    // Wait until the owner has finalized the subtree.
+    let deadline =
+        std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);
+    loop {
+        let row = store.get(id.as_str()).ok().flatten();
+        if let Some(r) = row.filter(|r| crate::registry::is_terminal(&r.status)) {
+            finish(&r, "cancelled with its subtree");
+            rt.shutdown();
+            return Ok(0);
+        }
+        if std::time::Instant::now() > deadline {
+            rt.shutdown();
+            return Err(Exit {
+                code: 1,
+                message: format!("{id} did not finish within the cancel grace period"),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

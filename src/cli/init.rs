@@ -1,0 +1,42 @@
+//! `weft init`: a project folder, its default config, trust in the user's key, empty databases.
+
+use super::{failed, usage, Exit};
+use std::io::Write;
+use std::path::PathBuf;
+
+pub(super) fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
+    let root = match explicit {
+        Some(p) => p,
+        None => std::env::current_dir().map_err(|e| usage(e.to_string()))?,
+    };
+    let weft = root.join(".weft");
+    for d in ["state", "threads", "trust"] {
+        std::fs::create_dir_all(weft.join(d)).map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", weft.join(d).display()),
+        })?;
+    }
+    std::fs::create_dir_all(root.join("directives")).map_err(failed)?;
+    let cfg = weft.join("config.yaml");
+    if cfg.exists() {
+        out!("{} already exists; left as it is", cfg.display());
+    } else {
+        std::fs::write(&cfg, crate::project::config::DEFAULT_CONFIG_YAML).map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", cfg.display()),
+        })?;
+        out!("wrote {}", cfg.display());
+    }
+    let signer = crate::record::signing::Signer::load_or_create(&crate::project::user_dir())
+        .map_err(failed)?;
+    signer.trust_in(&weft.join("trust")).map_err(failed)?;
+    // Empty databases, so `weft threads` works before the first run.
+    crate::registry::Store::open(&weft.join("state").join("registry.db")).map_err(failed)?;
+    crate::ledger::open_db(&weft.join("state").join("ledger.db")).map_err(failed)?;
+    out!(
+        "signing key {} trusted in {}",
+        signer.key_id,
+        weft.join("trust").display()
+    );
+    Ok(0)
+}

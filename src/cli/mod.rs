@@ -1,0 +1,282 @@
+//! The `weft` command line: argument parsing, human and `--json` output, and exit codes
+//! (0 completed, 1 thread error, 2 usage or input error, 130 cancelled). One file per command
+//! family; `live` draws the live tree.
+//!
+//! Glue only: every action goes through the library (the [`Runtime`], the registry store, the
+//! records' verification). Errors are turned into messages and exit codes here, in one place.
+
+use crate::project::Project;
+use crate::registry::Store;
+use crate::runtime::OpenError;
+use crate::thread::SpawnError;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// `println!` that ignores a closed stdout (`weft threads | head` must not panic).
+macro_rules! out {
+    () => {{
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+mod cancel;
+mod init;
+mod live;
+mod recover;
+mod run;
+mod show;
+mod threads;
+mod verify;
+
+/// weft: run trees of LLM agent threads with budgets, limits and signed state.
+#[derive(Parser, Debug)]
+#[command(name = "weft", version, about)]
+pub struct Cli {
+    /// Project folder (default: the nearest folder above holding .weft/).
+    #[arg(long, global = true)]
+    pub project: Option<PathBuf>,
+    /// The command.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Create .weft/ with a commented config in the project folder.
+    Init,
+    /// Run a directive as a root thread.
+    Run {
+        /// Directive name (project → user → built-in) or path to a .md file.
+        directive: String,
+        /// Input, as key=value (repeatable).
+        #[arg(short = 'i', long = "input")]
+        inputs: Vec<String>,
+        /// Scripted provider file.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Provider (a name under `providers:` in config) for every thread.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Model id for every thread.
+        #[arg(long)]
+        model: Option<String>,
+        /// Limit override, as name=value (repeatable).
+        #[arg(long = "limit")]
+        limits: Vec<String>,
+        /// Print one JSON object instead of the live tree.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List threads (`threads chain <id>`: a continuation chain).
+    Threads {
+        /// `chain <id>`.
+        #[command(subcommand)]
+        sub: Option<ThreadsSub>,
+        /// As trees.
+        #[arg(long)]
+        tree: bool,
+        /// Only created/running.
+        #[arg(long)]
+        active: bool,
+        /// JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one thread.
+    Show {
+        /// Thread id.
+        id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a running thread and its subtree (from any terminal).
+    Cancel {
+        /// Thread id.
+        id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Finalize threads left running by a process that is gone.
+    Recover {
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue an ended thread as a new continuation thread.
+    Resume {
+        /// Thread id.
+        id: String,
+        /// The new user message.
+        #[arg(
+            short = 'm',
+            long = "message",
+            default_value = "Continue where you left off."
+        )]
+        message: String,
+        /// Scripted provider file.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Limit override (can only lower), as name=value.
+        #[arg(long = "limit")]
+        limits: Vec<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify signatures and transcript chains.
+    Verify {
+        /// Thread ids (default with --all: every thread).
+        ids: Vec<String>,
+        /// Every thread of the project.
+        #[arg(long)]
+        all: bool,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `weft threads` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ThreadsSub {
+    /// Print the continuation chain a thread belongs to, oldest first.
+    Chain {
+        /// Any thread of the chain.
+        id: String,
+        /// JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A CLI failure with its exit code.
+#[derive(Debug)]
+pub(crate) struct Exit {
+    /// Exit code.
+    pub code: i32,
+    /// Message for stderr (may be empty).
+    pub message: String,
+}
+
+/// A failure that is not the user's input (storage, I/O): exit code 1.
+pub(super) fn failed(e: impl std::fmt::Display) -> Exit {
+    Exit {
+        code: 1,
+        message: e.to_string(),
+    }
+}
+
+pub(super) fn usage(message: impl Into<String>) -> Exit {
+    Exit {
+        code: 2,
+        message: message.into(),
+    }
+}
+
+/// Runs the CLI; returns the exit code.
+pub async fn main(cli: Cli) -> i32 {
+    let res = match cli.cmd {
+        Cmd::Init => init::init(cli.project),
+        Cmd::Run {
+            directive,
+            inputs,
+            script,
+            provider,
+            model,
+            limits,
+            json,
+        } => {
+            let choice = crate::provider::Choice {
+                script,
+                provider,
+                model,
+            };
+            run::run(cli.project, directive, inputs, choice, limits, json).await
+        }
+        Cmd::Threads {
+            sub: Some(ThreadsSub::Chain { id, json }),
+            ..
+        } => threads::chain(cli.project, id, json),
+        Cmd::Threads {
+            sub: None,
+            tree,
+            active,
+            json,
+        } => threads::threads(cli.project, tree, active, json),
+        Cmd::Cancel { id, json } => cancel::cancel(cli.project, id, json).await,
+        Cmd::Recover { json } => recover::recover(cli.project, json).await,
+        Cmd::Resume {
+            id,
+            message,
+            script,
+            limits,
+            json,
+        } => run::resume(cli.project, id, message, script, limits, json).await,
+        Cmd::Show { id, json } => show::show(cli.project, id, json),
+        Cmd::Verify { ids, all, json } => verify::verify(cli.project, ids, all, json),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            if !e.message.is_empty() {
+                eprintln!("weft: {}", e.message);
+            }
+            e.code
+        }
+    }
+}
+
+pub(super) fn find_project(explicit: Option<PathBuf>) -> Result<Project, Exit> {
+    if let Some(p) = explicit {
+        if !p.join(".weft").is_dir() {
+            return Err(usage(format!(
+                "{} has no .weft/ folder; run `weft init` there first",
+                p.display()
+            )));
+        }
+        return Ok(Project { root: p });
+    }
+    let cwd = std::env::current_dir().map_err(|e| usage(format!("no working directory: {e}")))?;
+    Project::find(&cwd).ok_or_else(|| {
+        usage(format!(
+            "no .weft/ folder in {} or above; run `weft init` first",
+            cwd.display()
+        ))
+    })
+}
+
+pub(super) fn parse_pairs(pairs: &[String], what: &str) -> Result<Vec<(String, String)>, Exit> {
+    pairs
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+                .ok_or_else(|| usage(format!("{what} `{p}` is not key=value")))
+        })
+        .collect()
+}
+
+pub(super) fn spawn_exit(e: SpawnError) -> Exit {
+    match e {
+        SpawnError::Storage(m) => Exit {
+            code: 1,
+            message: m,
+        },
+        other => usage(other.to_string()),
+    }
+}
+
+pub(super) fn open_error(e: OpenError) -> Exit {
+    usage(e.to_string())
+}
+
+pub(super) fn open_store(project: &Project) -> Result<Store, Exit> {
+    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
+}

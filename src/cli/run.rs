@@ -1,0 +1,228 @@
+//! `weft run` and `weft resume`: start a root thread, follow it live (Ctrl-C cancels), print the
+//! outcome. The control endpoint listens while the thread runs, so `weft cancel` reaches it.
+
+use super::live::{print_event, LiveTree};
+use super::threads::print_tree;
+use super::{find_project, open_error, parse_pairs, spawn_exit, usage, Exit};
+use crate::core::ids::ThreadId;
+use crate::core::limits::LimitSet;
+use crate::core::status::Status;
+use crate::directive::Library;
+use crate::project::Project;
+use crate::provider::Choice;
+use crate::registry::Store;
+use crate::runtime::{Runtime, RuntimeBuilder, ThreadHandle};
+use crate::server::control::ControlEndpoint;
+use crate::thread::Event;
+use serde_json::{json, Map, Value};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+pub(super) async fn run(
+    explicit: Option<PathBuf>,
+    directive: String,
+    inputs: Vec<String>,
+    choice: Choice,
+    limits: Vec<String>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let d = Library::for_project(&project)
+        .load(&directive)
+        .map_err(|e| usage(e.to_string()))?;
+    let mut given = Map::new();
+    for (k, v) in parse_pairs(&inputs, "input")? {
+        let value = d
+            .coerce_cli_input(&k, &v)
+            .map_err(|e| usage(e.to_string()))?;
+        given.insert(k, value);
+    }
+    let mut overrides = LimitSet::default();
+    for (k, v) in parse_pairs(&limits, "limit")? {
+        overrides
+            .set(&k, &Value::String(v))
+            .map_err(|e| usage(format!("--limit: {e}")))?;
+    }
+    let mut builder = Runtime::builder(project.clone());
+    if let Some(s) = choice.script {
+        builder = builder.script(s);
+    }
+    if let Some(p) = choice.provider {
+        builder = builder.provider(p);
+    }
+    if let Some(m) = choice.model {
+        builder = builder.model(m);
+    }
+    let (rt, control) = open_serving(builder).await?;
+    let events = rt.events();
+    let handle = rt
+        .start(&directive, given, overrides)
+        .await
+        .map_err(spawn_exit)?;
+    follow(rt, control, &project, handle, events, as_json).await
+}
+
+/// Opens the runtime and its control endpoint (so `weft cancel` from another terminal reaches
+/// this process). Without the endpoint the run still works; a warning says what is lost.
+async fn open_serving(builder: RuntimeBuilder) -> Result<(Runtime, Option<ControlEndpoint>), Exit> {
+    let rt = builder.open().await.map_err(open_error)?;
+    #[cfg(unix)]
+    let control = match crate::server::control::listen(&rt) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(
+                "control socket unavailable ({e}); `weft cancel` cannot reach this process"
+            );
+            None
+        }
+    };
+    #[cfg(not(unix))]
+    let control = None;
+    Ok((rt, control))
+}
+
+/// Shows a running root thread until it ends (live tree, lines or nothing with `--json`),
+/// handles Ctrl-C, prints the outcome and returns the exit code.
+async fn follow(
+    rt: Runtime,
+    control: Option<ControlEndpoint>,
+    project: &Project,
+    handle: ThreadHandle,
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    for r in rt.recovered() {
+        eprintln!(
+            "weft: recovered {} (owner pid {} is gone): finalized as error/interrupted",
+            r.id, r.owner_pid
+        );
+    }
+    let live = !as_json && std::io::stdout().is_terminal();
+    let show_lines = !as_json;
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let printer = tokio::spawn(async move {
+        let mut tree = LiveTree::default();
+        let show = |ev: &Event, tree: &mut LiveTree| {
+            if live {
+                tree.apply(ev);
+                tree.draw();
+            } else if show_lines {
+                print_event(ev);
+            }
+        };
+        loop {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Ok(ev) => show(&ev, &mut tree),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => break,
+                },
+                _ = &mut stop_rx => {
+                    while let Ok(ev) = events.try_recv() {
+                        show(&ev, &mut tree);
+                    }
+                    break;
+                }
+            }
+        }
+        // The final tree is printed from the registry: clear the live one.
+        tree.erase();
+    });
+    let id = handle.id().clone();
+    let done = handle.wait();
+    tokio::pin!(done);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let report = loop {
+        tokio::select! {
+            r = &mut done => break r.map_err(|e| Exit { code: 1, message: e.to_string() })?,
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
+                rt.cancel(&id, "Ctrl-C");
+                tokio::spawn(async { let _ = tokio::signal::ctrl_c().await; std::process::exit(130); });
+            }
+        }
+    };
+    let _ = stop_tx.send(());
+    let _ = printer.await;
+    let rows = Store::open_read_only(&project.state_dir().join("registry.db"))
+        .and_then(|s| s.tree(id.as_str()))
+        .unwrap_or_default();
+    let code = match report.status {
+        Status::Completed => 0,
+        Status::Cancelled => 130,
+        _ => 1,
+    };
+    if as_json {
+        let out = json!({
+            "thread_id": report.thread_id, "status": report.status, "result": report.result,
+            "continuation_of": rows.first().and_then(|r| r.continuation_of.clone()),
+            "outputs": report.outputs, "error": report.error,
+            "cost": { "turns": report.turns, "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
+                      "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "threads": rows.len() },
+        });
+        out!("{out}");
+    } else {
+        out!();
+        print_tree(&rows);
+        out!();
+        out!(
+            "{} {} — {} turns, {} in / {} out tokens, {} spent by the tree",
+            report.thread_id,
+            report.status.as_str(),
+            report.turns,
+            report.input_tokens,
+            report.output_tokens,
+            report.spend_nanos
+        );
+        if let Some(o) = &report.outputs {
+            out!(
+                "outputs: {}",
+                serde_json::to_string_pretty(o).unwrap_or_default()
+            );
+        }
+        if let Some(r) = &report.result {
+            out!("result: {r}");
+        }
+        if let Some(e) = &report.error {
+            out!("error: {e}");
+        }
+    }
+    drop(control);
+    rt.shutdown();
+    Ok(code)
+}
+
+pub(super) async fn resume(
+    explicit: Option<PathBuf>,
+    id: String,
+    message: String,
+    script: Option<PathBuf>,
+    limits: Vec<String>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let mut overrides = LimitSet::default();
+    for (k, v) in parse_pairs(&limits, "limit")? {
+        overrides
+            .set(&k, &Value::String(v))
+            .map_err(|e| usage(format!("--limit: {e}")))?;
+    }
+    let mut builder = Runtime::builder(project.clone());
+    if let Some(s) = script {
+        builder = builder.script(s);
+    }
+    let (rt, control) = open_serving(builder).await?;
+    let events = rt.events();
+    let handle = rt
+        .resume(&id, &message, overrides)
+        .await
+        .map_err(spawn_exit)?;
+    if !as_json {
+        out!("resuming {id} as {}", handle.id());
+    }
+    follow(rt, control, &project, handle, events, as_json).await
+}

@@ -1,0 +1,60 @@
+//! `weft show`: one thread's registry row, signed thread.json and ledger figures.
+
+use super::{failed, find_project, open_store, usage, Exit};
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_store(&project)?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
+    let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
+    let doc = crate::record::thread_doc::ThreadDoc::read_verified(
+        &project.thread_dir(&id).join("thread.json"),
+        &trust,
+    );
+    if as_json {
+        let out = json!({ "row": row, "thread": doc.as_ref().ok(), "verified": doc.is_ok() });
+        out!("{out}");
+        return Ok(0);
+    }
+    out!("{} ({})", row.id, row.directive);
+    out!("  status     {}", row.status);
+    out!("  parent     {}", row.parent_id.as_deref().unwrap_or("-"));
+    out!("  root       {}", row.root_id);
+    out!("  model      {}", row.model);
+    out!(
+        "  turns      {}   tokens {} in / {} out",
+        row.turns,
+        row.input_tokens,
+        row.output_tokens
+    );
+    out!(
+        "  spend      own {}   subtree {}",
+        Nanos(row.own_spend_nanos),
+        Nanos(row.spend_nanos)
+    );
+    out!("  children   {}", row.spawn_count);
+    match &doc {
+        Ok(d) => out!("  limits     turns {} tokens {} spend {} duration {}ms depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, d.limits.duration_ms, d.limits.depth, d.limits.spawns, d.limits.concurrency),
+        Err(e) => out!("  thread.json NOT VERIFIED: {e}"),
+    }
+    if let Some(o) = &row.outputs {
+        out!("  outputs    {o}");
+    }
+    if let Some(r) = &row.result {
+        out!("  result     {r}");
+    }
+    if let Some(e) = &row.error {
+        out!("  error      {e}");
+    }
+    Ok(0)
+}

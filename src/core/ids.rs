@@ -1,0 +1,140 @@
+//! Thread ids: generated, validated newtypes.
+//!
+//! Every id that arrives from outside (CLI, tool call, file) goes through [`ThreadId::parse`]
+//! before it touches a path, so an id can never name a file outside `.weft/threads/`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A thread id: `<directive name with / as .>-<epoch ms>-<suffix>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ThreadId(String);
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl ThreadId {
+    /// A new id for a thread of `directive`, unique even for many spawns in one millisecond:
+    /// the suffix mixes 32 random bits with a process-wide counter.
+    pub fn generate(directive: &str) -> ThreadId {
+        let mut stem: String = directive
+            .chars()
+            .map(|c| if c == '/' { '.' } else { c })
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            .take(80)
+            .collect();
+        stem = stem.trim_matches('.').to_string();
+        if stem.is_empty() {
+            stem = "thread".into();
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let mut rnd = [0u8; 4];
+        // A failing OS RNG only weakens the suffix; the counter keeps ids unique in-process.
+        let _ = getrandom::fill(&mut rnd);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff;
+        ThreadId(format!("{stem}-{ms}-{}{n:04x}", hex(&rnd)))
+    }
+
+    /// Validates an id that came from outside.
+    pub fn parse(text: &str) -> Result<ThreadId, String> {
+        let ok = !text.is_empty()
+            && text.len() <= 160
+            && !text.starts_with('.')
+            && !text.contains("..")
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if ok {
+            Ok(ThreadId(text.to_string()))
+        } else {
+            Err(format!(
+                "`{text}` is not a thread id (expected letters, digits, '.', '_' and '-', e.g. research.fanout-1700000000000-1a2b3c4d0001)"
+            ))
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ThreadId {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        ThreadId::parse(&s)
+    }
+}
+
+impl From<ThreadId> for String {
+    fn from(id: ThreadId) -> String {
+        id.0
+    }
+}
+
+impl fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Lower-case hex of bytes.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// sha256 of bytes, lower-case hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex(&Sha256::digest(bytes))
+}
+
+/// Current time as RFC 3339 with milliseconds (the timestamp of every record).
+pub(crate) fn now_ts() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// Decodes lower- or upper-case hex.
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_unique_and_valid() {
+        let ids: std::collections::HashSet<_> = (0..2000)
+            .map(|_| ThreadId::generate("research/fanout"))
+            .collect();
+        assert_eq!(ids.len(), 2000);
+        for id in &ids {
+            assert!(id.as_str().starts_with("research.fanout-"));
+            assert_eq!(ThreadId::parse(id.as_str()).as_ref(), Ok(id));
+        }
+    }
+
+    #[test]
+    fn hostile_ids_are_refused() {
+        for bad in ["", "../etc", "a/b", "..", ".hidden", "a b", "x..y"] {
+            assert!(ThreadId::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Thread states (SPEC §4): a plain type shared by the records, the registry and the API.
+
+use serde::{Deserialize, Serialize};
+
+/// Thread states (SPEC §4). Nothing leaves a terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Registered, not yet running.
+    Created,
+    /// Running its turn loop.
+    Running,
+    /// Finished with a result.
+    Completed,
+    /// Finished with an error.
+    Error,
+    /// Cancelled.
+    Cancelled,
+    /// Goes on in a continuation thread.
+    Continued,
+}
+
+impl Status {
+    /// The lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Created => "created",
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Error => "error",
+            Status::Cancelled => "cancelled",
+            Status::Continued => "continued",
+        }
+    }
+    /// Is it terminal?
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Created | Status::Running)
+    }
+}

@@ -1,0 +1,423 @@
+//! [`Book`]: the pure bookkeeping of every account and reservation. No I/O, no actors:
+//! property-tested on its own.
+
+use super::{Account, Grant, LedgerError, Reservation};
+use crate::core::ids::ThreadId;
+use crate::core::money::{Nanos, Price};
+use std::collections::HashMap;
+
+/// The in-memory ledger.
+#[derive(Debug, Default)]
+pub struct Book {
+    pub(super) accounts: HashMap<ThreadId, Account>,
+    pub(super) reservations: HashMap<u64, Reservation>,
+    /// Open reservation ids by reserving thread (so closing is not a scan of every reservation).
+    pub(super) by_thread: HashMap<ThreadId, Vec<u64>>,
+    pub(super) next_id: u64,
+}
+
+impl Book {
+    /// The account, if present.
+    pub fn get(&self, id: &ThreadId) -> Option<&Account> {
+        self.accounts.get(id)
+    }
+
+    /// Every account.
+    pub fn accounts(&self) -> impl Iterator<Item = &Account> {
+        self.accounts.values()
+    }
+
+    /// Open reservation ids of one thread's own calls.
+    pub fn open_of(&self, id: &ThreadId) -> Vec<u64> {
+        self.by_thread.get(id).cloned().unwrap_or_default()
+    }
+
+    /// Open reservations.
+    pub fn open_reservations(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// The ids from `id` up to its root.
+    pub fn chain(&self, id: &ThreadId) -> Result<Vec<ThreadId>, LedgerError> {
+        let mut out = vec![id.clone()];
+        let mut cur = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        while let Some(p) = &cur.parent {
+            if out.len() > 10_000 || out.contains(p) {
+                break;
+            }
+            out.push(p.clone());
+            cur = self
+                .accounts
+                .get(p)
+                .ok_or_else(|| LedgerError::Unknown(p.clone()))?;
+        }
+        Ok(out)
+    }
+
+    fn acct(&self, id: &ThreadId) -> &Account {
+        // Chains are built from present accounts only.
+        &self.accounts[id]
+    }
+
+    fn acct_mut(&mut self, id: &ThreadId) -> &mut Account {
+        self.accounts
+            .get_mut(id)
+            .expect("chain holds present accounts")
+    }
+
+    /// The largest reservation `id` could make now: `min(h0, min_k(h_{k+1} + pools up to k))`.
+    pub fn allowance(&self, id: &ThreadId) -> Result<(Nanos, ThreadId), LedgerError> {
+        let chain = self.chain(id)?;
+        let mut best = (self.acct(id).headroom(), id.clone());
+        let mut pools = Nanos::ZERO;
+        for k in 0..chain.len().saturating_sub(1) {
+            pools = pools.plus(self.acct(&chain[k]).pool_left);
+            let up = &chain[k + 1];
+            let a = self.acct(up).headroom().plus(pools);
+            if a < best.0 {
+                best = (a, up.clone());
+            }
+        }
+        Ok(best)
+    }
+
+    /// Opens an account for `id` under `parent` with cap `max`. A non-zero `guarantee` is set
+    /// aside out of the parent's chain; otherwise the chain must at least cover `min_first_call`.
+    pub fn open(
+        &mut self,
+        id: &ThreadId,
+        parent: Option<&ThreadId>,
+        max: Nanos,
+        guarantee: Nanos,
+        min_first_call: Nanos,
+    ) -> Result<(), LedgerError> {
+        if self.accounts.contains_key(id) {
+            return Err(LedgerError::Exists(id.clone()));
+        }
+        let mut pool = Nanos::ZERO;
+        if let Some(p) = parent {
+            let pa = self
+                .accounts
+                .get(p)
+                .ok_or_else(|| LedgerError::Unknown(p.clone()))?;
+            if pa.closed {
+                return Err(LedgerError::Closed(p.clone()));
+            }
+            let guarantee = guarantee.min(max);
+            let chain = self.chain(p)?;
+            if guarantee > Nanos::ZERO {
+                // The guarantee is held at the parent and in-flight on every ancestor above it.
+                if let Some(short) = chain.iter().find(|a| self.acct(a).headroom() < guarantee) {
+                    let available = chain
+                        .iter()
+                        .map(|a| self.acct(a).headroom())
+                        .min()
+                        .unwrap_or_default();
+                    return Err(LedgerError::Insufficient {
+                        account: short.clone(),
+                        needed: guarantee,
+                        available,
+                    });
+                }
+                self.acct_mut(p).guaranteed = self.acct(p).guaranteed.plus(guarantee);
+                for a in &chain[1..] {
+                    self.acct_mut(a).inflight = self.acct(a).inflight.plus(guarantee);
+                }
+                pool = guarantee;
+            } else {
+                let (available, account) = self.allowance(p)?;
+                if available < min_first_call || available <= Nanos::ZERO {
+                    return Err(LedgerError::Insufficient {
+                        account,
+                        needed: min_first_call,
+                        available,
+                    });
+                }
+            }
+        }
+        self.accounts.insert(
+            id.clone(),
+            Account {
+                id: id.clone(),
+                parent: parent.cloned(),
+                max,
+                spent: Nanos::ZERO,
+                own_spent: Nanos::ZERO,
+                inflight: Nanos::ZERO,
+                guaranteed: Nanos::ZERO,
+                pool_left: pool,
+                closed: false,
+                owner: std::process::id(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Reserves a call's worst case for `id` and every ancestor in one step, lowering the output
+    /// tokens to what fits; refuses when not even `min_output` tokens fit.
+    pub fn reserve(
+        &mut self,
+        id: &ThreadId,
+        price: &Price,
+        prompt_tokens: u64,
+        want_output: u64,
+        min_output: u64,
+    ) -> Result<Grant, LedgerError> {
+        let acct = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if acct.closed {
+            return Err(LedgerError::Closed(id.clone()));
+        }
+        let (allow, short) = self.allowance(id)?;
+        let fit = price.max_output_within(allow, prompt_tokens);
+        let out = want_output.min(fit);
+        if out < min_output.max(1).min(want_output.max(1)) {
+            let needed = price.cost(&crate::core::money::Usage {
+                input_tokens: prompt_tokens,
+                output_tokens: min_output.max(1),
+                cache_read_tokens: 0,
+            });
+            return Err(LedgerError::Insufficient {
+                account: short,
+                needed,
+                available: allow,
+            });
+        }
+        let amount = price.cost(&crate::core::money::Usage {
+            input_tokens: prompt_tokens,
+            output_tokens: out,
+            cache_read_tokens: 0,
+        });
+        let chain = self.chain(id)?;
+        let mut carry = amount;
+        let mut edges = Vec::with_capacity(chain.len());
+        self.acct_mut(id).inflight = self.acct(id).inflight.plus(amount);
+        for k in 0..chain.len() - 1 {
+            let cover = carry.min(self.acct(&chain[k]).pool_left);
+            self.acct_mut(&chain[k]).pool_left = self.acct(&chain[k]).pool_left.minus(cover);
+            let up = self.acct_mut(&chain[k + 1]);
+            up.guaranteed = up.guaranteed.minus(cover);
+            up.inflight = up.inflight.plus(carry);
+            edges.push((carry, cover));
+            carry = carry.minus(cover);
+        }
+        self.next_id += 1;
+        let r = Reservation {
+            id: self.next_id,
+            chain,
+            amount,
+            edges,
+        };
+        self.by_thread.entry(id.clone()).or_default().push(r.id);
+        self.reservations.insert(r.id, r);
+        Ok(Grant {
+            reservation: self.next_id,
+            max_output_tokens: out,
+            amount,
+        })
+    }
+
+    /// Settles a reservation with the actual cost (exactly once; a second settle is a no-op).
+    /// Returns false when the reservation was unknown (already settled or released).
+    pub fn settle(&mut self, reservation: u64, actual: Nanos) -> bool {
+        let Some(r) = self.reservations.remove(&reservation) else {
+            return false;
+        };
+        if let Some(ids) = r.chain.first().and_then(|t| self.by_thread.get_mut(t)) {
+            ids.retain(|x| *x != reservation);
+            if ids.is_empty() {
+                self.by_thread.remove(&r.chain[0]);
+            }
+        }
+        let Some(first) = r.chain.first() else {
+            return true;
+        };
+        let t0 = self.acct_mut(first);
+        t0.inflight = t0.inflight.minus(r.amount);
+        t0.spent = t0.spent.plus(actual);
+        t0.own_spent = t0.own_spent.plus(actual);
+        let mut remaining = actual;
+        // Pool amounts now spent, and unspent ones whose owner closed meanwhile: both were held
+        // in-flight above their edge and are released there.
+        let mut consumed_below = Nanos::ZERO;
+        let mut released_below = Nanos::ZERO;
+        for (k, (carried, cover)) in r.edges.iter().enumerate() {
+            let consumed = remaining.min(*cover);
+            remaining = remaining.minus(consumed);
+            let back = cover.minus(consumed);
+            let below_closed = self.acct(&r.chain[k]).closed;
+            if !below_closed {
+                let below = self.acct_mut(&r.chain[k]);
+                below.pool_left = below.pool_left.plus(back);
+            }
+            let up = self.acct_mut(&r.chain[k + 1]);
+            up.inflight = up
+                .inflight
+                .minus(*carried)
+                .minus(consumed_below)
+                .minus(released_below);
+            if !below_closed {
+                up.guaranteed = up.guaranteed.plus(back);
+            }
+            up.spent = up.spent.plus(actual);
+            consumed_below = consumed_below.plus(consumed);
+            if below_closed {
+                released_below = released_below.plus(back);
+            }
+        }
+        true
+    }
+
+    /// Closes an account: releases its open reservations (as unspent) and returns what is left
+    /// of its guarantee. Exactly once: closing a closed account changes nothing.
+    pub fn close(&mut self, id: &ThreadId) -> Result<Account, LedgerError> {
+        let acct = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if acct.closed {
+            return Ok(acct.clone());
+        }
+        let open = self.open_of(id);
+        for r in open {
+            self.settle(r, Nanos::ZERO);
+        }
+        let left = self.acct(id).pool_left;
+        if left > Nanos::ZERO {
+            if let Some(p) = self.acct(id).parent.clone() {
+                let chain = self.chain(&p)?;
+                self.acct_mut(&p).guaranteed = self.acct(&p).guaranteed.minus(left);
+                for a in &chain[1..] {
+                    self.acct_mut(a).inflight = self.acct(a).inflight.minus(left);
+                }
+            }
+        }
+        let a = self.acct_mut(id);
+        a.pool_left = Nanos::ZERO;
+        a.closed = true;
+        Ok(a.clone())
+    }
+
+    /// Every account whose `used > max` (empty when the invariant holds).
+    pub fn violations(&self) -> Vec<Account> {
+        self.accounts
+            .values()
+            .filter(|a| a.used() > a.max || a.inflight.0 < 0 || a.guaranteed.0 < 0)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> ThreadId {
+        ThreadId::parse(s).unwrap()
+    }
+    const P: Price = Price {
+        input: 1_000_000,
+        output: 1_000_000,
+        cache_read: 0,
+    }; // 1 nano/token
+
+    #[test]
+    fn reservations_cascade_and_lower_max_tokens() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.open(
+            &id("kid"),
+            Some(&id("root")),
+            Nanos(5000),
+            Nanos::ZERO,
+            Nanos(10),
+        )
+        .unwrap();
+        let g = b.reserve(&id("kid"), &P, 100, 4096, 16).unwrap();
+        assert_eq!(
+            g.max_output_tokens, 900,
+            "lowered to what the root can cover"
+        );
+        assert_eq!(b.get(&id("root")).unwrap().inflight, Nanos(1000));
+        assert!(
+            b.reserve(&id("root"), &P, 10, 100, 16).is_err(),
+            "nothing left for a second call"
+        );
+        assert!(b.settle(g.reservation, Nanos(300)));
+        assert!(!b.settle(g.reservation, Nanos(300)), "settles exactly once");
+        let root = b.get(&id("root")).unwrap();
+        assert_eq!((root.spent, root.inflight), (Nanos(300), Nanos::ZERO));
+        assert_eq!(b.get(&id("kid")).unwrap().own_spent, Nanos(300));
+    }
+
+    #[test]
+    fn guarantees_are_held_spent_first_and_returned() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.open(
+            &id("a"),
+            Some(&id("root")),
+            Nanos(1000),
+            Nanos(600),
+            Nanos::ZERO,
+        )
+        .unwrap();
+        assert!(b
+            .open(
+                &id("b"),
+                Some(&id("root")),
+                Nanos(1000),
+                Nanos(600),
+                Nanos::ZERO
+            )
+            .is_err());
+        b.open(
+            &id("b"),
+            Some(&id("root")),
+            Nanos(1000),
+            Nanos::ZERO,
+            Nanos(10),
+        )
+        .unwrap();
+        // b can only take the 400 not guaranteed to a.
+        let gb = b.reserve(&id("b"), &P, 0, 10_000, 1).unwrap();
+        assert_eq!(gb.amount, Nanos(400));
+        // a still gets its full 600.
+        let ga = b.reserve(&id("a"), &P, 0, 10_000, 1).unwrap();
+        assert_eq!(ga.amount, Nanos(600));
+        assert!(b.violations().is_empty());
+        b.settle(ga.reservation, Nanos(100));
+        assert_eq!(b.get(&id("a")).unwrap().pool_left, Nanos(500));
+        b.close(&id("a")).unwrap();
+        b.settle(gb.reservation, Nanos(50));
+        let root = b.get(&id("root")).unwrap();
+        assert_eq!(
+            (root.spent, root.inflight, root.guaranteed),
+            (Nanos(150), Nanos::ZERO, Nanos::ZERO)
+        );
+        assert!(b.violations().is_empty());
+    }
+
+    #[test]
+    fn close_releases_open_reservations_once() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.reserve(&id("root"), &P, 10, 100, 1).unwrap();
+        let a = b.close(&id("root")).unwrap();
+        assert_eq!((a.inflight, a.spent), (Nanos::ZERO, Nanos::ZERO));
+        assert_eq!(b.open_reservations(), 0);
+        assert!(b.close(&id("root")).is_ok());
+        assert!(matches!(
+            b.reserve(&id("root"), &P, 10, 100, 1),
+            Err(LedgerError::Closed(_))
+        ));
+    }
+}

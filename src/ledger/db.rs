@@ -1,0 +1,106 @@
+//! ledger.db: its schema, loading what earlier processes left open, and persisting a batch.
+
+use super::{Account, Book, LedgerError, Reservation};
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use rusqlite::Connection;
+use std::path::Path;
+
+/// Opens (creating) `ledger.db` in WAL mode.
+pub(crate) fn open_db(path: &Path) -> Result<Connection, LedgerError> {
+    let db = Connection::open(path)
+        .map_err(|e| LedgerError::Storage(format!("{}: {e}", path.display())))?;
+    db.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
+         CREATE TABLE IF NOT EXISTS accounts(
+           id TEXT PRIMARY KEY, parent TEXT, max INTEGER NOT NULL, spent INTEGER NOT NULL,
+           own_spent INTEGER NOT NULL, inflight INTEGER NOT NULL, guaranteed INTEGER NOT NULL,
+           pool_left INTEGER NOT NULL, closed INTEGER NOT NULL, owner INTEGER NOT NULL);
+         CREATE TABLE IF NOT EXISTS reservations(
+           id INTEGER NOT NULL, thread TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY(thread, id));",
+    )
+    .map_err(|e| LedgerError::Storage(e.to_string()))?;
+    Ok(db)
+}
+
+impl Book {
+    /// Loads what an earlier process left open in ledger.db: every open account, the ancestors
+    /// of those, and every open reservation (so recovery can release them exactly once).
+    pub fn load(db: &Connection) -> Result<Book, LedgerError> {
+        let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+        let mut book = Book::default();
+        let mut stmt = db
+            .prepare(
+                "WITH RECURSIVE keep(id) AS (
+                   SELECT id FROM accounts WHERE closed=0
+                   UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
+                 SELECT id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner
+                 FROM accounts WHERE id IN keep",
+            )
+            .map_err(st)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    [
+                        r.get::<_, i64>(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                    ],
+                    r.get::<_, bool>(8)?,
+                    r.get::<_, u32>(9)?,
+                ))
+            })
+            .map_err(st)?;
+        for row in rows {
+            let (id, parent, n, closed, owner) = row.map_err(st)?;
+            let (Ok(id), parent) = (
+                ThreadId::parse(&id),
+                parent.and_then(|p| ThreadId::parse(&p).ok()),
+            ) else {
+                continue;
+            };
+            book.accounts.insert(
+                id.clone(),
+                Account {
+                    id,
+                    parent,
+                    max: Nanos(n[0]),
+                    spent: Nanos(n[1]),
+                    own_spent: Nanos(n[2]),
+                    inflight: Nanos(n[3]),
+                    guaranteed: Nanos(n[4]),
+                    pool_left: Nanos(n[5]),
+                    closed,
+                    owner,
+                },
+            );
+        }
+        let mut stmt = db.prepare("SELECT body FROM reservations").map_err(st)?;
+        let bodies = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(st)?;
+        for body in bodies {
+            let body = body.map_err(st)?;
+            match serde_json::from_str::<Reservation>(&body) {
+                Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
+                    book.next_id = book.next_id.max(r.id);
+                    book.by_thread
+                        .entry(r.chain[0].clone())
+                        .or_default()
+                        .push(r.id);
+                    book.reservations.insert(r.id, r);
+                }
+                _ => tracing::warn!("ledger.db: unreadable reservation left as is: {body}"),
+            }
+        }
+        // Ids continue after any earlier process's, with room so two processes rarely meet.
+        let mut rnd = [0u8; 3];
+        let _ = getrandom::fill(&mut rnd);
+        book.next_id +=
+            1 + (u64::from(rnd[0]) << 32 | u64::from(rnd[1]) << 24 | u64::from(rnd[2]) << 16);
+        Ok(book)
+    }
+}

@@ -1,0 +1,119 @@
+//! The budget ledger (SPEC §5): every thread's account in integer nano-USD, per-call
+//! reservations cascading up the ancestor chain, guarantees, and exactly-once release.
+//!
+//! [`Book`] is the pure bookkeeping; [`LedgerActor`] owns the one `Book` of a runtime and
+//! persists every change to `ledger.db` in one IMMEDIATE transaction before replying.
+//! The ledger knows nothing about providers, tokens or actors other than its callers: it only
+//! moves nanos between accounts.
+//!
+//! # Model
+//! `used(T) = spent + inflight + guaranteed ≤ max` for every account T, at every instant.
+//! * `spent`: settled cost of T's own calls and of its whole subtree.
+//! * `inflight`: reservations of calls running in T's subtree, less what guarantees already hold.
+//! * `guaranteed`: set aside by T for children that asked `reserve`, not yet spent by them.
+//!
+//! A guarantee `G` granted by P to child C is held as `P.guaranteed += G` and as in-flight on
+//! every ancestor of P, so nobody else in the tree can take it. A call of C (or of anything
+//! below C) is covered by C's remaining guarantee first; only the uncovered part needs headroom
+//! higher up. On settlement the actual spend consumes the covering guarantees lowest first and
+//! whatever is unspent goes back to them.
+
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+mod actor;
+mod book;
+mod db;
+
+pub(crate) use actor::LedgerActor;
+pub use actor::LedgerMsg;
+pub use book::Book;
+pub(crate) use db::open_db;
+
+/// A ledger refusal or failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// Some account on the chain cannot cover the amount.
+    #[error(
+        "limit exceeded: spend — {needed} needed but only {available} remains (account {account})"
+    )]
+    Insufficient {
+        /// The account that is short.
+        account: ThreadId,
+        /// What the operation needed.
+        needed: Nanos,
+        /// What the chain could still cover.
+        available: Nanos,
+    },
+    /// No such account.
+    #[error("no ledger account for thread {0}")]
+    Unknown(ThreadId),
+    /// The account was already closed.
+    #[error("the ledger account of thread {0} is closed")]
+    Closed(ThreadId),
+    /// An account with that id exists.
+    #[error("a ledger account for thread {0} already exists")]
+    Exists(ThreadId),
+    /// ledger.db could not be written; nothing was changed.
+    #[error("ledger storage: {0}")]
+    Storage(String),
+}
+
+/// One thread's account.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Account {
+    /// The thread.
+    pub id: ThreadId,
+    /// Its parent's account, if any.
+    pub parent: Option<ThreadId>,
+    /// Spend cap of the subtree.
+    pub max: Nanos,
+    /// Settled spend of the subtree.
+    pub spent: Nanos,
+    /// Settled spend of the thread's own calls.
+    pub own_spent: Nanos,
+    /// Open reservations in the subtree beyond what guarantees hold.
+    pub inflight: Nanos,
+    /// Set aside for children's guarantees, not yet spent.
+    pub guaranteed: Nanos,
+    /// What is left of this thread's own guarantee from its parent.
+    pub pool_left: Nanos,
+    /// Closed: no further reservations.
+    pub closed: bool,
+    /// Process that opened the account (recovery closes accounts of dead processes).
+    pub owner: u32,
+}
+
+impl Account {
+    /// `spent + inflight + guaranteed`.
+    pub fn used(&self) -> Nanos {
+        self.spent.plus(self.inflight).plus(self.guaranteed)
+    }
+    /// `max − used` (never negative).
+    pub fn headroom(&self) -> Nanos {
+        Nanos((self.max.0 - self.used().0).max(0))
+    }
+}
+
+/// An open reservation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Reservation {
+    /// Ledger-wide id.
+    pub id: u64,
+    /// The reserving thread, then its ancestors.
+    pub chain: Vec<ThreadId>,
+    /// The amount reserved.
+    pub amount: Nanos,
+    /// Per edge k (chain[k] → chain[k+1]): what was carried up and what chain[k]'s guarantee covered.
+    pub edges: Vec<(Nanos, Nanos)>,
+}
+
+/// A granted call reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Reservation id to settle.
+    pub reservation: u64,
+    /// Output tokens the call may generate (possibly lowered to fit).
+    pub max_output_tokens: u64,
+    /// Nanos reserved.
+    pub amount: Nanos,
+}

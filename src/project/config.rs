@@ -1,0 +1,365 @@
+//! Project and user configuration (`.weft/config.yaml`, `<user config dir>/weft/config.yaml`).
+//!
+//! Owns parsing, defaults and lookups (pricing, providers, limits). The user file is read first
+//! and the project file overlays it key by key. Must never hold secrets: API keys are read from
+//! the environment variable a provider names, at the moment a provider is built.
+
+use super::yaml::find_line;
+use crate::core::limits::LimitSet;
+use crate::core::money::{Nanos, Price};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration error, naming the file and (when known) the line.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}{}: {message}", line.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file that failed.
+    pub file: PathBuf,
+    /// Line and column, when the parser knows them.
+    pub line: Option<(u64, u64)>,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+/// How often transcripts and thread.json are fsynced (SPEC §11 durability policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// fsync at terminal transitions and checkpoints; every write reaches the OS at once.
+    #[default]
+    Normal,
+    /// fsync every transition and every transcript line.
+    Strict,
+}
+
+/// One configured LLM backend.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// `scripted`, `openai` or `anthropic`.
+    pub kind: String,
+    /// Base URL for HTTP providers.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Name of the environment variable that holds the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Model tiers (`fast`, `smart`, ...) → model ids.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, String>,
+    /// Extra HTTP headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// For `scripted`: the script file (relative to the project root).
+    #[serde(default)]
+    pub script: Option<String>,
+    /// Longest silence while reading a response (humantime, e.g. `120s`).
+    #[serde(default, deserialize_with = "de_duration")]
+    pub read_timeout: Option<Duration>,
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| {
+        humantime::parse_duration(&s)
+            .map_err(|_| serde::de::Error::custom(format!("`{s}` is not a duration (e.g. 120s)")))
+    })
+    .transpose()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrice {
+    input: serde_json::Value,
+    output: serde_json::Value,
+    #[serde(default)]
+    cache_read: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    #[serde(default)]
+    limits: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    defaults: Option<RawDefaults>,
+    #[serde(default)]
+    providers: BTreeMap<String, ProviderConfig>,
+    #[serde(default)]
+    pricing: BTreeMap<String, RawPrice>,
+    #[serde(default)]
+    durability: Option<String>,
+    #[serde(default)]
+    retries: Option<u32>,
+    #[serde(default)]
+    cancel_grace: Option<String>,
+    #[serde(default)]
+    checkpoint_every: Option<u64>,
+    #[serde(default)]
+    context_window: BTreeMap<String, u64>,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `defaults.limits`.
+    pub default_limits: LimitSet,
+    /// `defaults.provider`: the provider used when a directive names none.
+    pub default_provider: String,
+    /// Largest `max_tokens` asked of any call before the ledger lowers it.
+    pub max_output_tokens: u64,
+    /// Providers by name.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// Prices by model id.
+    pub pricing: BTreeMap<String, Price>,
+    /// fsync policy.
+    pub durability: Durability,
+    /// How many times a retryable LLM error is retried.
+    pub retries: u32,
+    /// How long a cancelled thread waits for its children before killing them.
+    pub cancel_grace: Duration,
+    /// A signed checkpoint line is written every this many transcript lines.
+    pub checkpoint_every: u64,
+    /// Context window (tokens) by model id; a call whose prompt cannot fit is refused.
+    pub context_window: BTreeMap<String, u64>,
+}
+
+/// The commented config `weft init` writes.
+pub(crate) const DEFAULT_CONFIG_YAML: &str = r#"# weft project configuration. Every key is optional; shown values are the defaults.
+defaults:
+  # Limits every thread starts from; directives and overrides may change them, parents cap them.
+  limits: { turns: 15, tokens: 200000, spend: 0.50, duration: 10m, depth: 5, spawns: 20, concurrency: 5 }
+  # Provider used when a directive's `model` names none.
+  provider: scripted
+  # Largest max_tokens asked of one call; the budget ledger lowers it to what fits.
+  max_output_tokens: 4096
+providers:
+  scripted:
+    kind: scripted
+    # script: scripts/demo.yaml     # or pass `weft run --script FILE`
+  # Built in, shown here to adjust (base_url as the official SDKs use it):
+  # openai:    { kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY,
+  #              tiers: { fast: gpt-4o-mini, smart: gpt-4o } }
+  # anthropic: { kind: anthropic, base_url: https://api.anthropic.com, api_key_env: ANTHROPIC_API_KEY,
+  #              tiers: { fast: claude-3-5-haiku-latest, smart: claude-sonnet-4-0 } }
+  # local:     { kind: openai, base_url: http://127.0.0.1:8080/v1, tiers: { fast: my-model } }
+  #              (no api_key_env: local servers need no key; optional read_timeout: 120s, headers: {})
+# USD per million tokens, per model id. A model without a price cannot run under a spend limit.
+pricing:
+  scripted: { input: 1.00, output: 4.00, cache_read: 0.10 }
+  # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }   (built in, like a few others)
+# Context window per model id, in tokens: a call whose prompt cannot fit is refused.
+# context_window: { gpt-4o-mini: 128000 }
+# normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
+durability: normal
+# Retries of retryable LLM errors (rate limit, overloaded, server, timeout, connection).
+retries: 3
+# How long a cancelled thread waits for its children to acknowledge before killing them.
+cancel_grace: 5s
+# A signed checkpoint line every N transcript lines (and always at the end).
+checkpoint_every: 64
+"#;
+
+impl Default for Config {
+    fn default() -> Config {
+        let mut providers = BTreeMap::new();
+        providers.insert(
+            "scripted".to_string(),
+            ProviderConfig {
+                kind: "scripted".into(),
+                ..Default::default()
+            },
+        );
+        let mut pricing = BTreeMap::new();
+        pricing.insert(
+            "scripted".to_string(),
+            Price {
+                input: 1_000_000_000,
+                output: 4_000_000_000,
+                cache_read: 100_000_000,
+            },
+        );
+        Config {
+            default_limits: LimitSet::default(),
+            default_provider: "scripted".into(),
+            max_output_tokens: 4096,
+            providers,
+            pricing,
+            durability: Durability::Normal,
+            retries: 3,
+            cancel_grace: Duration::from_secs(5),
+            checkpoint_every: 64,
+            context_window: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Built-in defaults, then the user file, then the project file (each optional).
+    pub fn load(
+        user_file: Option<&Path>,
+        project_file: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        for file in [user_file, project_file].into_iter().flatten() {
+            if file.exists() {
+                cfg.overlay_file(file)?;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Overlays one YAML file's keys.
+    pub fn overlay_file(&mut self, file: &Path) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.into(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        self.overlay_text(file, &text)
+    }
+
+    /// Overlays YAML text (`file` only names it in errors).
+    pub fn overlay_text(&mut self, file: &Path, text: &str) -> Result<(), ConfigError> {
+        let err = |line: Option<(u64, u64)>, message: String| ConfigError {
+            file: file.into(),
+            line,
+            message,
+        };
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| {
+                let loc = e.location().map(|l| (l.line(), l.column()));
+                err(loc, crate::project::yaml::yaml_message(&e))
+            })?
+        };
+        if let Some(d) = raw.defaults {
+            if let Some(l) = d.limits {
+                let set = LimitSet::from_map(&l)
+                    .map_err(|m| err(find_line(text, "limits"), format!("defaults.limits: {m}")))?;
+                self.default_limits = self.default_limits.overlay(&set);
+            }
+            if let Some(p) = d.provider {
+                self.default_provider = p;
+            }
+            if let Some(m) = d.max_output_tokens {
+                self.max_output_tokens = m.max(1);
+            }
+        }
+        for (name, p) in raw.providers {
+            if !matches!(p.kind.as_str(), "scripted" | "openai" | "anthropic") {
+                return Err(err(
+                    find_line(text, &name),
+                    format!("providers.{name}.kind: `{}` is not a provider kind (expected scripted, openai or anthropic)", p.kind),
+                ));
+            }
+            self.providers.insert(name, p);
+        }
+        for (model, p) in raw.pricing {
+            let usd = |v: &serde_json::Value, what: &str| {
+                Nanos::from_json_usd(v).map_err(|m| {
+                    err(
+                        find_line(text, &model),
+                        format!("pricing.{model}.{what}: {m}"),
+                    )
+                })
+            };
+            let price = Price {
+                input: usd(&p.input, "input")?.0,
+                output: usd(&p.output, "output")?.0,
+                cache_read: match &p.cache_read {
+                    Some(v) => usd(v, "cache_read")?.0,
+                    None => 0,
+                },
+            };
+            self.pricing.insert(model, price);
+        }
+        if let Some(d) = raw.durability {
+            self.durability = match d.as_str() {
+                "normal" => Durability::Normal,
+                "strict" => Durability::Strict,
+                other => {
+                    return Err(err(
+                        find_line(text, "durability"),
+                        format!("durability: `{other}` (expected normal or strict)"),
+                    ))
+                }
+            };
+        }
+        if let Some(r) = raw.retries {
+            self.retries = r;
+        }
+        if let Some(g) = raw.cancel_grace {
+            self.cancel_grace = humantime::parse_duration(&g).map_err(|_| {
+                err(
+                    find_line(text, "cancel_grace"),
+                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
+                )
+            })?;
+        }
+        if let Some(c) = raw.checkpoint_every {
+            self.checkpoint_every = c.max(1);
+        }
+        self.context_window.extend(raw.context_window);
+        Ok(())
+    }
+
+    /// The price of `model`, or an error that says how to add one.
+    pub fn price(&self, model: &str) -> Result<Price, String> {
+        self.pricing.get(model).copied().ok_or_else(|| {
+            format!(
+                "model `{model}` has no price; add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_text_parses_to_defaults() {
+        let mut c = Config::default();
+        c.overlay_text(Path::new("config.yaml"), DEFAULT_CONFIG_YAML)
+            .unwrap();
+        assert_eq!(c.default_limits.turns, Some(15));
+        assert_eq!(c.default_limits.spend, Some(Nanos(500_000_000)));
+        assert_eq!(c.price("scripted").unwrap().output, 4_000_000_000);
+        assert_eq!(c.cancel_grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn errors_name_file_and_key() {
+        let mut c = Config::default();
+        let e = c
+            .overlay_text(Path::new("c.yaml"), "defaults:\n  limits: { turnz: 3 }\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("c.yaml:2"), "{e}");
+        assert!(e.to_string().contains("turnz"), "{e}");
+        let e = c
+            .overlay_text(
+                Path::new("c.yaml"),
+                "pricing:\n  m: { input: cheap, output: 1 }\n",
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("pricing.m.input"), "{e}");
+        let e = c
+            .overlay_text(Path::new("c.yaml"), "bogus: 1\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("c.yaml:1"), "{e}");
+        assert!(c.price("gpt-x").unwrap_err().contains("pricing"));
+    }
+}

@@ -1,0 +1,12 @@
+//! The durable, signed records of a thread: the user's key and the trust store (`signing`), the
+//! hash-chained transcript (`transcript`), thread.json (`thread_doc`), read-only verification
+//! (`verify`), and the group commit shared by the actors that own a database (`batch`).
+//!
+//! Owns file formats and their integrity. Must never decide what a thread does next: it writes
+//! what it is given and reads back what is there, naming the file and line of any damage.
+
+pub(crate) mod batch;
+pub(crate) mod signing;
+pub(crate) mod thread_doc;
+pub(crate) mod transcript;
+pub(crate) mod verify;

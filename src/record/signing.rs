@@ -1,0 +1,275 @@
+//! Signing: the ed25519 key of this user, the project's trust store, and signatures over
+//! RFC 8785 (JCS) canonical JSON with a domain prefix (SPEC §11).
+//!
+//! Owns key files and signature checks. Must never sign anything it did not canonicalize
+//! itself, and never accept a signature by a key that is not in `.weft/trust/`.
+
+use crate::core::ids::sha256_hex;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Domain prefix for thread.json signatures.
+pub const THREAD_DOMAIN: &str = "weft.thread.v1\n";
+/// Domain prefix for transcript checkpoint signatures.
+pub(crate) const CHECKPOINT_DOMAIN: &str = "weft.checkpoint.v1\n";
+
+/// A signing or trust error.
+#[derive(Debug, thiserror::Error)]
+pub enum SigningError {
+    /// A key file could not be read, written or parsed.
+    #[error("signing key {path}: {message}")]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What went wrong and what to do.
+        message: String,
+    },
+}
+
+/// The `signature` object embedded in signed documents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignatureBlock {
+    /// Always `ed25519`.
+    pub alg: String,
+    /// First 16 hex digits of sha256(public key bytes).
+    pub key_id: String,
+    /// Hex of the 64-byte signature.
+    pub sig: String,
+}
+
+/// This user's signing key.
+pub struct Signer {
+    key: SigningKey,
+    /// Id of the key, as in [`SignatureBlock::key_id`].
+    pub key_id: String,
+}
+
+fn key_id_of(vk: &VerifyingKey) -> String {
+    sha256_hex(vk.as_bytes())[..16].to_string()
+}
+
+impl Signer {
+    /// Loads `<dir>/signing.pem`, generating it (mode 0600) on first use.
+    pub fn load_or_create(dir: &Path) -> Result<Signer, SigningError> {
+        let path = dir.join("signing.pem");
+        let err = |message: String| SigningError::Key {
+            path: path.clone(),
+            message,
+        };
+        if path.exists() {
+            let pem =
+                std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read: {e}")))?;
+            let key = SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
+                err(format!(
+                    "not an ed25519 PKCS#8 PEM key ({e}); move it away to generate a new one"
+                ))
+            })?;
+            let key_id = key_id_of(&key.verifying_key());
+            return Ok(Signer { key, key_id });
+        }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| err(format!("no OS randomness: {e}")))?;
+        let key = SigningKey::from_bytes(&secret);
+        let pem = key
+            .to_pkcs8_pem(Default::default())
+            .map_err(|e| err(format!("cannot encode: {e}")))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        match write_private(&path, pem.as_bytes()) {
+            Ok(()) => {}
+            // Another process created the key first (the link is atomic): use that one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Signer::load_or_create(dir)
+            }
+            Err(e) => return Err(err(format!("cannot write: {e}"))),
+        }
+        let key_id = key_id_of(&key.verifying_key());
+        Ok(Signer { key, key_id })
+    }
+
+    /// Writes this key's public half to `<trust_dir>/<key_id>.pub` if absent.
+    pub fn trust_in(&self, trust_dir: &Path) -> Result<(), SigningError> {
+        let path = trust_dir.join(format!("{}.pub", self.key_id));
+        if path.exists() {
+            return Ok(());
+        }
+        let err = |message: String| SigningError::Key {
+            path: path.clone(),
+            message,
+        };
+        let pem = self
+            .key
+            .verifying_key()
+            .to_public_key_pem(Default::default())
+            .map_err(|e| err(format!("cannot encode: {e}")))?;
+        std::fs::create_dir_all(trust_dir)
+            .map_err(|e| err(format!("cannot create trust dir: {e}")))?;
+        std::fs::write(&path, pem).map_err(|e| err(format!("cannot write: {e}")))
+    }
+
+    /// Signs `domain ‖ JCS(doc)`; `doc` must not contain its own signature.
+    pub fn sign(&self, domain: &str, doc: &serde_json::Value) -> SignatureBlock {
+        let msg = signed_bytes(domain, doc);
+        let sig: Signature = self.key.sign(&msg);
+        SignatureBlock {
+            alg: "ed25519".into(),
+            key_id: self.key_id.clone(),
+            sig: crate::core::ids::hex(&sig.to_bytes()),
+        }
+    }
+}
+
+/// Writes a complete private file atomically: temp file (0600, fsynced), then a hard link to the
+/// final name, which fails with `AlreadyExists` if another process got there first.
+#[cfg(unix)]
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut rnd = [0u8; 8];
+    let _ = getrandom::fill(&mut rnd);
+    let tmp = path.with_extension(format!(
+        "pem.{}.{}.tmp",
+        std::process::id(),
+        crate::core::ids::hex(&rnd)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    linked
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, bytes)
+}
+
+fn signed_bytes(domain: &str, doc: &serde_json::Value) -> Vec<u8> {
+    let mut msg = domain.as_bytes().to_vec();
+    // JCS of a serde_json::Value cannot fail: no non-string keys, no NaN.
+    msg.extend(serde_json_canonicalizer::to_vec(doc).unwrap_or_default());
+    msg
+}
+
+/// The public keys a project accepts, by key id.
+#[derive(Default, Clone)]
+pub struct Trust {
+    keys: HashMap<String, VerifyingKey>,
+}
+
+impl Trust {
+    /// Reads every `*.pub` in `dir` (a missing dir is an empty store; a bad file is skipped
+    /// and named in the returned warnings).
+    pub fn load(dir: &Path) -> (Trust, Vec<String>) {
+        let mut t = Trust::default();
+        let mut warnings = Vec::new();
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return (t, warnings);
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("pub") {
+                continue;
+            }
+            match std::fs::read_to_string(&p)
+                .ok()
+                .and_then(|s| VerifyingKey::from_public_key_pem(&s).ok())
+            {
+                Some(vk) => {
+                    t.keys.insert(key_id_of(&vk), vk);
+                }
+                None => warnings.push(format!(
+                    "{}: not an ed25519 public key PEM; ignored",
+                    p.display()
+                )),
+            }
+        }
+        (t, warnings)
+    }
+
+    /// Verifies `block` over `domain ‖ JCS(doc)`.
+    pub fn verify(
+        &self,
+        domain: &str,
+        doc: &serde_json::Value,
+        block: &SignatureBlock,
+    ) -> Result<(), String> {
+        if block.alg != "ed25519" {
+            return Err(format!("unsupported signature algorithm `{}`", block.alg));
+        }
+        let vk = self.keys.get(&block.key_id).ok_or_else(|| {
+            format!(
+                "signed by key {} which is not in .weft/trust/",
+                block.key_id
+            )
+        })?;
+        let bytes: [u8; 64] = crate::core::ids::unhex(&block.sig)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| "signature is not 64 bytes of hex".to_string())?;
+        vk.verify_strict(&signed_bytes(domain, doc), &Signature::from_bytes(&bytes))
+            .map_err(|_| "bad signature: the document was changed after it was signed".to_string())
+    }
+}
+
+/// Verifies a document that carries its own `signature` field.
+pub(crate) fn verify_embedded(
+    trust: &Trust,
+    domain: &str,
+    doc: &serde_json::Value,
+) -> Result<(), String> {
+    let mut body = doc.clone();
+    let block = body
+        .as_object_mut()
+        .and_then(|o| o.remove("signature"))
+        .ok_or_else(|| "no signature".to_string())?;
+    let block: SignatureBlock =
+        serde_json::from_value(block).map_err(|e| format!("malformed signature: {e}"))?;
+    trust.verify(domain, &body, &block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_verify_and_tamper() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Signer::load_or_create(dir.path()).unwrap();
+        let again = Signer::load_or_create(dir.path()).unwrap();
+        assert_eq!(s.key_id, again.key_id);
+        s.trust_in(&dir.path().join("trust")).unwrap();
+        let (trust, warnings) = Trust::load(&dir.path().join("trust"));
+        assert!(warnings.is_empty());
+        let doc = serde_json::json!({"b": 1, "a": [1, 2], "money": 500000000});
+        let block = s.sign(THREAD_DOMAIN, &doc);
+        trust.verify(THREAD_DOMAIN, &doc, &block).unwrap();
+        // Key order does not matter (JCS); content and domain do.
+        let reordered: serde_json::Value =
+            serde_json::from_str(r#"{"money":500000000,"a":[1,2],"b":1}"#).unwrap();
+        trust.verify(THREAD_DOMAIN, &reordered, &block).unwrap();
+        assert!(trust.verify(CHECKPOINT_DOMAIN, &doc, &block).is_err());
+        let tampered = serde_json::json!({"b": 2, "a": [1, 2], "money": 500000000});
+        assert!(trust
+            .verify(THREAD_DOMAIN, &tampered, &block)
+            .unwrap_err()
+            .contains("bad signature"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("signing.pem"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+}

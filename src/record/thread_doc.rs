@@ -1,0 +1,171 @@
+//! Signed thread state: `thread.json` (SPEC §11).
+//!
+//! Owns the document's shape, its atomic signed write and its verified read. Only the thread
+//! actor that owns a thread writes its thread.json (recovery excepted, for dead owners).
+
+use crate::core::ids::ThreadId;
+use crate::core::limits::Limits;
+use crate::core::status::Status;
+use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
+use crate::record::transcript::Head;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+/// One entry of the transition history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transition {
+    /// The state entered.
+    pub status: Status,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// Cost figures of a thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cost {
+    /// LLM calls made.
+    pub turns: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Cache-read tokens.
+    pub cache_read_tokens: u64,
+    /// The thread's own spend, nano-USD.
+    pub own_spend_nanos: i64,
+    /// The subtree's spend, nano-USD.
+    pub spend_nanos: i64,
+    /// Wall time so far, ms.
+    pub elapsed_ms: u64,
+}
+
+/// The content of thread.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadDoc {
+    /// Format version (1).
+    pub version: u32,
+    /// Thread id.
+    pub id: ThreadId,
+    /// Directive name.
+    pub directive: String,
+    /// sha256 of the directive's file(s).
+    pub directive_hash: String,
+    /// Parent thread.
+    pub parent_id: Option<ThreadId>,
+    /// Root thread.
+    pub root_id: ThreadId,
+    /// Current state.
+    pub status: Status,
+    /// Every transition so far.
+    pub history: Vec<Transition>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// Model id.
+    pub model: String,
+    /// Provider name.
+    pub provider: String,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Attenuated capabilities.
+    pub capabilities: Vec<String>,
+    /// Costs.
+    pub cost: Cost,
+    /// Structured outputs from `directive_return`.
+    pub outputs: Option<serde_json::Value>,
+    /// Final text.
+    pub result: Option<String>,
+    /// Error message.
+    pub error: Option<String>,
+    /// Class of error, e.g. `interrupted` for threads finalized by crash recovery.
+    #[serde(default)]
+    pub error_kind: Option<String>,
+    /// Thread this one continues.
+    pub continuation_of: Option<ThreadId>,
+    /// The continuation thread that carries this one's work on (`weft resume`).
+    #[serde(default)]
+    pub continued_by: Option<ThreadId>,
+    /// First thread of the chain.
+    pub chain_root: Option<ThreadId>,
+    /// The transcript's head when this document was signed.
+    pub transcript_head: Head,
+}
+
+/// A thread.json read error.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct StateError {
+    /// The file.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ThreadDoc {
+    /// Records a transition.
+    pub fn transition(&mut self, status: Status) {
+        let at = crate::core::ids::now_ts();
+        self.status = status;
+        self.updated_at = at.clone();
+        self.history.push(Transition { status, at });
+    }
+
+    /// Signs and writes: replacing an existing file atomically (temp file, optional fsync,
+    /// rename); the first version is created in place.
+    pub fn write_signed(&self, path: &Path, signer: &Signer, fsync: bool) -> std::io::Result<()> {
+        let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
+        let sig = signer.sign(THREAD_DOMAIN, &v);
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "signature".into(),
+                serde_json::to_value(sig).map_err(std::io::Error::other)?,
+            );
+        }
+        let bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
+        // The first version has nothing to protect: create it in place (one inode, no rename).
+        // A crash mid-write leaves a torn file, which recovery rebuilds from the registry.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(mut f) => {
+                f.write_all(&bytes)?;
+                if fsync {
+                    f.sync_all()?;
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let tmp = path.with_extension("json.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            if fsync {
+                f.sync_all()?;
+            }
+        }
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Reads and verifies a thread.json against the project's trust store.
+    pub fn read_verified(path: &Path, trust: &Trust) -> Result<ThreadDoc, StateError> {
+        let err = |message: String| StateError {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        crate::record::signing::verify_embedded(trust, THREAD_DOMAIN, &v).map_err(err)?;
+        let mut body = v;
+        if let Some(o) = body.as_object_mut() {
+            o.remove("signature");
+        }
+        serde_json::from_value(body).map_err(|e| err(format!("signed but not a thread.json: {e}")))
+    }
+}

@@ -1,0 +1,276 @@
+//! Transcripts: the append-only, hash-chained event log of one thread (`transcript.jsonl`).
+//!
+//! Each line is one JSON object with `seq`, `ts`, `type`, the event's payload and `prev`, the
+//! sha256 of the previous line's bytes (64 zeros for the first). Signed `checkpoint` lines are
+//! written every N lines and at the end. Only the owning thread actor appends; readers tolerate
+//! a torn last line (a crash mid-append) and report it instead of failing.
+
+use crate::core::ids::now_ts;
+use crate::project::config::Durability;
+use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
+use serde_json::{json, Map, Value};
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The `prev` of the first line.
+pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The chain head: the last line's seq and hash.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Head {
+    /// seq of the last line (−1 = empty transcript).
+    pub seq: i64,
+    /// sha256 of the last line (GENESIS when empty).
+    pub hash: String,
+}
+
+/// Appends events to one thread's transcript.
+pub struct TranscriptWriter {
+    file: File,
+    thread_id: String,
+    head: Head,
+    since_checkpoint: u64,
+    checkpoint_every: u64,
+    durability: Durability,
+    signer: Arc<Signer>,
+}
+
+impl TranscriptWriter {
+    /// Creates a new, empty transcript (fails if it exists: transcripts are never rewritten).
+    pub fn create(
+        path: &Path,
+        thread_id: &str,
+        signer: Arc<Signer>,
+        durability: Durability,
+        checkpoint_every: u64,
+    ) -> std::io::Result<TranscriptWriter> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(TranscriptWriter {
+            file,
+            thread_id: thread_id.into(),
+            head: Head {
+                seq: -1,
+                hash: GENESIS.into(),
+            },
+            since_checkpoint: 0,
+            checkpoint_every: checkpoint_every.max(1),
+            durability,
+            signer,
+        })
+    }
+
+    /// Opens an existing transcript for appending after `head` (see [`repair`]).
+    pub fn open_append(
+        path: &Path,
+        thread_id: &str,
+        head: Head,
+        signer: Arc<Signer>,
+        durability: Durability,
+        checkpoint_every: u64,
+    ) -> std::io::Result<TranscriptWriter> {
+        let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        Ok(TranscriptWriter {
+            file,
+            thread_id: thread_id.into(),
+            head,
+            since_checkpoint: 0,
+            checkpoint_every: checkpoint_every.max(1),
+            durability,
+            signer,
+        })
+    }
+
+    /// The current chain head.
+    pub fn head(&self) -> &Head {
+        &self.head
+    }
+
+    /// Appends one event; `payload` must be an object (other values go under `value`).
+    /// The line reaches the OS before this returns (and the disk, under `durability: strict`).
+    pub fn append(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
+        self.write_line(kind, payload)?;
+        self.since_checkpoint += 1;
+        if self.since_checkpoint >= self.checkpoint_every {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Writes a signed checkpoint line over the current head and fsyncs.
+    pub fn checkpoint(&mut self) -> std::io::Result<()> {
+        self.checkpoint_line()?;
+        self.file.sync_data()
+    }
+
+    /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::file_handle`]).
+    pub fn checkpoint_line(&mut self) -> std::io::Result<()> {
+        let body =
+            json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
+        let sig = self.signer.sign(CHECKPOINT_DOMAIN, &body);
+        self.write_line("checkpoint", json!({ "sig": sig }))?;
+        self.since_checkpoint = 0;
+        Ok(())
+    }
+
+    /// A second handle on the file, to fsync it off the actor's thread.
+    pub fn file_handle(&self) -> std::io::Result<File> {
+        self.file.try_clone()
+    }
+
+    fn write_line(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
+        let mut obj = match payload {
+            Value::Object(m) => m,
+            Value::Null => Map::new(),
+            other => {
+                let mut m = Map::new();
+                m.insert("value".into(), other);
+                m
+            }
+        };
+        let seq = self.head.seq + 1;
+        obj.insert("seq".into(), json!(seq));
+        obj.insert("ts".into(), json!(now_ts()));
+        obj.insert("type".into(), json!(kind));
+        obj.insert("prev".into(), json!(self.head.hash));
+        let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(std::io::Error::other)?;
+        let hash = crate::core::ids::sha256_hex(&line);
+        line.push(b'\n');
+        self.file.write_all(&line)?;
+        if self.durability == Durability::Strict {
+            self.file.sync_data()?;
+        }
+        self.head = Head { seq, hash };
+        Ok(())
+    }
+}
+
+/// What reading a transcript found.
+#[derive(Debug, Default)]
+pub struct ReadReport {
+    /// Every complete, parseable event in order.
+    pub events: Vec<Value>,
+    /// The sha256 of each of those lines, in the same order.
+    pub hashes: Vec<String>,
+    /// Head after the last good line.
+    pub head: Option<Head>,
+    /// A torn (incomplete, unparseable) last line was found and left out.
+    pub torn_last_line: bool,
+    /// The first broken place: (1-based line, what is wrong).
+    pub broken: Option<(usize, String)>,
+}
+
+/// Reads and checks a transcript: chain, seq, checkpoint signatures (when `trust` is given).
+/// Never fails on malformed content: problems are reported in the result.
+pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Result<ReadReport> {
+    let bytes = std::fs::read(path)?;
+    let mut rep = ReadReport {
+        head: Some(Head {
+            seq: -1,
+            hash: GENESIS.into(),
+        }),
+        ..Default::default()
+    };
+    let ends_clean = bytes.is_empty() || bytes.ends_with(b"\n");
+    let lines: Vec<&[u8]> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut prev = GENESIS.to_string();
+    for (i, raw) in lines.iter().enumerate() {
+        let last = i + 1 == lines.len();
+        let v: Value = match serde_json::from_slice(raw) {
+            Ok(v) => v,
+            Err(_) if last && !ends_clean => {
+                rep.torn_last_line = true;
+                break;
+            }
+            Err(e) => {
+                rep.broken = Some((i + 1, format!("not valid JSON: {e}")));
+                break;
+            }
+        };
+        if let Err(m) = check_line(&v, i, &prev, thread_id, trust) {
+            rep.broken = Some((i + 1, m));
+            break;
+        }
+        prev = crate::core::ids::sha256_hex(raw);
+        rep.hashes.push(prev.clone());
+        rep.head = Some(Head {
+            seq: i as i64,
+            hash: prev.clone(),
+        });
+        rep.events.push(v);
+    }
+    Ok(rep)
+}
+
+fn check_line(
+    v: &Value,
+    i: usize,
+    prev: &str,
+    thread_id: &str,
+    trust: Option<&Trust>,
+) -> Result<(), String> {
+    if v.get("seq").and_then(Value::as_i64) != Some(i as i64) {
+        return Err(format!(
+            "seq is {} where {i} was expected",
+            v.get("seq").unwrap_or(&Value::Null)
+        ));
+    }
+    if v.get("prev").and_then(Value::as_str) != Some(prev) {
+        return Err("broken chain: `prev` does not match the hash of the line before (a line was edited, removed or inserted)".into());
+    }
+    if v.get("type").and_then(Value::as_str) == Some("checkpoint") {
+        if let Some(trust) = trust {
+            let sig: SignatureBlock =
+                serde_json::from_value(v.get("sig").cloned().unwrap_or(Value::Null))
+                    .map_err(|_| "checkpoint without a valid `sig`".to_string())?;
+            let body = json!({"thread": thread_id, "seq": i, "prev": prev});
+            trust
+                .verify(CHECKPOINT_DOMAIN, &body, &sig)
+                .map_err(|m| format!("checkpoint: {m}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes a transcript appendable after a crash: a torn last line (bytes after the last newline)
+/// is moved, not dropped, to `transcript.torn` beside it, and the file is cut back to its last
+/// complete line. Returns the head after the last complete line and whether a torn line was kept.
+pub(crate) fn repair(path: &Path) -> std::io::Result<(Head, bool)> {
+    let bytes = std::fs::read(path)?;
+    let good_len = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let torn = good_len < bytes.len();
+    if torn {
+        let aside = path.with_extension("torn");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&aside)?;
+        f.write_all(&bytes[good_len..])?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        let t = std::fs::OpenOptions::new().write(true).open(path)?;
+        t.set_len(good_len as u64)?;
+        t.sync_all()?;
+    }
+    let mut head = Head {
+        seq: -1,
+        hash: GENESIS.into(),
+    };
+    for line in bytes[..good_len]
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        head = Head {
+            seq: head.seq + 1,
+            hash: crate::core::ids::sha256_hex(line),
+        };
+    }
+    Ok((head, torn))
+}

@@ -1,0 +1,78 @@
+//! Verification of signed state: thread.json signatures, transcript chains and checkpoints,
+//! and that thread.json's recorded head matches the transcript (SPEC §11).
+//!
+//! Read-only: it never repairs anything, it names the file and the first broken place.
+
+use crate::core::ids::ThreadId;
+use crate::project::Project;
+use crate::record::signing::Trust;
+use crate::record::thread_doc::ThreadDoc;
+use serde::Serialize;
+
+/// The result of verifying one thread.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    /// Thread id.
+    pub id: String,
+    /// Everything checks.
+    pub ok: bool,
+    /// What is wrong, each naming the file (and line).
+    pub problems: Vec<String>,
+    /// The transcript ends in a torn line (a crash mid-append); reported, not fatal.
+    pub torn_last_line: bool,
+}
+
+/// Verifies one thread's files.
+pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict {
+    let dir = project.thread_dir(id);
+    let doc_path = dir.join("thread.json");
+    let tr_path = dir.join("transcript.jsonl");
+    let mut problems = Vec::new();
+    let doc = match ThreadDoc::read_verified(&doc_path, trust) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    };
+    let mut torn = false;
+    match crate::record::transcript::read(&tr_path, id.as_str(), Some(trust)) {
+        Err(e) => problems.push(format!("{}: cannot read: {e}", tr_path.display())),
+        Ok(rep) => {
+            torn = rep.torn_last_line;
+            if let Some((line, msg)) = &rep.broken {
+                problems.push(format!("{}:{line}: {msg}", tr_path.display()));
+            } else if let Some(doc) = &doc {
+                let want = &doc.transcript_head;
+                let hash_at = usize::try_from(want.seq)
+                    .ok()
+                    .and_then(|i| rep.hashes.get(i));
+                let matches = want.seq < 0 && rep.events.is_empty() || hash_at == Some(&want.hash);
+                if !matches {
+                    problems.push(format!(
+                        "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
+                        doc_path.display(),
+                        want.seq + 1,
+                        &want.hash[..12.min(want.hash.len())]
+                    ));
+                } else if doc.status.is_terminal() {
+                    let last = rep.head.as_ref().map_or(-1, |h| h.seq);
+                    if last != want.seq {
+                        problems.push(format!(
+                            "{}: {} line(s) after the head that the final thread.json signed (line {})",
+                            tr_path.display(),
+                            last - want.seq,
+                            want.seq + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Verdict {
+        id: id.to_string(),
+        ok: problems.is_empty(),
+        problems,
+        torn_last_line: torn,
+    }
+}

@@ -1,0 +1,202 @@
+//! The registry actor: the only writer of registry.db at run time, with group commit.
+
+use super::{Admission, RegistryError, Store, ThreadRow};
+use crate::core::ids::ThreadId;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+/// Messages of the registry actor.
+pub enum RegistryMsg {
+    /// Register a new thread, with admission for children.
+    Register {
+        /// The row (status `created`).
+        row: Box<ThreadRow>,
+        /// Admission against the parent's limits.
+        admit: Option<Admission>,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
+    /// Update a row (status, cost, result).
+    Update {
+        /// The row.
+        row: Box<ThreadRow>,
+        /// Reply, when the caller must know it is stored (terminal transitions).
+        reply: Option<RpcReplyPort<Result<(), RegistryError>>>,
+    },
+    /// Read one row.
+    Get {
+        /// Thread id.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<Option<ThreadRow>, RegistryError>>,
+    },
+    /// Is `id` a descendant of `ancestor`?
+    IsDescendant {
+        /// The ancestor.
+        ancestor: ThreadId,
+        /// The candidate.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<bool, RegistryError>>,
+    },
+    /// Rows still created/running.
+    Unfinished {
+        /// Reply.
+        reply: RpcReplyPort<Result<Vec<ThreadRow>, RegistryError>>,
+    },
+    /// Recovery: finalize a row whose owner is gone.
+    FinishInterrupted {
+        /// The row (status, error, spend set).
+        row: Box<ThreadRow>,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
+    /// Link a continuation to the thread it continues.
+    LinkContinuation {
+        /// The continued thread.
+        old: ThreadId,
+        /// The continuation.
+        new: ThreadId,
+        /// First thread of the chain.
+        chain_root: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    },
+    /// Commit the batch and release held replies.
+    Flush,
+    /// Rows of one tree.
+    Tree {
+        /// Root id.
+        root: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<Vec<ThreadRow>, RegistryError>>,
+    },
+}
+
+/// The registry actor actor: sole writer of registry.db during a run.
+///
+/// Group commit, as the ledger: writes go into one open IMMEDIATE transaction and their replies
+/// are held; a `Flush` marker queued behind them commits and releases the replies. Reads see the
+/// batch's writes (same connection).
+pub(crate) struct RegistryActor;
+
+type HeldReply = crate::record::batch::HeldReply<RegistryError>;
+
+/// State of the registry actor.
+pub(crate) struct RegistryActorState {
+    store: Store,
+    held: crate::record::batch::GroupCommit<RegistryError>,
+}
+
+impl RegistryActorState {
+    /// Runs a write in the batch; its outcome is replied after the commit.
+    fn write(
+        &mut self,
+        me: &ActorRef<RegistryMsg>,
+        op: impl FnOnce(&mut Store) -> Result<(), RegistryError>,
+        reply: Option<RpcReplyPort<Result<(), RegistryError>>>,
+    ) {
+        let res = self.store.begin_batch().and_then(|_| op(&mut self.store));
+        if let Err(e) = &res {
+            tracing::error!("registry write failed: {e}");
+        }
+        let held: HeldReply = Box::new(move |commit_err| {
+            if let Some(r) = reply {
+                let _ = r.send(match (res, commit_err) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(e)) => Err(e),
+                    (Ok(()), None) => Ok(()),
+                });
+            }
+        });
+        self.held.hold(held, || me.cast(RegistryMsg::Flush).is_ok());
+    }
+
+    fn flush(&mut self) {
+        let res = self.store.commit_batch();
+        if let Err(e) = &res {
+            tracing::error!("registry.db commit failed: {e}");
+        }
+        self.held.release(&res);
+    }
+}
+
+impl Actor for RegistryActor {
+    type Msg = RegistryMsg;
+    type State = RegistryActorState;
+    type Arguments = Store;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<RegistryMsg>,
+        store: Store,
+    ) -> Result<RegistryActorState, ActorProcessingErr> {
+        Ok(RegistryActorState {
+            store,
+            held: Default::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        me: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        s: &mut RegistryActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Register { row, admit, reply } => {
+                // Refusals are answered at once; only a stored row waits for the commit.
+                let res = s
+                    .store
+                    .begin_batch()
+                    .and_then(|_| s.store.register(&row, admit.as_ref()));
+                match res {
+                    Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            RegistryMsg::Update { row, reply } => s.write(&me, |st| st.update(&row), reply),
+            RegistryMsg::FinishInterrupted { row, reply } => {
+                s.write(&me, |st| st.finish_interrupted(&row), Some(reply))
+            }
+            RegistryMsg::LinkContinuation {
+                old,
+                new,
+                chain_root,
+                reply,
+            } => s.write(
+                &me,
+                |st| st.link_continuation(old.as_str(), new.as_str(), chain_root.as_str()),
+                Some(reply),
+            ),
+            RegistryMsg::Flush => s.flush(),
+            RegistryMsg::Get { id, reply } => {
+                let _ = reply.send(s.store.get(id.as_str()));
+            }
+            RegistryMsg::IsDescendant {
+                ancestor,
+                id,
+                reply,
+            } => {
+                let _ = reply.send(s.store.is_descendant(ancestor.as_str(), id.as_str()));
+            }
+            RegistryMsg::Unfinished { reply } => {
+                let _ = reply.send(s.store.unfinished());
+            }
+            RegistryMsg::Tree { root, reply } => {
+                let _ = reply.send(s.store.tree(root.as_str()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<RegistryMsg>,
+        s: &mut RegistryActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        s.flush();
+        Ok(())
+    }
+}

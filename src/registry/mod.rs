@@ -1,0 +1,112 @@
+//! The thread registry (`registry.db`) and the registry actor that owns it.
+//!
+//! [`Store`] is the SQL; [`RegistryActor`] is the only writer at run time. Spawn admission (the
+//! parent's `spawns` and `concurrency` limits) happens here, in the same IMMEDIATE transaction
+//! that inserts the child's row, so two concurrent spawns — even from two processes — can never
+//! both take the last slot. The registry is an index: the signed thread.json stays the truth.
+
+use crate::core::ids::ThreadId;
+use serde::{Deserialize, Serialize};
+
+mod actor;
+mod store;
+
+pub(crate) use actor::RegistryActor;
+pub use actor::RegistryMsg;
+pub use store::Store;
+
+/// Registry failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The parent's `spawns` limit is used up.
+    #[error("limit exceeded: spawns {used}/{max} — thread {parent} may not spawn more children")]
+    Spawns {
+        /// The parent.
+        parent: ThreadId,
+        /// Children spawned so far.
+        used: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The parent's `concurrency` limit is reached.
+    #[error("limit exceeded: concurrency {live}/{max} — thread {parent} has that many live children; wait for one to finish")]
+    Concurrency {
+        /// The parent.
+        parent: ThreadId,
+        /// Live children.
+        live: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// No such thread.
+    #[error("no thread {0} in the registry")]
+    Unknown(ThreadId),
+    /// registry.db failed.
+    #[error("registry storage: {0}")]
+    Storage(String),
+}
+
+fn st(e: rusqlite::Error) -> RegistryError {
+    RegistryError::Storage(e.to_string())
+}
+
+/// One registry row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadRow {
+    /// Thread id.
+    pub id: String,
+    /// Directive name.
+    pub directive: String,
+    /// Parent thread id.
+    pub parent_id: Option<String>,
+    /// Root thread id.
+    pub root_id: String,
+    /// created, running, completed, error, cancelled, continued.
+    pub status: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// Model id.
+    pub model: String,
+    /// LLM calls made.
+    pub turns: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Own spend, nano-USD.
+    pub own_spend_nanos: i64,
+    /// Subtree spend, nano-USD.
+    pub spend_nanos: i64,
+    /// Children spawned.
+    pub spawn_count: u64,
+    /// Final text.
+    pub result: Option<String>,
+    /// Structured outputs (JSON).
+    pub outputs: Option<serde_json::Value>,
+    /// Error message.
+    pub error: Option<String>,
+    /// Process that runs the thread.
+    pub owner_pid: u32,
+    /// Thread this one continues.
+    pub continuation_of: Option<String>,
+    /// First thread of the chain.
+    pub chain_root: Option<String>,
+}
+
+/// Is `status` terminal?
+pub fn is_terminal(status: &str) -> bool {
+    matches!(status, "completed" | "error" | "cancelled" | "continued")
+}
+
+/// Spawn admission asked of the registry.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Parent.
+    pub parent: ThreadId,
+    /// Parent's `spawns` limit.
+    pub spawns: u64,
+    /// Parent's `concurrency` limit.
+    pub concurrency: u64,
+}

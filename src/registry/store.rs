@@ -1,0 +1,301 @@
+//! registry.db: schema, queries, and spawn admission inside the batch transaction.
+
+use super::{st, Admission, RegistryError, ThreadRow};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+
+/// SQL access to registry.db.
+pub struct Store {
+    db: Connection,
+    /// A batch transaction is open (see [`RegistryActor`]).
+    in_batch: bool,
+}
+
+const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root";
+
+impl Store {
+    /// Opens (creating) the registry.
+    pub fn open(path: &Path) -> Result<Store, RegistryError> {
+        let db = Connection::open(path)
+            .map_err(|e| RegistryError::Storage(format!("{}: {e}", path.display())))?;
+        db.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
+             CREATE TABLE IF NOT EXISTS threads(
+               id TEXT PRIMARY KEY, directive TEXT NOT NULL, parent TEXT, root TEXT NOT NULL,
+               status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+               model TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0, tokens_in INTEGER NOT NULL DEFAULT 0,
+               tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
+               spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
+               result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
+               continuation_of TEXT, chain_root TEXT);
+             CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
+             CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
+        )
+        .map_err(st)?;
+        Ok(Store {
+            db,
+            in_batch: false,
+        })
+    }
+
+    /// Opens read-only (for `threads`, `show`, `verify` in another process).
+    pub fn open_read_only(path: &Path) -> Result<Store, RegistryError> {
+        let db = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| {
+                RegistryError::Storage(format!(
+                    "{}: {e} (run `weft init` and `weft run` first)",
+                    path.display()
+                ))
+            })?;
+        db.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(st)?;
+        Ok(Store {
+            db,
+            in_batch: false,
+        })
+    }
+
+    /// Opens the batch transaction if none is open (IMMEDIATE: the write lock is taken now).
+    pub fn begin_batch(&mut self) -> Result<(), RegistryError> {
+        if !self.in_batch {
+            self.db.execute_batch("BEGIN IMMEDIATE").map_err(st)?;
+            self.in_batch = true;
+        }
+        Ok(())
+    }
+
+    /// Commits the batch transaction, if one is open.
+    pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
+        if self.in_batch {
+            self.in_batch = false;
+            if let Err(e) = self.db.execute_batch("COMMIT") {
+                let _ = self.db.execute_batch("ROLLBACK");
+                return Err(st(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts a new row; with `admit`, first checks and counts the parent's spawn slots.
+    pub fn register(
+        &mut self,
+        row: &ThreadRow,
+        admit: Option<&Admission>,
+    ) -> Result<(), RegistryError> {
+        // A savepoint: atomic on its own, and inside the supervisor's batch transaction.
+        let tx = self.db.savepoint().map_err(st)?;
+        if let Some(a) = admit {
+            let (used,): (u64,) = tx
+                .prepare_cached("SELECT spawn_count FROM threads WHERE id=?1")
+                .map_err(st)?
+                .query_row([a.parent.as_str()], |r| Ok((r.get(0)?,)))
+                .optional()
+                .map_err(st)?
+                .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
+            if used >= a.spawns {
+                return Err(RegistryError::Spawns {
+                    parent: a.parent.clone(),
+                    used,
+                    max: a.spawns,
+                });
+            }
+            let live: u64 = tx
+                .prepare_cached("SELECT COUNT(*) FROM threads WHERE parent=?1 AND status IN ('created','running')")
+                .map_err(st)?
+                .query_row([a.parent.as_str()], |r| r.get(0))
+                .map_err(st)?;
+            if live >= a.concurrency {
+                return Err(RegistryError::Concurrency {
+                    parent: a.parent.clone(),
+                    live,
+                    max: a.concurrency,
+                });
+            }
+            tx.prepare_cached("UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1")
+                .map_err(st)?
+                .execute([a.parent.as_str()])
+                .map_err(st)?;
+        }
+        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"))
+            .map_err(st)?
+            .execute(
+            params![
+                row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
+                row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
+                row.spawn_count, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
+                row.continuation_of, row.chain_root
+            ],
+        )
+        .map_err(st)?;
+        tx.commit().map_err(st)
+    }
+
+    /// Writes status, cost and result fields of an existing row (never leaves a terminal state).
+    pub fn update(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
+        self
+            .db
+            .prepare_cached(
+                "UPDATE threads SET status=?2, updated_at=?3, turns=?4, tokens_in=?5, tokens_out=?6, own_spend=?7,
+                 spend=?8, result=?9, outputs=?10, error=?11
+                 WHERE id=?1 AND status NOT IN ('completed','error','cancelled','continued')",
+            )
+            .map_err(st)?
+            .execute(params![
+                row.id, row.status, row.updated_at, row.turns, row.input_tokens, row.output_tokens,
+                row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error
+            ])
+            .map_err(st)?;
+        Ok(())
+    }
+
+    /// One row.
+    pub fn get(&self, id: &str) -> Result<Option<ThreadRow>, RegistryError> {
+        self.db
+            .prepare_cached(&format!("SELECT {COLS} FROM threads WHERE id=?1"))
+            .map_err(st)?
+            .query_row([id], row_of)
+            .optional()
+            .map_err(st)
+    }
+
+    /// Rows, newest first; `active` keeps created/running only.
+    pub fn list(&self, active: bool, limit: usize) -> Result<Vec<ThreadRow>, RegistryError> {
+        let filter = if active {
+            "WHERE status IN ('created','running')"
+        } else {
+            ""
+        };
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads {filter} ORDER BY created_at DESC, id DESC LIMIT ?1"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([limit as i64], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Every row of a tree (by root id), oldest first.
+    pub fn tree(&self, root: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE root=?1 ORDER BY created_at, id"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([root], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Rows still `created` or `running` (any owner).
+    pub fn unfinished(&self) -> Result<Vec<ThreadRow>, RegistryError> {
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE status IN ('created','running')"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Marks a terminal row as interrupted (recovery only: its owner process is gone).
+    pub fn finish_interrupted(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
+        self.db
+            .execute(
+                "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6
+                 WHERE id=?1 AND status IN ('created','running')",
+                params![
+                    row.id,
+                    row.status,
+                    row.updated_at,
+                    row.spend_nanos,
+                    row.own_spend_nanos,
+                    row.error
+                ],
+            )
+            .map_err(st)?;
+        Ok(())
+    }
+
+    /// Links a continuation: the new row's `continuation_of`/`chain_root`, and the old row's
+    /// `chain_root` when it starts the chain.
+    pub fn link_continuation(
+        &mut self,
+        old: &str,
+        new: &str,
+        chain_root: &str,
+    ) -> Result<(), RegistryError> {
+        let tx = self.db.savepoint().map_err(st)?;
+        tx.execute(
+            "UPDATE threads SET chain_root=?2 WHERE id=?1 AND chain_root IS NULL",
+            params![old, chain_root],
+        )
+        .map_err(st)?;
+        tx.execute(
+            "UPDATE threads SET continuation_of=?2, chain_root=?3 WHERE id=?1",
+            params![new, old, chain_root],
+        )
+        .map_err(st)?;
+        tx.commit().map_err(st)
+    }
+
+    /// Every thread of the continuation chain `id` belongs to, oldest first.
+    pub fn chain(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        let Some(row) = self.get(id)? else {
+            return Ok(vec![]);
+        };
+        let root = row.chain_root.unwrap_or(row.id);
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads WHERE id=?1 OR chain_root=?1 ORDER BY created_at, id"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([root], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Is `id` a strict descendant of `ancestor`?
+    pub fn is_descendant(&self, ancestor: &str, id: &str) -> Result<bool, RegistryError> {
+        let mut cur = self.get(id)?.and_then(|r| r.parent_id);
+        let mut hops = 0;
+        while let Some(p) = cur {
+            if p == ancestor {
+                return Ok(true);
+            }
+            hops += 1;
+            if hops > 1000 {
+                break;
+            }
+            cur = self.get(&p)?.and_then(|r| r.parent_id);
+        }
+        Ok(false)
+    }
+}
+
+fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
+    let outputs: Option<String> = r.get(15)?;
+    Ok(ThreadRow {
+        id: r.get(0)?,
+        directive: r.get(1)?,
+        parent_id: r.get(2)?,
+        root_id: r.get(3)?,
+        status: r.get(4)?,
+        created_at: r.get(5)?,
+        updated_at: r.get(6)?,
+        model: r.get(7)?,
+        turns: r.get(8)?,
+        input_tokens: r.get(9)?,
+        output_tokens: r.get(10)?,
+        own_spend_nanos: r.get(11)?,
+        spend_nanos: r.get(12)?,
+        spawn_count: r.get(13)?,
+        result: r.get(14)?,
+        outputs: outputs.and_then(|o| serde_json::from_str(&o).ok()),
+        error: r.get(16)?,
+        owner_pid: r.get(17)?,
+        continuation_of: r.get(18)?,
+        chain_root: r.get(19)?,
+    })
+}

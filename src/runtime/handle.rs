@@ -1,0 +1,129 @@
+//! [`ThreadHandle`]: what a library user holds for a started root thread — its id, its status,
+//! its subtree's events, cancel, and the report when it ends. The thread's actor stays private:
+//! a handle can only ask, never forge a thread's messages.
+
+use crate::core::ids::ThreadId;
+use crate::core::status::Status;
+use crate::thread::{Ctx, Event, SpawnError, StatusSnapshot, ThreadMsg, ThreadReport};
+use ractor::ActorRef;
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::sync::{broadcast, oneshot};
+
+/// A started root thread.
+pub struct ThreadHandle {
+    id: ThreadId,
+    actor: ActorRef<ThreadMsg>,
+    done: oneshot::Receiver<ThreadReport>,
+    /// Subscribed before the thread started; handed out by the first [`ThreadHandle::events`].
+    first_events: Option<broadcast::Receiver<Event>>,
+    ctx: Arc<Ctx>,
+}
+
+/// A live thread's status.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadStatus {
+    /// Current status.
+    pub status: Status,
+    /// Turns so far.
+    pub turns: u64,
+    /// Its children still running.
+    pub live_children: Vec<ThreadId>,
+}
+
+impl ThreadHandle {
+    pub(super) fn new(
+        id: ThreadId,
+        actor: ActorRef<ThreadMsg>,
+        done: oneshot::Receiver<ThreadReport>,
+        events: broadcast::Receiver<Event>,
+        ctx: Arc<Ctx>,
+    ) -> ThreadHandle {
+        ThreadHandle {
+            id,
+            actor,
+            done,
+            first_events: Some(events),
+            ctx,
+        }
+    }
+
+    /// The thread's id.
+    pub fn id(&self) -> &ThreadId {
+        &self.id
+    }
+
+    /// Cancels the thread and its subtree. False when it has already ended.
+    pub fn cancel(&self, reason: &str) -> bool {
+        self.actor
+            .cast(ThreadMsg::Cancel {
+                reason: reason.into(),
+            })
+            .is_ok()
+    }
+
+    /// The thread's status while it runs; None once it has ended (its report then comes from
+    /// [`ThreadHandle::wait`]).
+    pub async fn status(&self) -> Option<ThreadStatus> {
+        let s: StatusSnapshot = ractor::call!(self.actor, ThreadMsg::Status).ok()?;
+        (!s.status.is_terminal()).then_some(ThreadStatus {
+            status: s.status,
+            turns: s.turns,
+            live_children: s.live_children,
+        })
+    }
+
+    /// The live events of this thread's subtree. The first call sees every event from the
+    /// thread's start; later calls see events from the moment they are made.
+    pub fn events(&mut self) -> SubtreeEvents {
+        let rx = self
+            .first_events
+            .take()
+            .unwrap_or_else(|| self.ctx.events.subscribe());
+        SubtreeEvents {
+            rx,
+            members: HashSet::from([self.id.clone()]),
+        }
+    }
+
+    /// Waits for the thread to end and returns its report.
+    pub async fn wait(self) -> Result<ThreadReport, SpawnError> {
+        let id = self.id;
+        self.done
+            .await
+            .map_err(|_| SpawnError::Storage(format!("thread {id} stopped without a report")))
+    }
+}
+
+/// The events of one subtree, in order. Slow readers never slow threads: a reader that falls
+/// more than the channel's capacity behind skips what it missed (the transcripts keep it all).
+pub struct SubtreeEvents {
+    rx: broadcast::Receiver<Event>,
+    members: HashSet<ThreadId>,
+}
+
+impl SubtreeEvents {
+    /// The next event of the subtree; None once the runtime is gone.
+    pub async fn next(&mut self) -> Option<Event> {
+        loop {
+            let ev = match self.rx.recv().await {
+                Ok(ev) => ev,
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            let id = match &ev {
+                Event::Started { id, parent, .. } => {
+                    if parent.as_ref().is_some_and(|p| self.members.contains(p)) {
+                        self.members.insert(id.clone());
+                    }
+                    id
+                }
+                Event::Turn { id, .. } => id,
+                Event::Finished(r) => &r.thread_id,
+            };
+            if self.members.contains(id) {
+                return Some(ev);
+            }
+        }
+    }
+}

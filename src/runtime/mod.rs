@@ -1,0 +1,290 @@
+//! The runtime: one project opened for running threads — the public library API.
+//!
+//! [`Runtime::builder`] opens a project (config, key, trust store, providers, the registry and
+//! ledger actors, crash recovery); [`Runtime::start`] starts a root thread and returns a
+//! [`ThreadHandle`]; `resume` continues an ended thread; `recovery` finalizes threads whose
+//! process died. Owns the wiring only: it must never keep thread state itself (that belongs to
+//! thread actors) and never starts a server (the control endpoint is started by whoever serves).
+
+mod handle;
+pub(crate) mod recovery;
+mod resume;
+
+pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
+pub use recovery::Recovered;
+
+use crate::core::ids::ThreadId;
+use crate::core::limits::LimitSet;
+use crate::core::money::{Nanos, Usage};
+use crate::directive::Library;
+use crate::ledger::{Account, LedgerActor, LedgerMsg};
+use crate::project::config::{Config, ConfigError};
+use crate::project::Project;
+use crate::provider::{
+    BoxFuture, Choice, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, Providers,
+};
+use crate::record::signing::{Signer, SigningError, Trust};
+use crate::registry::{RegistryActor, Store};
+use crate::thread::{spawn, Ctx, Event, SpawnError, SpawnRequest, ThreadMsg, ThreadReport};
+use ractor::{Actor, ActorRef};
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{broadcast, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// How to open a runtime: which provider every thread uses, if not the configured ones.
+#[must_use = "a builder does nothing until `open` is called"]
+pub struct RuntimeBuilder {
+    project: Project,
+    choice: Choice,
+    /// A library user's own backend, used for every thread.
+    custom: Option<Arc<dyn Provider>>,
+    no_provider: bool,
+}
+
+impl RuntimeBuilder {
+    /// Every thread plays this scripted-provider file (`--script`).
+    pub fn script(mut self, path: impl Into<PathBuf>) -> Self {
+        self.choice.script = Some(path.into());
+        self
+    }
+
+    /// Every thread uses the configured provider `name` (`--provider`).
+    pub fn provider(mut self, name: impl Into<String>) -> Self {
+        self.choice.provider = Some(name.into());
+        self
+    }
+
+    /// Every thread uses model `model` (`--model`).
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.choice.model = Some(model.into());
+        self
+    }
+
+    /// Every thread calls `provider`, your own backend. Its models are priced from the config's
+    /// `pricing` like any other (a spend-limited thread on an unpriced model is refused).
+    pub fn custom_provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.custom = Some(provider);
+        self
+    }
+
+    /// Opens without an LLM provider: for commands that start no thread (cancel, recover).
+    pub fn without_provider(mut self) -> Self {
+        self.no_provider = true;
+        self
+    }
+
+    /// Loads config and key, starts the registry and ledger actors, and runs crash recovery.
+    pub async fn open(self) -> Result<Runtime, OpenError> {
+        let project = self.project;
+        let config = project.config()?;
+        let signer = Arc::new(Signer::load_or_create(&crate::project::user_dir())?);
+        signer.trust_in(&project.trust_dir())?;
+        let (trust, warnings) = Trust::load(&project.trust_dir());
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        let providers = match (self.custom, self.no_provider) {
+            (_, true) => Providers::single("none", Arc::new(NoProvider)),
+            (Some(p), false) => {
+                let name = p.name().to_string();
+                Providers::single(&name, p).with_model(self.choice.model.clone())
+            }
+            (None, false) => Providers::build(&project.root, &config, &self.choice)
+                .map_err(OpenError::Provider)?,
+        };
+        let st = |e: String| OpenError::Storage(e);
+        std::fs::create_dir_all(project.state_dir())
+            .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
+        std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
+        let store =
+            Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
+        let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
+            .map_err(|e| st(e.to_string()))?;
+        let (registry, _) = Actor::spawn(None, RegistryActor, store)
+            .await
+            .map_err(|e| st(e.to_string()))?;
+        let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
+            .await
+            .map_err(|e| st(e.to_string()))?;
+        let (events, _) = broadcast::channel(4096);
+        let library = Library::for_project(&project);
+        let ctx = Arc::new(Ctx {
+            project,
+            config,
+            signer,
+            trust,
+            library,
+            providers,
+            registry,
+            ledger,
+            events,
+            verified: Default::default(),
+        });
+        let recovered = recovery::recover(&ctx).await;
+        Ok(Runtime {
+            ctx,
+            recovered: recovered.into(),
+        })
+    }
+}
+
+/// A project opened for running threads. Cheap to clone: clones share one runtime.
+#[derive(Clone)]
+pub struct Runtime {
+    ctx: Arc<Ctx>,
+    recovered: Arc<[Recovered]>,
+}
+
+/// The provider of a runtime opened `without_provider`: refuses every call.
+struct NoProvider;
+
+impl Provider for NoProvider {
+    fn name(&self) -> &str {
+        "none"
+    }
+    fn complete(
+        &self,
+        _req: LlmRequest,
+        _cancel: CancellationToken,
+    ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
+        Box::pin(async {
+            Err(ProviderError {
+                kind: ErrorKind::InvalidRequest,
+                message: "this runtime was opened without a provider".into(),
+                retry_after: None,
+                usage: Usage::default(),
+            })
+        })
+    }
+}
+
+/// Errors opening a runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Bad key or trust store.
+    #[error(transparent)]
+    Signing(#[from] SigningError),
+    /// Provider problem.
+    #[error("{0}")]
+    Provider(String),
+    /// Storage problem.
+    #[error("{0}")]
+    Storage(String),
+}
+
+impl Runtime {
+    /// A builder for opening `project`.
+    pub fn builder(project: Project) -> RuntimeBuilder {
+        RuntimeBuilder {
+            project,
+            choice: Choice::default(),
+            custom: None,
+            no_provider: false,
+        }
+    }
+
+    /// Opens `project` with its configured providers.
+    pub async fn open(project: Project) -> Result<Runtime, OpenError> {
+        Runtime::builder(project).open().await
+    }
+
+    /// Threads that recovery finalized when this runtime opened.
+    pub fn recovered(&self) -> &[Recovered] {
+        &self.recovered
+    }
+
+    /// The project's paths.
+    pub fn project(&self) -> &Project {
+        &self.ctx.project
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.ctx.config
+    }
+
+    /// Subscribes to the live events of every thread of this runtime.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.ctx.events.subscribe()
+    }
+
+    /// Starts a root thread running `directive` (a library name, or a path to a `.md` file).
+    pub async fn start(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        overrides: LimitSet,
+    ) -> Result<ThreadHandle, SpawnError> {
+        self.spawn_root(SpawnRequest {
+            directive: directive.into(),
+            inputs,
+            overrides,
+            reserve: Nanos::ZERO,
+            parent: None,
+            continuation: None,
+        })
+        .await
+    }
+
+    /// Runs a root thread to its end.
+    pub async fn run(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        overrides: LimitSet,
+    ) -> Result<ThreadReport, SpawnError> {
+        self.start(directive, inputs, overrides).await?.wait().await
+    }
+
+    async fn spawn_root(&self, req: SpawnRequest) -> Result<ThreadHandle, SpawnError> {
+        // Subscribed before the actor starts, so the handle's events miss nothing of its tree.
+        let events = self.ctx.events.subscribe();
+        let (tx, rx) = oneshot::channel();
+        let (id, actor) = spawn(&self.ctx, req, Some(tx)).await?;
+        Ok(ThreadHandle::new(id, actor, rx, events, self.ctx.clone()))
+    }
+
+    /// Cancels a running thread of this runtime (and its subtree). False when no such thread
+    /// runs in this process.
+    pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
+        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
+            return false;
+        };
+        ActorRef::<ThreadMsg>::from(cell)
+            .cast(ThreadMsg::Cancel {
+                reason: reason.into(),
+            })
+            .is_ok()
+    }
+
+    /// Ledger audit: (accounts violating the invariant, open reservations).
+    pub async fn audit(&self) -> (Vec<Account>, usize) {
+        ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Audit { reply }).unwrap_or_default()
+    }
+
+    /// A thread's ledger account (while this runtime holds it).
+    pub async fn account(&self, id: &ThreadId) -> Option<Account> {
+        ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Get {
+            id: id.clone(),
+            reply
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// Stops the registry and ledger actors (after every thread has ended).
+    pub fn shutdown(self) {
+        self.ctx.registry.stop(None);
+        self.ctx.ledger.stop(None);
+    }
+
+    /// The shared wiring (for the crate's own surfaces and the `internals` module).
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+}

@@ -1,0 +1,78 @@
+//! `weft resume`: continuing an ended thread as a new continuation thread (SPEC §7).
+
+use super::{Runtime, ThreadHandle};
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::limits::LimitSet;
+use crate::core::money::Nanos;
+use crate::record::thread_doc::ThreadDoc;
+use crate::registry::RegistryMsg;
+use crate::thread::{Continuation, SpawnError, SpawnRequest};
+use serde_json::Map;
+
+impl Runtime {
+    /// Continues an ended thread as a new continuation thread (SPEC §7 `weft resume`): same
+    /// directive and capabilities, conversation rebuilt from the transcript plus `message`, the
+    /// chain's remaining spend and spawns; turns, tokens and duration start afresh from the old
+    /// thread's resolved limits (capped further by `overrides`).
+    pub async fn resume(
+        &self,
+        id: &ThreadId,
+        message: &str,
+        overrides: LimitSet,
+    ) -> Result<ThreadHandle, SpawnError> {
+        let dir = self.ctx.project.thread_dir(id);
+        let of = ThreadDoc::read_verified(&dir.join("thread.json"), &self.ctx.trust)
+            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        if !of.status.is_terminal() {
+            return Err(SpawnError::Limit(format!(
+                "thread {id} is still {}; cancel it first or wait for it to end",
+                of.status.as_str()
+            )));
+        }
+        if let Some(next) = &of.continued_by {
+            return Err(SpawnError::Limit(format!(
+                "thread {id} was already continued by {next}; resume that one"
+            )));
+        }
+        let report = crate::record::transcript::read(
+            &dir.join("transcript.jsonl"),
+            id.as_str(),
+            Some(&self.ctx.trust),
+        )
+        .map_err(|e| SpawnError::Storage(format!("{}: {e}", dir.display())))?;
+        if let Some((line, m)) = report.broken {
+            return Err(SpawnError::Untrusted(format!(
+                "{}/transcript.jsonl:{line}: {m}",
+                dir.display()
+            )));
+        }
+        let (mut messages, calls_made) = crate::thread::rebuild_conversation(&report.events);
+        messages.push(crate::provider::Message::user(message));
+        let row = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Get {
+            id: id.clone(),
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(e.to_string()))??;
+        let spawn_count = row.map_or(0, |r| r.spawn_count);
+        let req = SpawnRequest {
+            directive: of.directive.clone(),
+            inputs: Map::new(),
+            overrides,
+            reserve: Nanos::ZERO,
+            parent: None,
+            continuation: Some(Continuation {
+                of: of.clone(),
+                messages,
+                calls_made,
+                spawn_count,
+            }),
+        };
+        let handle = self.spawn_root(req).await?;
+        let mut old = of;
+        old.continued_by = Some(handle.id().clone());
+        old.updated_at = now_ts();
+        old.write_signed(&dir.join("thread.json"), &self.ctx.signer, true)
+            .map_err(|e| SpawnError::Storage(e.to_string()))?;
+        Ok(handle)
+    }
+}

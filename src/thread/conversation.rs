@@ -1,0 +1,161 @@
+//! The conversation: the system prompt a thread runs under, and rebuilding a conversation from
+//! a transcript (continuations).
+
+use crate::core::ids::ThreadId;
+use crate::core::limits::Limits;
+use crate::directive::Directive;
+use crate::provider::{Block, Message, Role};
+use serde_json::{json, Value};
+
+pub(super) fn system_prompt(d: &Directive, id: &ThreadId, limits: &Limits) -> String {
+    let mut s = format!(
+        "You are thread {id} of the weft runtime, running directive `{}`.{}\nLimits: {} turns, {} spend, depth {}.",
+        d.name,
+        if d.description.is_empty() { String::new() } else { format!(" {}", d.description) },
+        limits.turns,
+        limits.spend,
+        limits.depth
+    );
+    if !d.outputs.is_empty() {
+        let outs: Vec<String> = d
+            .outputs
+            .iter()
+            .map(|(k, o)| {
+                format!(
+                    "{k} ({}{})",
+                    o.kind,
+                    if o.required { ", required" } else { "" }
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "\nWhen done, call directive_return with: {}.",
+            outs.join(", ")
+        ));
+    }
+    s
+}
+
+pub(super) fn message_text(m: &Message) -> String {
+    m.content
+        .iter()
+        .filter_map(|b| match b {
+            Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Rebuilds a conversation from transcript events (for continuations): user messages,
+/// assistant text and tool calls, tool results. A tool call left without a result (the thread
+/// ended mid-call) gets an error result. Also returns the LLM calls made, attempts included.
+pub(crate) fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
+    let mut msgs: Vec<Message> = Vec::new();
+    let mut calls = 0u64;
+    for e in events {
+        let text = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        match e.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "llm_call" | "llm_retry" => calls += 1,
+            "conversation" => {
+                msgs = serde_json::from_value(e.get("messages").cloned().unwrap_or(Value::Null))
+                    .unwrap_or_default();
+                calls += e.get("calls_made").and_then(Value::as_u64).unwrap_or(0);
+            }
+            "message" => {
+                close_tool_round(&mut msgs);
+                msgs.push(Message::user(text("text")));
+            }
+            "assistant_text" | "tool_use" => {
+                let block = if e["type"] == "assistant_text" {
+                    Block::Text { text: text("text") }
+                } else {
+                    Block::ToolUse {
+                        id: text("id"),
+                        name: text("name"),
+                        input: e.get("input").cloned().unwrap_or(Value::Null),
+                    }
+                };
+                match msgs.last_mut() {
+                    Some(m) if m.role == Role::Assistant => m.content.push(block),
+                    _ => msgs.push(Message {
+                        role: Role::Assistant,
+                        content: vec![block],
+                    }),
+                }
+            }
+            "tool_result" => {
+                let block = Block::ToolResult {
+                    id: text("id"),
+                    content: text("content"),
+                    is_error: e.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                };
+                match msgs.last_mut() {
+                    Some(m)
+                        if m.role == Role::User
+                            && matches!(m.content.first(), Some(Block::ToolResult { .. })) =>
+                    {
+                        m.content.push(block)
+                    }
+                    _ => msgs.push(Message {
+                        role: Role::User,
+                        content: vec![block],
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+    close_tool_round(&mut msgs);
+    (msgs, calls)
+}
+
+/// Gives every unanswered tool call of the last assistant message an error result.
+fn close_tool_round(msgs: &mut Vec<Message>) {
+    let answered: Vec<String> = match msgs.last() {
+        Some(m) if m.role == Role::User => m
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                Block::ToolResult { id, .. } => Some(id.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    };
+    let assistant = match msgs.len() {
+        0 => return,
+        n if msgs[n - 1].role == Role::Assistant => n - 1,
+        n if n >= 2 && msgs[n - 2].role == Role::Assistant && !answered.is_empty() => n - 2,
+        _ => return,
+    };
+    let missing: Vec<Block> = msgs[assistant]
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            Block::ToolUse { id, .. } if !answered.contains(id) => Some(Block::ToolResult {
+                id: id.clone(),
+                content: json!({ "error": "the thread ended before this tool call finished" })
+                    .to_string(),
+                is_error: true,
+            }),
+            _ => None,
+        })
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if assistant == msgs.len() - 1 {
+        msgs.push(Message {
+            role: Role::User,
+            content: missing,
+        });
+    } else if let Some(last) = msgs.last_mut() {
+        last.content.extend(missing);
+    }
+}

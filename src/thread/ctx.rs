@@ -1,0 +1,98 @@
+//! What every thread of a runtime shares ([`Ctx`]: project, config, key, trust, directive
+//! library, providers, the registry and ledger actors, live events) and the live [`Event`]s.
+
+use super::ThreadReport;
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use crate::directive::Library;
+use crate::ledger::LedgerMsg;
+use crate::project::config::Config;
+use crate::project::Project;
+use crate::record::signing::{Signer, Trust};
+use crate::record::thread_doc::ThreadDoc;
+use crate::registry::RegistryMsg;
+use ractor::ActorRef;
+use std::sync::Arc;
+use tokio::sync::broadcast;
+
+/// A live event for observers (the CLI's live tree, tests).
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A thread started.
+    Started {
+        /// Thread.
+        id: ThreadId,
+        /// Parent.
+        parent: Option<ThreadId>,
+        /// Directive.
+        directive: String,
+    },
+    /// A thread finished a turn.
+    Turn {
+        /// Thread.
+        id: ThreadId,
+        /// Turns so far.
+        turns: u64,
+        /// Own spend so far.
+        spend: Nanos,
+    },
+    /// A thread reached a terminal state.
+    Finished(Box<ThreadReport>),
+}
+
+/// Shared wiring of a runtime, handed to every thread actor.
+pub(crate) struct Ctx {
+    /// Project paths.
+    pub project: Project,
+    /// Effective configuration.
+    pub config: Config,
+    /// This user's key.
+    pub signer: Arc<Signer>,
+    /// Keys this project accepts.
+    pub trust: Trust,
+    /// Directive lookup.
+    pub library: Library,
+    /// The LLM backends, and the rules that pick one per thread.
+    pub providers: crate::provider::Providers,
+    /// The supervisor (registry owner).
+    pub registry: ActorRef<RegistryMsg>,
+    /// The ledger.
+    pub ledger: ActorRef<LedgerMsg>,
+    /// Live events.
+    pub events: broadcast::Sender<Event>,
+    /// Verified thread.json documents of running parents (see [`Ctx::verified_doc`]).
+    pub verified: std::sync::Mutex<
+        std::collections::HashMap<ThreadId, (crate::directive::FileStamp, ThreadDoc)>,
+    >,
+}
+
+impl Ctx {
+    /// A thread's thread.json, verified against the trust store. The verified document is kept
+    /// while the file is unchanged (same mtime and length), so a parent spawning many children is
+    /// verified once per transition, not once per child; any change is read and verified again.
+    pub(crate) fn verified_doc(&self, id: &ThreadId) -> Result<ThreadDoc, String> {
+        let path = self.project.thread_dir(id).join("thread.json");
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .and_then(|m| Some((m.modified().ok()?, m.len())));
+        if let Ok(cache) = self.verified.lock() {
+            if let Some((s, d)) = cache.get(id) {
+                if stamp.is_some() && *s == stamp {
+                    return Ok(d.clone());
+                }
+            }
+        }
+        let doc = ThreadDoc::read_verified(&path, &self.trust).map_err(|e| e.to_string())?;
+        if let Ok(mut cache) = self.verified.lock() {
+            cache.insert(id.clone(), (stamp, doc.clone()));
+        }
+        Ok(doc)
+    }
+
+    /// Forgets a finished thread's cached document.
+    pub(crate) fn forget(&self, id: &ThreadId) {
+        if let Ok(mut cache) = self.verified.lock() {
+            cache.remove(id);
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Ending a thread: abort in-flight work, drain children (bounded by `cancel_grace`), then settle
+//! the ledger exactly once, write the last transcript lines, the registry row and the signed
+//! thread.json, and tell the parent. Also the report of a child whose actor died.
+
+use super::state::{Ending, Phase, ThreadState};
+use super::{Ctx, Event, ThreadReport};
+use super::{ThreadActor, ThreadMsg};
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use crate::core::status::Status;
+use crate::ledger::LedgerMsg;
+use crate::registry::RegistryMsg;
+use ractor::ActorRef;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Finalizes a child whose actor died without finalizing itself.
+pub(super) async fn crash_report(ctx: &Arc<Ctx>, id: &ThreadId, error: &str) -> ThreadReport {
+    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok);
+    let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok)
+    .flatten();
+    let mut report = ThreadReport {
+        thread_id: id.clone(),
+        directive: row
+            .as_ref()
+            .map(|r| r.directive.clone())
+            .unwrap_or_default(),
+        status: Status::Error,
+        result: None,
+        outputs: None,
+        error: Some(error.into()),
+        turns: row.as_ref().map_or(0, |r| r.turns),
+        input_tokens: row.as_ref().map_or(0, |r| r.input_tokens),
+        output_tokens: row.as_ref().map_or(0, |r| r.output_tokens),
+        own_spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.own_spent),
+        spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.spent),
+    };
+    if let Some(mut row) = row {
+        row.status = "error".into();
+        row.error = report.error.clone();
+        row.spend_nanos = report.spend_nanos.0;
+        row.own_spend_nanos = report.own_spend_nanos.0;
+        row.updated_at = crate::core::ids::now_ts();
+        let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
+            row: Box::new(row),
+            reply: Some(reply)
+        });
+    }
+    report.error = Some(error.into());
+    report
+}
+
+impl ThreadActor {
+    /// While draining: completes the finalization once no child is live and no spawn is under
+    /// way. Returns whether the thread is draining (or done).
+    pub(super) async fn drained(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) -> bool {
+        match &s.phase {
+            Phase::Draining(e) => {
+                if s.live_children().is_empty() && s.spawning.is_empty() {
+                    let e = e.clone();
+                    self.complete_finalize(me, s, e).await;
+                }
+                true
+            }
+            Phase::Done => true,
+            _ => false,
+        }
+    }
+
+    pub(super) async fn fail(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, error: String) {
+        s.log("error", json!({ "message": error }));
+        let e = Ending {
+            status: Status::Error,
+            result: None,
+            outputs: None,
+            error: Some(error),
+        };
+        self.finalize(me, s, e).await;
+    }
+
+    /// Ends the thread: aborts in-flight work, cancels live children and waits (bounded) for
+    /// them, then [`Self::complete_finalize`].
+    pub(super) async fn finalize(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, e: Ending) {
+        if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
+            return;
+        }
+        s.cancel.cancel();
+        let live = s.live_children();
+        if live.is_empty() && s.spawning.is_empty() {
+            return self.complete_finalize(me, s, e).await;
+        }
+        s.log("cancelling_children", json!({ "children": live }));
+        for id in &live {
+            if let Some(a) = s.children.get(id).and_then(|c| c.actor.clone()) {
+                let _ = a.cast(ThreadMsg::Cancel {
+                    reason: format!("parent {} is ending", s.doc.id),
+                });
+            }
+        }
+        s.phase = Phase::Draining(e);
+        let me2 = me.clone();
+        let grace = s.ctx.config.cancel_grace;
+        s.timers.push(tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let _ = me2.cast(ThreadMsg::GraceExpired);
+        }));
+    }
+
+    pub(super) async fn kill_stragglers(&self, s: &mut ThreadState) {
+        for id in s.live_children() {
+            let actor = s.children.get(&id).and_then(|c| c.actor.clone());
+            if let Some(a) = actor {
+                a.kill();
+            }
+            let r = crash_report(
+                &s.ctx,
+                &id,
+                "killed: did not acknowledge cancel within cancel_grace",
+            )
+            .await;
+            s.log(
+                "child_finished",
+                json!({ "id": id, "status": "error", "error": r.error }),
+            );
+            if let Some(c) = s.children.get_mut(&id) {
+                c.report = Some(r);
+            }
+        }
+    }
+
+    /// Settles the ledger (exactly once), writes the last transcript lines, the registry row
+    /// and the signed thread.json, tells the parent (or the root's waiter) and stops.
+    pub(super) async fn complete_finalize(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        e: Ending,
+    ) {
+        s.phase = Phase::Done;
+        for t in s.timers.drain(..) {
+            t.abort();
+        }
+        let acct = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Close {
+            id: s.doc.id.clone(),
+            reply
+        });
+        match acct {
+            Ok(Ok(a)) => s.doc.cost.spend_nanos = a.spent.0,
+            other => {
+                tracing::error!(thread = %s.doc.id, "ledger close failed: {other:?}");
+                s.doc.cost.spend_nanos = s.own_spend.0;
+            }
+        }
+        s.doc.result = e.result;
+        s.doc.outputs = e.outputs;
+        s.doc.error = e.error;
+        s.doc.transition(e.status);
+        let fin = json!({
+            "status": e.status, "result": s.doc.result, "outputs": s.doc.outputs, "error": s.doc.error,
+            "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos,
+        });
+        s.log("thread_finished", fin);
+        // The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
+        // threads ending together overlap their fsyncs instead of queueing on the workers.
+        if let Err(err) = s.transcript.checkpoint_line() {
+            tracing::error!(thread = %s.doc.id, "transcript checkpoint failed: {err}");
+        }
+        s.refresh_doc();
+        let file = s.transcript.file_handle();
+        let doc = s.doc.clone();
+        let signer = s.ctx.signer.clone();
+        let path = s.ctx.project.thread_dir(s.id()).join("thread.json");
+        let written = tokio::task::spawn_blocking(move || {
+            file.and_then(|f| f.sync_data())?;
+            doc.write_signed(&path, &signer, true)
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            tracing::error!(thread = %s.doc.id, "final thread.json or transcript sync failed: {written:?}");
+        }
+        let row = s.row();
+        let _ = ractor::call!(s.ctx.registry, |reply| RegistryMsg::Update {
+            row: Box::new(row),
+            reply: Some(reply)
+        });
+        let report = s.report();
+        let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
+        if let Some((_, parent)) = &s.parent {
+            let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
+        }
+        s.ctx.forget(s.id());
+        if let Some(tx) = s.on_finish.take() {
+            let _ = tx.send(report);
+        }
+        me.stop(None);
+    }
+}

@@ -1,0 +1,375 @@
+//! The spawn procedure of SPEC §4, the one way a thread starts (root, child or continuation):
+//! resolve the parent, load and validate, resolve limits, open the ledger account, admit and
+//! register, write the first records and start the actor. On any failure nothing is left running,
+//! reserved or half-written.
+
+use super::{Ctx, ThreadActor, ThreadArgs, ThreadMsg, ThreadReport};
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::limits::LimitSet;
+use crate::core::money::{Nanos, Price, Usage};
+use crate::core::status::Status;
+use crate::directive::DirectiveError;
+use crate::ledger::{LedgerError, LedgerMsg};
+use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
+use crate::record::transcript::TranscriptWriter;
+use crate::registry::{Admission, RegistryError, RegistryMsg, ThreadRow};
+use ractor::{Actor, ActorCell, ActorRef};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// Why a thread could not be started. Nothing is left behind when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The directive or its inputs are invalid.
+    #[error(transparent)]
+    Directive(#[from] DirectiveError),
+    /// A limit refuses the spawn (depth, spawns, concurrency, spend).
+    #[error("{0}")]
+    Limit(String),
+    /// The parent's thread.json failed verification.
+    #[error("parent thread.json not trusted: {0}")]
+    Untrusted(String),
+    /// Configuration problem (model, price, provider).
+    #[error("{0}")]
+    Config(String),
+    /// Storage failed.
+    #[error("{0}")]
+    Storage(String),
+}
+
+impl From<RegistryError> for SpawnError {
+    fn from(e: RegistryError) -> SpawnError {
+        match e {
+            RegistryError::Spawns { .. } | RegistryError::Concurrency { .. } => {
+                SpawnError::Limit(e.to_string())
+            }
+            other => SpawnError::Storage(other.to_string()),
+        }
+    }
+}
+
+impl From<LedgerError> for SpawnError {
+    fn from(e: LedgerError) -> SpawnError {
+        match e {
+            LedgerError::Insufficient { .. } => SpawnError::Limit(e.to_string()),
+            other => SpawnError::Storage(other.to_string()),
+        }
+    }
+}
+
+/// Where a new thread hangs in the tree.
+pub(crate) struct ParentLink {
+    /// Parent id.
+    pub id: ThreadId,
+    /// Parent actor (for reports and linking).
+    pub actor: ActorRef<ThreadMsg>,
+}
+
+/// Everything needed to start one thread.
+pub(crate) struct SpawnRequest {
+    /// Directive name or path.
+    pub directive: String,
+    /// Inputs as given.
+    pub inputs: Map<String, Value>,
+    /// Caller's limit overrides.
+    pub overrides: LimitSet,
+    /// Guarantee asked of the parent.
+    pub reserve: Nanos,
+    /// None for a root.
+    pub parent: Option<ParentLink>,
+    /// Set when the thread continues an ended one (`weft resume`).
+    pub continuation: Option<Continuation>,
+}
+
+/// What a continuation starts from (see [`Runtime::resume`]).
+pub(crate) struct Continuation {
+    /// The verified thread.json of the thread continued.
+    pub of: ThreadDoc,
+    /// Its conversation, rebuilt from its transcript, plus the new user message.
+    pub messages: Vec<crate::provider::Message>,
+    /// LLM calls (attempts included) it made: the scripted provider plays on from there.
+    pub calls_made: u64,
+    /// Children it spawned (counted against the chain's `spawns`).
+    pub spawn_count: u64,
+}
+
+/// Output tokens of the smallest call worth making.
+pub(crate) const MIN_OUTPUT_TOKENS: u64 = 16;
+
+/// SPEC §4 steps 1–6: resolve the parent, load and validate, resolve limits, admit, open the
+/// ledger account, register, write the first signed thread.json and start the actor.
+/// On any failure nothing is left running, reserved or half-written.
+pub(crate) async fn spawn(
+    ctx: &Arc<Ctx>,
+    req: SpawnRequest,
+    on_finish: Option<oneshot::Sender<ThreadReport>>,
+) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
+    // 1. The parent, from its verified thread.json.
+    let parent_doc = match &req.parent {
+        Some(p) => Some(ctx.verified_doc(&p.id).map_err(SpawnError::Untrusted)?),
+        None => None,
+    };
+    // 2. Directive and inputs (a continuation keeps its predecessor's conversation instead).
+    let directive = ctx.library.load(&req.directive)?;
+    let (inputs, prompt) = match &req.continuation {
+        None => {
+            let inputs = directive.validate_inputs(&req.inputs)?;
+            let prompt = directive.render(&inputs)?;
+            (inputs, prompt)
+        }
+        Some(_) => (Map::new(), String::new()),
+    };
+    // 3. Limits and capabilities.
+    let (limits, caps, model) = match &req.continuation {
+        Some(c) => {
+            let limits = continuation_limits(c, &req.overrides);
+            if limits.spend <= Nanos::ZERO {
+                return Err(SpawnError::Limit(format!(
+                    "limit exceeded: spend — the chain of {} has spent its whole budget ({})",
+                    c.of.id, c.of.limits.spend
+                )));
+            }
+            (limits, c.of.capabilities.clone(), Some(c.of.model.clone()))
+        }
+        None => {
+            let limits = crate::core::limits::resolve(
+                &ctx.config.default_limits,
+                &directive.limits,
+                &req.overrides,
+                parent_doc.as_ref().map(|d| &d.limits),
+            );
+            let caps = match &parent_doc {
+                Some(p) => {
+                    crate::core::capability::attenuate(&directive.permissions, &p.capabilities)
+                }
+                None => directive.permissions.clone(),
+            };
+            (limits, caps, None)
+        }
+    };
+    let (provider, provider_name, selected) = ctx
+        .providers
+        .select(&ctx.config, &directive)
+        .map_err(SpawnError::Config)?;
+    // A continuation keeps its chain's model unless the runtime was told another.
+    let model = match model {
+        Some(m) if provider.name() != "scripted" => m,
+        _ => selected,
+    };
+    crate::core::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
+    let continuation_of = req.continuation.as_ref().map(|c| c.of.id.clone());
+    let chain_root = req
+        .continuation
+        .as_ref()
+        .map(|c| c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone()));
+    let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
+    let id = ThreadId::generate(&directive.name);
+    let root_id = parent_doc
+        .as_ref()
+        .map_or(id.clone(), |d| d.root_id.clone());
+    // 5. Ledger account (before admission so a refusal there can be undone by closing it).
+    let min_first_call = price.cost(&Usage {
+        input_tokens: (prompt.len() as u64).div_ceil(3),
+        output_tokens: MIN_OUTPUT_TOKENS,
+        cache_read_tokens: 0,
+    });
+    let parent_id = req.parent.as_ref().map(|p| p.id.clone());
+    ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
+        id: id.clone(),
+        parent: parent_id.clone(),
+        max: limits.spend,
+        guarantee: req.reserve,
+        min_first_call,
+        reply
+    })
+    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))??;
+    let undo_ledger = |ctx: &Arc<Ctx>, id: &ThreadId| {
+        let ledger = ctx.ledger.clone();
+        let id = id.clone();
+        async move {
+            let _ = ractor::call!(ledger, |reply| LedgerMsg::Close { id, reply });
+        }
+    };
+    // 4 + 6. Admission and registration in one registry transaction.
+    let now = now_ts();
+    let row = ThreadRow {
+        id: id.to_string(),
+        directive: directive.name.clone(),
+        parent_id: parent_id.as_ref().map(ToString::to_string),
+        root_id: root_id.to_string(),
+        status: "created".into(),
+        created_at: now.clone(),
+        updated_at: now.clone(),
+        model: model.clone(),
+        owner_pid: std::process::id(),
+        continuation_of: continuation_of.as_ref().map(ToString::to_string),
+        chain_root: chain_root.as_ref().map(ToString::to_string),
+        ..Default::default()
+    };
+    let admit = parent_doc
+        .as_ref()
+        .zip(parent_id.as_ref())
+        .map(|(d, pid)| Admission {
+            parent: pid.clone(),
+            spawns: d.limits.spawns,
+            concurrency: d.limits.concurrency,
+        });
+    let registered = ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
+        row: Box::new(row.clone()),
+        admit,
+        reply
+    });
+    match registered {
+        Ok(Ok(())) => {
+            if let (Some(old), Some(root)) = (&continuation_of, &chain_root) {
+                let linked = ractor::call!(ctx.registry, |reply| RegistryMsg::LinkContinuation {
+                    old: old.clone(),
+                    new: id.clone(),
+                    chain_root: root.clone(),
+                    reply
+                });
+                if !matches!(linked, Ok(Ok(()))) {
+                    tracing::warn!(thread = %id, "could not link continuation in the registry: {linked:?}");
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            undo_ledger(ctx, &id).await;
+            return Err(e.into());
+        }
+        Err(e) => {
+            undo_ledger(ctx, &id).await;
+            return Err(SpawnError::Storage(format!("registry: {e}")));
+        }
+    }
+    // 6. Files, first signed thread.json, the actor.
+    let fail = |msg: String| {
+        let ctx = ctx.clone();
+        let id = id.clone();
+        let mut row = row.clone();
+        async move {
+            row.status = "error".into();
+            row.error = Some(msg.clone());
+            row.updated_at = now_ts();
+            let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
+                row: Box::new(row),
+                reply: Some(reply)
+            });
+            let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+                id: id.clone(),
+                reply
+            });
+            // No half-written files behind: the thread never ran.
+            let _ = std::fs::remove_dir_all(ctx.project.thread_dir(&id));
+            SpawnError::Storage(msg)
+        }
+    };
+    let dir = ctx.project.thread_dir(&id);
+    if let Err(e) = std::fs::create_dir(&dir) {
+        return Err(fail(format!("{}: {e}", dir.display())).await);
+    }
+    let durability = ctx.config.durability;
+    let mut transcript = match TranscriptWriter::create(
+        &dir.join("transcript.jsonl"),
+        id.as_str(),
+        ctx.signer.clone(),
+        durability,
+        ctx.config.checkpoint_every,
+    ) {
+        Ok(t) => t,
+        Err(e) => return Err(fail(format!("transcript: {e}")).await),
+    };
+    let started = json!({
+        "directive": directive.name, "directive_hash": directive.content_hash, "source": directive.source,
+        "parent": parent_id, "root": root_id, "model": model, "provider": provider_name,
+        "limits": limits, "capabilities": caps, "inputs": inputs, "reserve_nanos": req.reserve,
+        "continuation_of": continuation_of,
+    });
+    if let Err(e) = transcript.append("thread_started", started) {
+        return Err(fail(format!("transcript: {e}")).await);
+    }
+    let doc = ThreadDoc {
+        version: 1,
+        id: id.clone(),
+        directive: directive.name.clone(),
+        directive_hash: directive.content_hash.clone(),
+        parent_id: parent_id.clone(),
+        root_id: root_id.clone(),
+        status: Status::Created,
+        history: vec![Transition {
+            status: Status::Created,
+            at: now.clone(),
+        }],
+        created_at: now.clone(),
+        updated_at: now,
+        model: model.clone(),
+        provider: provider_name.clone(),
+        limits: limits.clone(),
+        capabilities: caps.clone(),
+        cost: Cost::default(),
+        outputs: None,
+        result: None,
+        error: None,
+        error_kind: None,
+        continuation_of: continuation_of.clone(),
+        continued_by: None,
+        chain_root: chain_root.clone(),
+        transcript_head: transcript.head().clone(),
+    };
+    // The first signed thread.json (history: created, running) is written by the actor as it
+    // starts, one file write instead of two; a crash before that leaves a registry row that
+    // recovery completes from the registry and the ledger.
+    let (messages, calls_made) = match req.continuation {
+        Some(c) => (c.messages, c.calls_made),
+        None => (vec![crate::provider::Message::user(prompt)], 0),
+    };
+    let args = ThreadArgs {
+        ctx: ctx.clone(),
+        provider,
+        directive: Arc::new(directive),
+        messages,
+        calls_made,
+        parent: req.parent.as_ref().map(|p| (p.id.clone(), p.actor.clone())),
+        limits,
+        price,
+        doc,
+        transcript,
+        on_finish,
+    };
+    let spawned = match &req.parent {
+        Some(p) => {
+            let cell: ActorCell = p.actor.get_cell();
+            Actor::spawn_linked(Some(id.to_string()), ThreadActor, args, cell).await
+        }
+        None => Actor::spawn(Some(id.to_string()), ThreadActor, args).await,
+    };
+    match spawned {
+        Ok((actor, _)) => Ok((id, actor)),
+        Err(e) => Err(fail(format!("cannot start the thread actor: {e}")).await),
+    }
+}
+
+/// A continuation's limits: its predecessor's resolved limits with the chain's remaining spend
+/// and spawns, each further capped by `overrides`.
+fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> crate::core::limits::Limits {
+    let mut l = c.of.limits.clone();
+    l.spend = l.spend.minus(Nanos(c.of.cost.spend_nanos));
+    l.spawns = l.spawns.saturating_sub(c.spawn_count);
+    let cap = |v: &mut u64, o: Option<u64>| *v = o.map_or(*v, |o| o.min(*v));
+    cap(&mut l.turns, overrides.turns);
+    cap(&mut l.tokens, overrides.tokens);
+    cap(&mut l.spawns, overrides.spawns);
+    cap(&mut l.concurrency, overrides.concurrency);
+    cap(
+        &mut l.duration_ms,
+        overrides.duration.map(|d| d.as_millis() as u64),
+    );
+    if let Some(sp) = overrides.spend {
+        l.spend = l.spend.min(sp);
+    }
+    if let Some(d) = overrides.depth {
+        l.depth = l.depth.min(d);
+    }
+    l
+}

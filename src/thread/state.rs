@@ -1,0 +1,173 @@
+//! A thread actor's state: its phase, children, waiters, and the helpers that turn it into a
+//! registry row, a report and a signed thread.json.
+
+use super::{Ctx, ThreadMsg, ThreadReport, ToolOutcome};
+use crate::core::ids::ThreadId;
+use crate::core::limits::Limits;
+use crate::core::money::{Nanos, Price, Usage};
+use crate::core::status::Status;
+use crate::directive::Directive;
+use crate::provider::{Message, ToolSpec};
+use crate::record::thread_doc::ThreadDoc;
+use crate::record::transcript::TranscriptWriter;
+use crate::registry::ThreadRow;
+use ractor::ActorRef;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+/// How a thread is ending.
+#[derive(Debug, Clone)]
+pub(super) struct Ending {
+    pub(super) status: Status,
+    pub(super) result: Option<String>,
+    pub(super) outputs: Option<Value>,
+    pub(super) error: Option<String>,
+}
+
+pub(super) enum Phase {
+    /// Between turns.
+    Idle,
+    /// Waiting for the LLM.
+    Thinking,
+    /// Waiting for tool results.
+    Tools {
+        order: Vec<String>,
+        results: HashMap<String, ToolOutcome>,
+        returned: Option<Value>,
+    },
+    /// Ending: waiting for children to acknowledge a cancel.
+    Draining(Ending),
+    /// Finalized.
+    Done,
+}
+
+pub(super) struct Child {
+    pub(super) actor: Option<ActorRef<ThreadMsg>>,
+    pub(super) report: Option<ThreadReport>,
+    /// Some call (spawn wait=true or wait_threads) has consumed or will consume the report.
+    pub(super) claimed: bool,
+}
+
+pub(super) struct Waiter {
+    pub(super) call_id: String,
+    pub(super) ids: Vec<ThreadId>,
+}
+
+/// State of a thread actor.
+pub(crate) struct ThreadState {
+    pub(super) ctx: Arc<Ctx>,
+    pub(super) provider: Arc<dyn crate::provider::Provider>,
+    pub(super) directive: Arc<Directive>,
+    pub(super) parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
+    pub(super) limits: Limits,
+    pub(super) price: Price,
+    pub(super) doc: ThreadDoc,
+    pub(super) transcript: TranscriptWriter,
+    pub(super) on_finish: Option<oneshot::Sender<ThreadReport>>,
+    /// Shared with in-flight requests (no copy per call); appended through `Arc::make_mut`.
+    pub(super) system: Arc<str>,
+    pub(super) messages: Arc<Vec<Message>>,
+    pub(super) tools: Arc<Vec<ToolSpec>>,
+    pub(super) phase: Phase,
+    pub(super) calls_made: u64,
+    pub(super) usage: Usage,
+    pub(super) own_spend: Nanos,
+    pub(super) started: Instant,
+    pub(super) cancel: CancellationToken,
+    pub(super) children: HashMap<ThreadId, Child>,
+    pub(super) waiters: Vec<Waiter>,
+    pub(super) announce: Vec<ThreadReport>,
+    pub(super) timers: Vec<tokio::task::JoinHandle<()>>,
+    /// Retries used for the current turn's call.
+    pub(super) attempt: u32,
+    /// `spawn_thread` calls whose task is still under way (by call id): a thread never
+    /// finalizes before they report, so no child can start after its parent has ended.
+    pub(super) spawning: std::collections::HashSet<String>,
+    /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
+    pub(super) doomed: std::collections::HashSet<String>,
+}
+
+impl ThreadState {
+    pub(super) fn id(&self) -> &ThreadId {
+        &self.doc.id
+    }
+
+    pub(super) fn log(&mut self, kind: &str, payload: Value) {
+        if let Err(e) = self.transcript.append(kind, payload) {
+            tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
+        }
+    }
+
+    pub(super) fn live_children(&self) -> Vec<ThreadId> {
+        self.children
+            .iter()
+            .filter(|(_, c)| c.report.is_none() && c.actor.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Brings thread.json's cost and head up to date (before signing).
+    pub(super) fn refresh_doc(&mut self) {
+        self.doc.cost.input_tokens = self.usage.input_tokens;
+        self.doc.cost.output_tokens = self.usage.output_tokens;
+        self.doc.cost.cache_read_tokens = self.usage.cache_read_tokens;
+        self.doc.cost.own_spend_nanos = self.own_spend.0;
+        self.doc.cost.elapsed_ms = self.started.elapsed().as_millis() as u64;
+        self.doc.transcript_head = self.transcript.head().clone();
+    }
+
+    pub(super) fn sign_doc(&mut self, fsync: bool) {
+        self.refresh_doc();
+        let path = self.ctx.project.thread_dir(self.id()).join("thread.json");
+        let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
+        if let Err(e) = self
+            .doc
+            .write_signed(&path, &self.ctx.signer, fsync || strict)
+        {
+            tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}");
+        }
+    }
+
+    pub(super) fn row(&self) -> ThreadRow {
+        ThreadRow {
+            id: self.doc.id.to_string(),
+            directive: self.doc.directive.clone(),
+            parent_id: self.doc.parent_id.as_ref().map(ToString::to_string),
+            root_id: self.doc.root_id.to_string(),
+            status: self.doc.status.as_str().into(),
+            created_at: self.doc.created_at.clone(),
+            updated_at: crate::core::ids::now_ts(),
+            model: self.doc.model.clone(),
+            turns: self.doc.cost.turns,
+            input_tokens: self.usage.input_tokens,
+            output_tokens: self.usage.output_tokens,
+            own_spend_nanos: self.own_spend.0,
+            spend_nanos: self.doc.cost.spend_nanos.max(self.own_spend.0),
+            result: self.doc.result.clone(),
+            outputs: self.doc.outputs.clone(),
+            error: self.doc.error.clone(),
+            owner_pid: std::process::id(),
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn report(&self) -> ThreadReport {
+        ThreadReport {
+            thread_id: self.doc.id.clone(),
+            directive: self.doc.directive.clone(),
+            status: self.doc.status,
+            result: self.doc.result.clone(),
+            outputs: self.doc.outputs.clone(),
+            error: self.doc.error.clone(),
+            turns: self.doc.cost.turns,
+            input_tokens: self.usage.input_tokens,
+            output_tokens: self.usage.output_tokens,
+            own_spend_nanos: self.own_spend,
+            spend_nanos: Nanos(self.doc.cost.spend_nanos),
+        }
+    }
+}

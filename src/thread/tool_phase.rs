@@ -1,0 +1,119 @@
+//! The tool phase of a turn: results collected in call order, then the next turn (or the end,
+//! after a valid `directive_return`).
+
+use super::state::{Ending, Phase, ThreadState};
+use super::{manage, ToolOutcome};
+use super::{ThreadActor, ThreadMsg};
+use crate::core::status::Status;
+use crate::provider::ToolCall;
+use crate::provider::{Block, Message, Role};
+use crate::tools::{check, needed_capability};
+use ractor::ActorRef;
+use serde_json::json;
+use std::sync::Arc;
+
+impl ThreadActor {
+    pub(super) async fn tool_done(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        call_id: String,
+        outcome: ToolOutcome,
+    ) {
+        let Phase::Tools {
+            order,
+            results,
+            returned,
+        } = &mut s.phase
+        else {
+            return;
+        };
+        if !order.contains(&call_id) || results.contains_key(&call_id) {
+            return;
+        }
+        if let Some(outputs) = &outcome.returned {
+            *returned = Some(outputs.clone());
+        }
+        results.insert(call_id.clone(), outcome.clone());
+        let done = results.len() == order.len();
+        s.log(
+            "tool_result",
+            json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
+        );
+        if !done {
+            return;
+        }
+        let Phase::Tools {
+            order,
+            mut results,
+            returned,
+        } = std::mem::replace(&mut s.phase, Phase::Idle)
+        else {
+            return;
+        };
+        let blocks: Vec<Block> = order
+            .iter()
+            .filter_map(|id| {
+                results.remove(id).map(|r| Block::ToolResult {
+                    id: id.clone(),
+                    content: r.content,
+                    is_error: r.is_error,
+                })
+            })
+            .collect();
+        Arc::make_mut(&mut s.messages).push(Message {
+            role: Role::User,
+            content: blocks,
+        });
+        if let Some(outputs) = returned {
+            let e = Ending {
+                status: Status::Completed,
+                result: None,
+                outputs: Some(outputs),
+                error: None,
+            };
+            return self.finalize(me, s, e).await;
+        }
+        let _ = me.cast(ThreadMsg::NextTurn);
+    }
+}
+
+/// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will answer.
+pub(super) async fn dispatch(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
+    if !s.tools.iter().any(|t| t.name == call.name) {
+        let names: Vec<&str> = s.tools.iter().map(|t| t.name.as_str()).collect();
+        return Some(ToolOutcome::err(format!(
+            "unknown or ungranted tool `{}` (available: {})",
+            call.name,
+            names.join(", ")
+        )));
+    }
+    let needed = match needed_capability(&call) {
+        Ok(n) => n,
+        Err(m) => return Some(ToolOutcome::err(m)),
+    };
+    if let Some(cap) = needed {
+        if let Err(denied) = check(&s.doc.capabilities, &cap, s.doc.id.as_str()) {
+            s.log(
+                "tool_denied",
+                json!({ "id": call.id, "name": call.name, "capability": cap }),
+            );
+            return Some(ToolOutcome::err(denied));
+        }
+    }
+    match call.name.as_str() {
+        "directive_return" => Some(manage::directive_return(s, &call.input)),
+        "spawn_thread" => manage::spawn_thread(me, s, call),
+        "wait_threads" => manage::wait_threads(me, s, call),
+        "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
+        "thread_status" => Some(manage::thread_status(s, &call.input).await),
+        _ => Some(ToolOutcome::err(format!(
+            "tool `{}` has no implementation in this build",
+            call.name
+        ))),
+    }
+}

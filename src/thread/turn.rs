@@ -1,0 +1,357 @@
+//! The turn loop (SPEC §6): limits, reservation, the LLM call as a task, recording and settling
+//! every attempt, retries with backoff, and the answer that ends a thread.
+
+use super::conversation::message_text;
+use super::state::{Ending, Phase, ThreadState};
+use super::Event;
+use super::{ThreadActor, ThreadMsg};
+use crate::core::money::Usage;
+use crate::core::status::Status;
+use crate::ledger::LedgerMsg;
+use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
+use crate::registry::RegistryMsg;
+use ractor::ActorRef;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl ThreadActor {
+    pub(super) async fn start(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
+        s.doc.transition(Status::Running);
+        s.log("status", json!({ "status": "running" }));
+        // A continuation records the conversation it inherits, so it can be continued in turn.
+        if let Some((last, inherited)) = s.messages.split_last() {
+            if !inherited.is_empty() {
+                let inherited = serde_json::to_value(inherited).unwrap_or(Value::Null);
+                let text = message_text(last);
+                let calls = s.calls_made;
+                s.log(
+                    "conversation",
+                    json!({ "messages": inherited, "calls_made": calls }),
+                );
+                s.log("message", json!({ "role": "user", "text": text }));
+            } else {
+                let text = message_text(last);
+                s.log("message", json!({ "role": "user", "text": text }));
+            }
+        }
+        s.sign_doc(false);
+        let row = s.row();
+        let _ = s.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(row),
+            reply: None,
+        });
+        let _ = s.ctx.events.send(Event::Started {
+            id: s.id().clone(),
+            parent: s.doc.parent_id.clone(),
+            directive: s.doc.directive.clone(),
+        });
+        let me2 = me.clone();
+        let d = s.limits.duration();
+        s.timers.push(tokio::spawn(async move {
+            tokio::time::sleep(d).await;
+            let _ = me2.cast(ThreadMsg::DurationExpired);
+        }));
+        let _ = me.cast(ThreadMsg::NextTurn);
+    }
+
+    pub(super) async fn limit_hit(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        limit: &str,
+        used: String,
+        max: String,
+    ) {
+        s.log(
+            "limit_hit",
+            json!({ "limit": limit, "used": used, "max": max }),
+        );
+        let e = Ending {
+            status: Status::Error,
+            result: None,
+            outputs: None,
+            error: Some(format!("limit exceeded: {limit} {used}/{max}")),
+        };
+        self.finalize(me, s, e).await;
+    }
+
+    pub(super) async fn next_turn(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
+        if !matches!(s.phase, Phase::Idle) {
+            return;
+        }
+        if !s.announce.is_empty() {
+            let reports: Vec<Value> = s.announce.drain(..).map(|r| json!(r)).collect();
+            let text = format!("Children finished: {}", Value::Array(reports));
+            s.log("message", json!({ "role": "user", "text": text }));
+            Arc::make_mut(&mut s.messages).push(Message::user(text));
+        }
+        let turns = s.doc.cost.turns;
+        if turns >= s.limits.turns {
+            let max = s.limits.turns.to_string();
+            return self.limit_hit(me, s, "turns", turns.to_string(), max).await;
+        }
+        let used_tokens = s.usage.input_tokens + s.usage.output_tokens + s.usage.cache_read_tokens;
+        if used_tokens >= s.limits.tokens {
+            let max = s.limits.tokens.to_string();
+            return self
+                .limit_hit(me, s, "tokens", used_tokens.to_string(), max)
+                .await;
+        }
+        if s.cancel.is_cancelled() {
+            return;
+        }
+        let mut req = LlmRequest {
+            model: s.doc.model.clone(),
+            system: s.system.clone(),
+            messages: s.messages.clone(),
+            tools: s.tools.clone(),
+            max_tokens: 0,
+            directive: s.directive.name.clone(),
+            thread_id: s.id().clone(),
+            call_index: s.calls_made,
+        };
+        let prompt_tokens = s.provider.estimate_prompt_tokens(&req);
+        let token_room = s.limits.tokens - used_tokens;
+        if prompt_tokens >= token_room {
+            let max = s.limits.tokens.to_string();
+            return self
+                .limit_hit(
+                    me,
+                    s,
+                    "tokens",
+                    (used_tokens + prompt_tokens).to_string(),
+                    max,
+                )
+                .await;
+        }
+        let mut want = s
+            .ctx
+            .config
+            .max_output_tokens
+            .min(token_room - prompt_tokens);
+        if let Some(&window) = s.ctx.config.context_window.get(&s.doc.model) {
+            if prompt_tokens >= window {
+                let msg = format!(
+                    "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",
+                    s.doc.model
+                );
+                return self.fail(me, s, msg).await;
+            }
+            want = want.min(window - prompt_tokens);
+        }
+        let min_out = crate::thread::MIN_OUTPUT_TOKENS.min(want);
+        let grant = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Reserve {
+            id: s.doc.id.clone(),
+            price: s.price,
+            prompt_tokens,
+            want_output: want,
+            min_output: min_out,
+            reply
+        });
+        let grant = match grant {
+            Ok(Ok(g)) => g,
+            Ok(Err(crate::ledger::LedgerError::Insufficient {
+                needed, available, ..
+            })) => {
+                return self
+                    .limit_hit(
+                        me,
+                        s,
+                        "spend",
+                        format!("{} used, {} needed", s.own_spend, needed),
+                        format!("{} available", available),
+                    )
+                    .await;
+            }
+            Ok(Err(e)) => return self.fail(me, s, format!("ledger: {e}")).await,
+            Err(e) => return self.fail(me, s, format!("ledger unreachable: {e}")).await,
+        };
+        req.max_tokens = grant.max_output_tokens;
+        s.phase = Phase::Thinking;
+        let provider = s.provider.clone();
+        let token = s.cancel.child_token();
+        let me2 = me.clone();
+        let reservation = grant.reservation;
+        tokio::spawn(async move {
+            let outcome = provider.complete(req, token).await;
+            let _ = me2.cast(ThreadMsg::LlmDone {
+                reservation,
+                outcome,
+            });
+        });
+    }
+
+    pub(super) async fn llm_done(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        reservation: u64,
+        outcome: Result<LlmResponse, ProviderError>,
+    ) {
+        // Every attempt is recorded and settled on its own, for what it actually cost: first the
+        // transcript line (with the reservation id, so recovery can settle it if the ledger never
+        // heard), then the settlement, cast: the next reservation queues behind it in the ledger.
+        let usage = match &outcome {
+            Ok(r) => r.usage,
+            Err(e) => e.usage,
+        };
+        s.calls_made += 1;
+        let cost = s.price.cost(&usage);
+        add_usage(&mut s.usage, &usage);
+        s.own_spend = s.own_spend.plus(cost);
+        let ending = matches!(s.phase, Phase::Draining(_) | Phase::Done);
+        let retry = match &outcome {
+            Err(e)
+                if !ending
+                    && e.kind != ErrorKind::Cancelled
+                    && e.kind.retryable()
+                    && s.attempt < s.ctx.config.retries =>
+            {
+                Some(e.retry_after.unwrap_or_else(|| backoff(s.attempt)))
+            }
+            _ => None,
+        };
+        let model = s.doc.model.clone();
+        let (kind, event) = match (&outcome, retry) {
+            (Err(e), Some(wait)) => (
+                "llm_retry",
+                json!({
+                    "attempt": s.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
+                    "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
+                    "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                }),
+            ),
+            (Err(e), None) => (
+                "llm_call",
+                json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                        "error": { "kind": e.kind, "message": e.message } }),
+            ),
+            (Ok(r), _) => (
+                "llm_call",
+                json!({ "model": model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                        "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
+            ),
+        };
+        s.log(kind, event);
+        let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
+            reservation,
+            actual: cost,
+            reply: None,
+        });
+        if ending {
+            return;
+        }
+        s.phase = Phase::Idle;
+        let resp = match outcome {
+            Ok(r) => r,
+            Err(e) if e.kind == ErrorKind::Cancelled => return,
+            Err(_) if retry.is_some() => {
+                s.attempt += 1;
+                let wait = retry.unwrap_or_default();
+                let me2 = me.clone();
+                s.timers.push(tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    let _ = me2.cast(ThreadMsg::NextTurn);
+                }));
+                return;
+            }
+            Err(e) => {
+                let msg = format!(
+                    "LLM call failed ({:?}) after {} attempt(s): {}",
+                    e.kind,
+                    s.attempt + 1,
+                    e.message
+                );
+                return self.fail(me, s, msg).await;
+            }
+        };
+        s.attempt = 0;
+        s.doc.cost.turns += 1;
+        let row = s.row();
+        let _ = s.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(row),
+            reply: None,
+        });
+        let _ = s.ctx.events.send(Event::Turn {
+            id: s.id().clone(),
+            turns: s.doc.cost.turns,
+            spend: s.own_spend,
+        });
+        let mut content = Vec::new();
+        if !resp.text.is_empty() {
+            s.log("assistant_text", json!({ "text": resp.text }));
+            content.push(Block::Text {
+                text: resp.text.clone(),
+            });
+        }
+        for c in &resp.tool_calls {
+            s.log(
+                "tool_use",
+                json!({ "id": c.id, "name": c.name, "input": c.input }),
+            );
+            content.push(Block::ToolUse {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                input: c.input.clone(),
+            });
+        }
+        Arc::make_mut(&mut s.messages).push(Message {
+            role: Role::Assistant,
+            content,
+        });
+        if resp.tool_calls.is_empty() {
+            return self.answer_without_tools(me, s, resp.text).await;
+        }
+        s.phase = Phase::Tools {
+            order: resp.tool_calls.iter().map(|c| c.id.clone()).collect(),
+            results: HashMap::new(),
+            returned: None,
+        };
+        for call in resp.tool_calls {
+            if let Some(outcome) = super::tool_phase::dispatch(me, s, call.clone()).await {
+                self.tool_done(me, s, call.id, outcome).await;
+            }
+        }
+    }
+
+    pub(super) async fn answer_without_tools(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        text: String,
+    ) {
+        let missing = s.directive.check_outputs(&serde_json::Map::new()).is_err();
+        if missing {
+            let nudge =
+                "You must call directive_return with the declared outputs to finish.".to_string();
+            s.log("message", json!({ "role": "user", "text": nudge }));
+            Arc::make_mut(&mut s.messages).push(Message::user(nudge));
+            let _ = me.cast(ThreadMsg::NextTurn);
+            return;
+        }
+        let e = Ending {
+            status: Status::Completed,
+            result: Some(text),
+            outputs: None,
+            error: None,
+        };
+        self.finalize(me, s, e).await;
+    }
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.input_tokens += u.input_tokens;
+    total.output_tokens += u.output_tokens;
+    total.cache_read_tokens += u.cache_read_tokens;
+}
+
+/// Exponential backoff with jitter: 250 ms × 2^n (±25 %), capped at 30 s.
+fn backoff(attempt: u32) -> Duration {
+    let base = 250u64.saturating_mul(1 << attempt.min(7)).min(30_000);
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    let jitter = u64::from(u16::from_le_bytes(b)) % (base / 2 + 1);
+    Duration::from_millis(base - base / 4 + jitter)
+}

@@ -1,0 +1,85 @@
+//! Tools a model may call, and the capability gate in front of every call (SPEC §8).
+//!
+//! Owns what a tool result is ([`ToolOutcome`]) and which capability a call needs. Must never
+//! let a call through that the thread's capabilities do not cover: a denial is an error result
+//! for the model, never a failure of the thread. The thread-management tools act on the thread
+//! actor's own state and live in `thread/`; command, MCP and file tools will live here.
+
+use crate::core::capability;
+use crate::provider::ToolCall;
+use serde_json::{json, Value};
+
+/// A tool's result.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolOutcome {
+    /// Result text for the model (JSON for built-ins).
+    pub content: String,
+    /// Failed or refused.
+    pub is_error: bool,
+    /// Set by a valid `directive_return`: the outputs that complete the thread.
+    pub returned: Option<Value>,
+}
+
+impl ToolOutcome {
+    /// A successful JSON result.
+    pub(crate) fn ok(v: Value) -> ToolOutcome {
+        ToolOutcome {
+            content: v.to_string(),
+            is_error: false,
+            returned: None,
+        }
+    }
+    /// An error result.
+    pub(crate) fn err(msg: impl Into<String>) -> ToolOutcome {
+        ToolOutcome {
+            content: json!({ "error": msg.into() }).to_string(),
+            is_error: true,
+            returned: None,
+        }
+    }
+}
+
+/// May a thread holding `caps` use the thread-management tools?
+pub(crate) fn may_manage(caps: &[String]) -> bool {
+    !capability::attenuate(&["thread.spawn.**".to_string()], caps).is_empty()
+}
+
+/// The capability a call needs, or None when the tool is always granted.
+pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, String> {
+    match call.name.as_str() {
+        "directive_return" => Ok(None),
+        "spawn_thread" => {
+            let d = call
+                .input
+                .get("directive")
+                .and_then(Value::as_str)
+                .ok_or("spawn_thread needs a `directive` (string)")?;
+            Ok(Some(format!(
+                "thread.spawn.{}",
+                d.trim_end_matches(".md").replace('/', ".")
+            )))
+        }
+        "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
+        other => Ok(Some(format!("tool.{other}"))),
+    }
+}
+
+/// The gate: `Ok` when `caps` grant `cap`, else the denial message for the model.
+pub(crate) fn check(caps: &[String], cap: &str, thread: &str) -> Result<(), String> {
+    let ok = if cap == "thread.spawn.**" {
+        may_manage(caps)
+    } else {
+        capability::allowed(caps, cap)
+    };
+    if ok {
+        return Ok(());
+    }
+    let held = if caps.is_empty() {
+        "none".to_string()
+    } else {
+        caps.join(", ")
+    };
+    Err(format!(
+        "permission denied: `{cap}` is not granted to thread {thread} (it holds: {held})"
+    ))
+}
