@@ -69,6 +69,8 @@ pub use crate::runtime::{
     OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
+/// The cancellation token a [`Provider`] receives with every call (from `tokio-util`).
+pub use tokio_util::sync::CancellationToken;
 
 /// The `weft` binary's glue (its argument type and entry point); not part of the library API.
 #[doc(hidden)]

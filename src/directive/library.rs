@@ -37,7 +37,21 @@ impl Library {
         }
     }
 
-    /// Loads a directive by name, or by path when `name_or_path` ends in `.md`.
+    /// Loads a directive by library name only (`research/answer`): what a model may ask for.
+    /// A path, `..`, an empty segment or an absolute name is refused before any file is read.
+    pub fn load_name(&self, name: &str) -> Result<Directive, DirectiveError> {
+        if !valid_name(name) || name.ends_with(".md") {
+            return Err(DirectiveError {
+                file: name.into(),
+                line: None,
+                message: format!("`{name}` is not a directive name: expected a library name such as `research/answer` (segments of letters, digits, '_', '-', '.'; no `..`, no empty segment, no absolute or file path)"),
+            });
+        }
+        self.load(name)
+    }
+
+    /// Loads a directive by name, or by path when `name_or_path` ends in `.md` (for the user:
+    /// the command line and `extends`; never for a model's request, see [`Library::load_name`]).
     pub fn load(&self, name_or_path: &str) -> Result<Directive, DirectiveError> {
         let stamp = self.stamp(name_or_path);
         if let Ok(cache) = self.cache.lock() {

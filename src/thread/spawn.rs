@@ -27,6 +27,9 @@ pub enum SpawnError {
     /// A limit refuses the spawn (depth, spawns, concurrency, spend).
     #[error("{0}")]
     Limit(String),
+    /// The parent may not spawn this directive (checked on the name it resolves to).
+    #[error("{0}")]
+    Denied(String),
     /// The parent's thread.json failed verification.
     #[error("parent thread.json not trusted: {0}")]
     Untrusted(String),
@@ -111,7 +114,18 @@ pub(crate) async fn spawn(
         None => None,
     };
     // 2. Directive and inputs (a continuation keeps its predecessor's conversation instead).
-    let directive = ctx.library.load(&req.directive)?;
+    // A child's directive comes from a model: a library name only, and the parent must hold the
+    // capability for the name it resolves to (front matter may rename a file).
+    let directive = match &parent_doc {
+        Some(p) => {
+            let d = ctx.library.load_name(&req.directive)?;
+            let cap = crate::tools::spawn_capability(&d.name);
+            crate::tools::check(&p.capabilities, &cap, p.id.as_str())
+                .map_err(SpawnError::Denied)?;
+            d
+        }
+        None => ctx.library.load(&req.directive)?,
+    };
     let (inputs, prompt) = match &req.continuation {
         None => {
             let inputs = directive.validate_inputs(&req.inputs)?;

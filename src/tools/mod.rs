@@ -54,14 +54,16 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
                 .get("directive")
                 .and_then(Value::as_str)
                 .ok_or("spawn_thread needs a `directive` (string)")?;
-            Ok(Some(format!(
-                "thread.spawn.{}",
-                d.trim_end_matches(".md").replace('/', ".")
-            )))
+            Ok(Some(spawn_capability(d)))
         }
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
         other => Ok(Some(format!("tool.{other}"))),
     }
+}
+
+/// The capability that lets a thread spawn directive `name` (`/` becomes `.`).
+pub(crate) fn spawn_capability(name: &str) -> String {
+    format!("thread.spawn.{}", name.replace('/', "."))
 }
 
 /// The gate: `Ok` when `caps` grant `cap`, else the denial message for the model.

@@ -5,6 +5,8 @@ mod cli;
 mod directives;
 mod e2e_llm;
 mod fake_llm;
+mod guarantees;
+mod layout;
 mod lifecycle;
 mod providers;
 mod support;
