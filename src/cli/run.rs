@@ -161,7 +161,8 @@ async fn follow(
             "continuation_of": rows.first().and_then(|r| r.continuation_of.clone()),
             "outputs": report.outputs, "error": report.error,
             "cost": { "turns": report.turns, "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
-                      "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "threads": rows.len() },
+                      "cache_read_tokens": report.cache_read_tokens,
+                      "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "overrun_nanos": report.overrun_nanos, "threads": rows.len() },
         });
         out!("{out}");
     } else {

@@ -76,6 +76,8 @@ struct RawPrice {
     output: serde_json::Value,
     #[serde(default)]
     cache_read: Option<serde_json::Value>,
+    #[serde(default)]
+    prompt_overhead_tokens: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +110,8 @@ struct RawConfig {
     checkpoint_every: Option<u64>,
     #[serde(default)]
     context_window: BTreeMap<String, u64>,
+    #[serde(default)]
+    prompt_overhead_tokens: Option<u64>,
 }
 
 /// The effective configuration.
@@ -133,7 +137,13 @@ pub struct Config {
     pub checkpoint_every: u64,
     /// Context window (tokens) by model id; a call whose prompt cannot fit is refused.
     pub context_window: BTreeMap<String, u64>,
+    /// Tokens a chat template adds to every call beyond the text itself (special tokens, tool
+    /// preamble), by model id, with `default` for the rest: part of each call's prompt bound.
+    pub prompt_overhead: BTreeMap<String, u64>,
 }
+
+/// Template overhead tokens per call when config sets none.
+pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
 
 /// The commented config `weft init` writes.
 pub(crate) const DEFAULT_CONFIG_YAML: &str = r#"# weft project configuration. Every key is optional; shown values are the defaults.
@@ -159,6 +169,10 @@ providers:
 pricing:
   scripted: { input: 1.00, output: 4.00, cache_read: 0.10 }
   # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }   (built in, like a few others)
+# Tokens a chat template adds to each call beyond its text (special tokens, tool preamble): the
+# ledger reserves every call for at most one token per byte of text plus this. Per model too:
+# pricing: { my-model: { input: 1.0, output: 2.0, prompt_overhead_tokens: 512 } }
+prompt_overhead_tokens: 256
 # Context window per model id, in tokens: a call whose prompt cannot fit is refused.
 # context_window: { gpt-4o-mini: 128000 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
@@ -201,6 +215,7 @@ impl Default for Config {
             cancel_grace: Duration::from_secs(5),
             checkpoint_every: 64,
             context_window: BTreeMap::new(),
+            prompt_overhead: BTreeMap::new(),
         }
     }
 }
@@ -284,6 +299,9 @@ impl Config {
                     None => 0,
                 },
             };
+            if let Some(o) = p.prompt_overhead_tokens {
+                self.prompt_overhead.insert(model.clone(), o);
+            }
             self.pricing.insert(model, price);
         }
         if let Some(d) = raw.durability {
@@ -313,7 +331,19 @@ impl Config {
             self.checkpoint_every = c.max(1);
         }
         self.context_window.extend(raw.context_window);
+        if let Some(o) = raw.prompt_overhead_tokens {
+            self.prompt_overhead.insert("default".into(), o);
+        }
         Ok(())
+    }
+
+    /// Template overhead tokens of one call to `model` (see [`Config::prompt_overhead`]).
+    pub fn prompt_overhead_of(&self, model: &str) -> u64 {
+        self.prompt_overhead
+            .get(model)
+            .or_else(|| self.prompt_overhead.get("default"))
+            .copied()
+            .unwrap_or(DEFAULT_PROMPT_OVERHEAD)
     }
 
     /// The price of `model`, or an error that says how to add one.

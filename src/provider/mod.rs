@@ -202,9 +202,14 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub trait Provider: Send + Sync {
     /// Provider name for transcripts.
     fn name(&self) -> &str;
-    /// Prompt tokens the request will be billed for (worst case); used for reservations.
-    fn estimate_prompt_tokens(&self, req: &LlmRequest) -> u64 {
-        heuristic_prompt_tokens(req)
+    /// An upper bound — never an estimate — on the prompt tokens (input and cache reads
+    /// together) the request will be billed for: the ledger reserves it as the call's worst case.
+    /// `template_overhead` is what the model's chat template adds to a call (config
+    /// `prompt_overhead_tokens`). The default holds for every byte-level tokenizer (at most one
+    /// token per byte of text) with a few template tokens per message; a backend that can count
+    /// exactly may answer less.
+    fn prompt_token_bound(&self, req: &LlmRequest, template_overhead: u64) -> u64 {
+        prompt_bytes(req) + PER_MESSAGE_TOKENS * (req.messages.len() as u64 + 1) + template_overhead
     }
     /// Makes the call; must return promptly with `Cancelled` when `cancel` fires.
     fn complete(
@@ -215,6 +220,32 @@ pub trait Provider: Send + Sync {
 }
 
 /// A conservative estimate: one token per 3 bytes plus per-message overhead.
+/// Template tokens around each message (role markers, separators) counted by the default bound.
+pub(crate) const PER_MESSAGE_TOKENS: u64 = 8;
+
+/// The bytes of everything a request sends as text: system prompt, every message block, tool
+/// specs. A byte-level tokenizer emits at most one token per byte of it.
+pub(crate) fn prompt_bytes(req: &LlmRequest) -> u64 {
+    let mut bytes = req.system.len();
+    for m in req.messages.iter() {
+        for b in &m.content {
+            bytes += match b {
+                Block::Text { text } => text.len(),
+                Block::ToolUse { id, name, input } => {
+                    id.len() + name.len() + input.to_string().len()
+                }
+                Block::ToolResult { id, content, .. } => id.len() + content.len(),
+            };
+        }
+    }
+    for t in req.tools.iter() {
+        bytes += t.name.len() + t.description.len() + t.input_schema.to_string().len();
+    }
+    bytes as u64
+}
+
+/// The scripted provider's stand-in for a tokenizer (1 token per 3 bytes): what it bills when a
+/// script gives no usage.
 pub(crate) fn heuristic_prompt_tokens(req: &LlmRequest) -> u64 {
     let mut bytes = req.system.len() + req.model.len();
     for m in req.messages.iter() {

@@ -183,7 +183,8 @@ impl Provider for Scripted {
         "scripted"
     }
 
-    fn estimate_prompt_tokens(&self, req: &LlmRequest) -> u64 {
+    /// Exact: the scripted provider bills what its script says (or its 3-bytes heuristic).
+    fn prompt_token_bound(&self, req: &LlmRequest, _template_overhead: u64) -> u64 {
         match self.turn(req) {
             Ok(Turn {
                 input_tokens: Some(n),

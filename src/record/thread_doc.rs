@@ -38,6 +38,13 @@ pub struct Cost {
     pub spend_nanos: i64,
     /// Wall time so far, ms.
     pub elapsed_ms: u64,
+    /// What providers billed beyond the calls' reservations, nano-USD (SPEC §5 overrun).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overrun_nanos: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// The content of thread.json.

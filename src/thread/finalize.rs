@@ -42,6 +42,8 @@ pub(super) async fn crash_report(ctx: &Arc<Ctx>, id: &ThreadId, error: &str) -> 
         turns: row.as_ref().map_or(0, |r| r.turns),
         input_tokens: row.as_ref().map_or(0, |r| r.input_tokens),
         output_tokens: row.as_ref().map_or(0, |r| r.output_tokens),
+        cache_read_tokens: 0,
+        overrun_nanos: Nanos::ZERO,
         own_spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.own_spent),
         spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.spent),
     };
@@ -167,7 +169,7 @@ impl ThreadActor {
         s.doc.transition(e.status);
         let fin = json!({
             "status": e.status, "result": s.doc.result, "outputs": s.doc.outputs, "error": s.doc.error,
-            "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos,
+            "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos, "overrun_nanos": s.doc.cost.overrun_nanos,
         });
         s.log("thread_finished", fin);
         // The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many

@@ -91,6 +91,8 @@ impl Actor for ThreadActor {
             spawning: Default::default(),
             doomed: Default::default(),
             attempt: 0,
+            call: None,
+            billed: None,
         };
         me.cast(ThreadMsg::Start)?;
         Ok(s)

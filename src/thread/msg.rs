@@ -36,10 +36,17 @@ pub struct ThreadReport {
     pub input_tokens: u64,
     /// Output tokens of the thread's own calls.
     pub output_tokens: u64,
+    /// Prompt tokens of the thread's own calls read from the provider's cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
     /// The thread's own spend.
     pub own_spend_nanos: Nanos,
     /// The whole subtree's spend.
     pub spend_nanos: Nanos,
+    /// What providers billed beyond the thread's reservations (zero unless a provider broke
+    /// its prompt bound; the thread then ended and its subtree made no further call).
+    #[serde(default)]
+    pub overrun_nanos: Nanos,
 }
 
 /// A snapshot for `Status` queries.

@@ -45,6 +45,22 @@ pub(super) enum Phase {
     Done,
 }
 
+/// The LLM call under way: what was reserved for it and what its prompt was.
+pub(super) struct Call {
+    pub(super) reservation: u64,
+    pub(super) reserved: Nanos,
+    pub(super) prompt_bytes: u64,
+    pub(super) messages: usize,
+}
+
+/// What the last successful call's prompt was billed, for a tighter bound on the next one.
+#[derive(Clone, Copy)]
+pub(super) struct Billed {
+    pub(super) prompt_tokens: u64,
+    pub(super) prompt_bytes: u64,
+    pub(super) messages: usize,
+}
+
 pub(super) struct Child {
     pub(super) actor: Option<ActorRef<ThreadMsg>>,
     pub(super) report: Option<ThreadReport>,
@@ -82,6 +98,10 @@ pub(crate) struct ThreadState {
     pub(super) waiters: Vec<Waiter>,
     pub(super) announce: Vec<ThreadReport>,
     pub(super) timers: Vec<tokio::task::JoinHandle<()>>,
+    /// The LLM call under way.
+    pub(super) call: Option<Call>,
+    /// The last successful call's billed prompt.
+    pub(super) billed: Option<Billed>,
     /// Retries used for the current turn's call.
     pub(super) attempt: u32,
     /// `spawn_thread` calls whose task is still under way (by call id): a thread never
@@ -166,8 +186,10 @@ impl ThreadState {
             turns: self.doc.cost.turns,
             input_tokens: self.usage.input_tokens,
             output_tokens: self.usage.output_tokens,
+            cache_read_tokens: self.usage.cache_read_tokens,
             own_spend_nanos: self.own_spend,
             spend_nanos: Nanos(self.doc.cost.spend_nanos),
+            overrun_nanos: Nanos(self.doc.cost.overrun_nanos),
         }
     }
 }

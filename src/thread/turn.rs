@@ -2,10 +2,10 @@
 //! every attempt, retries with backoff, and the answer that ends a thread.
 
 use super::conversation::message_text;
-use super::state::{Ending, Phase, ThreadState};
+use super::state::{Billed, Call, Ending, Phase, ThreadState};
 use super::Event;
 use super::{ThreadActor, ThreadMsg};
-use crate::core::money::Usage;
+use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
@@ -54,6 +54,31 @@ impl ThreadActor {
             let _ = me2.cast(ThreadMsg::DurationExpired);
         }));
         let _ = me.cast(ThreadMsg::NextTurn);
+    }
+
+    /// A provider billed more than the call's reservation: the ledger has settled the actual
+    /// cost; the overrun is recorded and this thread's subtree makes no further call.
+    pub(super) async fn overran(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        reservation: u64,
+        cost: Nanos,
+        overrun: Nanos,
+    ) {
+        s.doc.cost.overrun_nanos += overrun.0;
+        let model = s.doc.model.clone();
+        s.log(
+            "spend_overrun",
+            json!({ "reservation": reservation, "cost_nanos": cost, "overrun_nanos": overrun, "model": model }),
+        );
+        if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
+            return;
+        }
+        let msg = format!(
+            "spend overrun: a call to `{model}` was billed {cost}, {overrun} more than reserved for it; this thread's subtree makes no further call (if `{model}`'s chat template is larger than assumed, raise prompt_overhead_tokens for it)"
+        );
+        self.fail(me, s, msg).await;
     }
 
     pub(super) async fn limit_hit(
@@ -112,7 +137,8 @@ impl ThreadActor {
             thread_id: s.id().clone(),
             call_index: s.calls_made,
         };
-        let prompt_tokens = s.provider.estimate_prompt_tokens(&req);
+        let prompt_bytes = crate::provider::prompt_bytes(&req);
+        let prompt_tokens = prompt_bound(s, &req, prompt_bytes);
         let token_room = s.limits.tokens - used_tokens;
         if prompt_tokens >= token_room {
             let max = s.limits.tokens.to_string();
@@ -142,9 +168,13 @@ impl ThreadActor {
             want = want.min(window - prompt_tokens);
         }
         let min_out = crate::thread::MIN_OUTPUT_TOKENS.min(want);
+        // Every prompt token is reserved at the dearer of the input and cache-read prices: the
+        // bound covers both, and the provider decides which it bills.
+        let mut reserve_price = s.price;
+        reserve_price.input = reserve_price.input.max(reserve_price.cache_read);
         let grant = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Reserve {
             id: s.doc.id.clone(),
-            price: s.price,
+            price: reserve_price,
             prompt_tokens,
             want_output: want,
             min_output: min_out,
@@ -169,6 +199,12 @@ impl ThreadActor {
             Err(e) => return self.fail(me, s, format!("ledger unreachable: {e}")).await,
         };
         req.max_tokens = grant.max_output_tokens;
+        s.call = Some(Call {
+            reservation: grant.reservation,
+            reserved: grant.amount,
+            prompt_bytes,
+            messages: req.messages.len(),
+        });
         s.phase = Phase::Thinking;
         let provider = s.provider.clone();
         let token = s.cancel.child_token();
@@ -240,6 +276,23 @@ impl ThreadActor {
             actual: cost,
             reply: None,
         });
+        let call = s.call.take().filter(|c| c.reservation == reservation);
+        let overrun = call
+            .as_ref()
+            .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));
+        if overrun > Nanos::ZERO {
+            return self.overran(me, s, reservation, cost, overrun).await;
+        }
+        if let (Ok(r), Some(c)) = (&outcome, &call) {
+            let billed = r.usage.input_tokens + r.usage.cache_read_tokens;
+            if billed > 0 {
+                s.billed = Some(Billed {
+                    prompt_tokens: billed,
+                    prompt_bytes: c.prompt_bytes,
+                    messages: c.messages,
+                });
+            }
+        }
         if ending {
             return;
         }
@@ -354,4 +407,19 @@ fn backoff(attempt: u32) -> Duration {
     let _ = getrandom::fill(&mut b);
     let jitter = u64::from(u16::from_le_bytes(b)) % (base / 2 + 1);
     Duration::from_millis(base - base / 4 + jitter)
+}
+
+/// An upper bound on the prompt tokens of `req`: the provider's bound, tightened by what the
+/// previous call's prompt was actually billed plus at most one token per byte appended since
+/// (and the template's tokens again). Never an estimate: the ledger reserves it as a worst case.
+fn prompt_bound(s: &ThreadState, req: &LlmRequest, prompt_bytes: u64) -> u64 {
+    let overhead = s.ctx.config.prompt_overhead_of(&s.doc.model);
+    let bound = s.provider.prompt_token_bound(req, overhead);
+    let Some(b) = s.billed else {
+        return bound;
+    };
+    let new_messages = req.messages.len().saturating_sub(b.messages) as u64 + 1;
+    let grown = prompt_bytes.saturating_sub(b.prompt_bytes)
+        + crate::provider::PER_MESSAGE_TOKENS * new_messages;
+    bound.min(b.prompt_tokens + grown + overhead)
 }

@@ -312,3 +312,74 @@ async fn cancelling_a_long_real_generation_stops_it() {
         );
     }
 }
+
+/// SPEC §5 against a real tokenizer: leaves run on the real model under a root cap their prompts
+/// nearly fill (1,000 hex digits tokenize to about one token per byte). Every reservation is an
+/// upper bound, so the tree ends within its cap and no call overruns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_on_the_real_model_ends_within_its_root_cap() {
+    let Some(url) = server() else { return };
+    let _serial = SERIAL.lock().await;
+    let hex: String = (0..1000u32)
+        .map(|i| char::from_digit((i * 7 + 3) % 16, 16).unwrap())
+        .collect();
+    let root = directive(
+        "model: { provider: script }\nlimits: { spend: 0.004, turns: 4 }\npermissions: [\"thread.spawn.leaf\"]",
+        "Fan out.",
+    );
+    let leaf = directive(
+        "model: { tier: fast }\nlimits: { turns: 1 }",
+        &format!("Repeat these digits: {hex}"),
+    );
+    let script = r#"
+root:
+  - usage: { input_tokens: 10, output_tokens: 10 }
+    tool_calls:
+      - { name: spawn_thread, input: { directive: leaf, wait: false } }
+      - { name: spawn_thread, input: { directive: leaf, wait: false } }
+      - { name: spawn_thread, input: { directive: leaf, wait: false } }
+  - usage: { input_tokens: 10, output_tokens: 10 }
+    tool_calls: [ { name: wait_threads, input: {} } ]
+  - text: done
+    usage: { input_tokens: 10, output_tokens: 10 }
+"#;
+    let config = format!(
+        "defaults:\n  provider: local\n  max_output_tokens: 400\nproviders:\n  local: {{ kind: openai, base_url: \"{url}/v1\", tiers: {{ fast: smollm2 }}, read_timeout: 60s }}\n  script: {{ kind: scripted, script: script.yaml }}\npricing:\n  smollm2: {{ input: 1.00, output: 2.00 }}\n  scripted: {{ input: 1.00, output: 2.00 }}\n"
+    );
+    let fx = Fixture::raw(&[("root", &root), ("leaf", &leaf)], script, &config);
+    let rt = fx.runtime_configured().await;
+    let report = rt
+        .run("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    let cap = 4_000_000;
+    let mut real_calls = 0;
+    for r in fx.rows() {
+        for e in fx.events(&r.id) {
+            assert_ne!(e["type"], "spend_overrun", "{}: {e}", r.id);
+            if e["type"] == "llm_call" && r.directive == "leaf" {
+                real_calls += 1;
+            }
+        }
+        assert!(
+            weft::internals::is_terminal(&r.status),
+            "{} {}",
+            r.id,
+            r.status
+        );
+        eprintln!("e2e_llm cap: {} {} {:?}", r.directive, r.status, r.error);
+    }
+    eprintln!(
+        "e2e_llm cap: root {:?}, tree spent {} of {cap} nanos in {real_calls} real calls",
+        report.status, report.spend_nanos.0
+    );
+    assert!(real_calls > 0, "at least one leaf called the real model");
+    assert!(
+        report.spend_nanos.0 <= cap,
+        "the tree spent {} > its cap {cap}",
+        report.spend_nanos.0
+    );
+    assert_eq!(report.overrun_nanos.0, 0);
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+}

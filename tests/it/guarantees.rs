@@ -109,3 +109,89 @@ async fn the_spawn_capability_is_checked_on_the_name_a_directive_resolves_to() {
     );
     assert!(children.is_empty(), "{children:?}");
 }
+
+/// A provider that claims a small prompt bound and bills far beyond it (a broken tokenizer
+/// assumption): SPEC §5's one way past the cap. The overrun is settled, recorded, and the
+/// thread makes no further call.
+struct Overbiller;
+
+impl weft::Provider for Overbiller {
+    fn name(&self) -> &str {
+        "overbiller"
+    }
+    fn prompt_token_bound(&self, _req: &weft::LlmRequest, _overhead: u64) -> u64 {
+        10
+    }
+    fn complete(
+        &self,
+        _req: weft::LlmRequest,
+        _cancel: weft::CancellationToken,
+    ) -> weft::BoxFuture<Result<weft::LlmResponse, weft::ProviderError>> {
+        Box::pin(async {
+            Ok(weft::LlmResponse {
+                text: String::new(),
+                tool_calls: vec![weft::ToolCall {
+                    id: "c1".into(),
+                    name: "thread_status".into(),
+                    input: json!({ "id": "x-1-1" }),
+                }],
+                usage: weft::Usage {
+                    input_tokens: 1_000_000,
+                    output_tokens: 1,
+                    cache_read_tokens: 0,
+                },
+                stop_reason: "tool_use".into(),
+                stream_deltas: 0,
+            })
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_billing_past_its_reservation_is_recorded_and_stopped() {
+    let d = directive("limits: { turns: 5, spend: 0.50 }", "Go.");
+    let fx = Fixture::raw(
+        &[("greedy", &d)],
+        "",
+        "pricing:\n  m1: { input: 1.00, output: 1.00 }\n",
+    );
+    let rt = weft::Runtime::builder(fx.project())
+        .custom_provider(std::sync::Arc::new(Overbiller))
+        .model("m1")
+        .open()
+        .await
+        .unwrap();
+    let report = rt
+        .run("greedy", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(report.status, Status::Error, "{report:?}");
+    assert!(
+        report
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("spend overrun"),
+        "{report:?}"
+    );
+    let events = fx.events(report.thread_id.as_str());
+    let calls = events.iter().filter(|e| e["type"] == "llm_call").count();
+    assert_eq!(calls, 1, "no call after the overrun");
+    let overrun = events
+        .iter()
+        .find(|e| e["type"] == "spend_overrun")
+        .expect("the overrun is in the transcript");
+    assert!(overrun["overrun_nanos"].as_i64().unwrap() > 0);
+    assert_eq!(
+        report.overrun_nanos.0,
+        overrun["overrun_nanos"].as_i64().unwrap()
+    );
+    assert_eq!(
+        report.spend_nanos.0, 1_000_001_000,
+        "the actual cost was settled"
+    );
+    assert_eq!(
+        fx.doc(report.thread_id.as_str()).cost.overrun_nanos,
+        report.overrun_nanos.0
+    );
+}
