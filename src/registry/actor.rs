@@ -38,6 +38,13 @@ pub enum RegistryMsg {
         /// Reply.
         reply: RpcReplyPort<Result<bool, RegistryError>>,
     },
+    /// The unfinished rows of `id`'s subtree (itself included), deepest first.
+    UnfinishedSubtree {
+        /// The subtree's root.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<Vec<ThreadRow>, RegistryError>>,
+    },
     /// Rows still created/running.
     Unfinished {
         /// Reply.
@@ -180,6 +187,9 @@ impl Actor for RegistryActor {
                 reply,
             } => {
                 let _ = reply.send(s.store.is_descendant(ancestor.as_str(), id.as_str()));
+            }
+            RegistryMsg::UnfinishedSubtree { id, reply } => {
+                let _ = reply.send(s.store.unfinished_subtree(id.as_str()));
             }
             RegistryMsg::Unfinished { reply } => {
                 let _ = reply.send(s.store.unfinished());

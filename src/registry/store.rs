@@ -187,6 +187,26 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 
+    /// The `created`/`running` rows of `id`'s subtree, itself included, deepest first.
+    pub(crate) fn unfinished_subtree(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        let cols: String = COLS
+            .split(',')
+            .map(|c| format!("t.{c}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut stmt = self
+            .db
+            .prepare_cached(&format!(
+                "WITH RECURSIVE sub(id, depth) AS (SELECT ?1, 0
+                   UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
+                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id
+                 WHERE t.status IN ('created','running') ORDER BY sub.depth DESC, t.id"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([id], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
     /// Rows still `created` or `running` (any owner).
     pub fn unfinished(&self) -> Result<Vec<ThreadRow>, RegistryError> {
         let mut stmt = self

@@ -4,7 +4,9 @@
 
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
-use crate::thread::{Ctx, Event, SpawnError, StatusSnapshot, ThreadMsg, ThreadReport};
+use crate::thread::{
+    end_subtree, Ctx, DeadEnd, Event, SpawnError, StatusSnapshot, ThreadMsg, ThreadReport,
+};
 use ractor::ActorRef;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -86,12 +88,23 @@ impl ThreadHandle {
         }
     }
 
-    /// Waits for the thread to end and returns its report.
+    /// Waits for the thread to end and returns its report. A thread whose actor died without
+    /// finalizing (a panic) is finalized here, with its whole subtree, as `error`.
     pub async fn wait(self) -> Result<ThreadReport, SpawnError> {
-        let id = self.id;
-        self.done
-            .await
-            .map_err(|_| SpawnError::Storage(format!("thread {id} stopped without a report")))
+        match self.done.await {
+            Ok(report) => Ok(report),
+            Err(_) => {
+                let end = DeadEnd {
+                    status: Status::Error,
+                    kind: "failed",
+                    error: format!(
+                        "thread {} stopped without finalizing (its actor failed)",
+                        self.id
+                    ),
+                };
+                Ok(end_subtree(&self.ctx, &self.id, &end).await)
+            }
+        }
     }
 }
 

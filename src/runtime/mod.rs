@@ -10,8 +10,8 @@ mod handle;
 pub(crate) mod recovery;
 mod resume;
 
+pub use crate::thread::Recovered;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
-pub use recovery::Recovered;
 
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;

@@ -3,64 +3,13 @@
 //! thread.json, and tell the parent. Also the report of a child whose actor died.
 
 use super::state::{Ending, Phase, ThreadState};
-use super::{Ctx, Event, ThreadReport};
+use super::{end_subtree, DeadEnd, Event};
 use super::{ThreadActor, ThreadMsg};
-use crate::core::ids::ThreadId;
-use crate::core::money::Nanos;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::registry::RegistryMsg;
 use ractor::ActorRef;
 use serde_json::json;
-use std::sync::Arc;
-
-/// Finalizes a child whose actor died without finalizing itself.
-pub(super) async fn crash_report(ctx: &Arc<Ctx>, id: &ThreadId, error: &str) -> ThreadReport {
-    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
-        id: id.clone(),
-        reply
-    })
-    .ok()
-    .and_then(Result::ok);
-    let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
-        id: id.clone(),
-        reply
-    })
-    .ok()
-    .and_then(Result::ok)
-    .flatten();
-    let mut report = ThreadReport {
-        thread_id: id.clone(),
-        directive: row
-            .as_ref()
-            .map(|r| r.directive.clone())
-            .unwrap_or_default(),
-        status: Status::Error,
-        result: None,
-        outputs: None,
-        error: Some(error.into()),
-        turns: row.as_ref().map_or(0, |r| r.turns),
-        input_tokens: row.as_ref().map_or(0, |r| r.input_tokens),
-        output_tokens: row.as_ref().map_or(0, |r| r.output_tokens),
-        cache_read_tokens: 0,
-        overrun_nanos: Nanos::ZERO,
-        own_spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.own_spent),
-        spend_nanos: acct.as_ref().map_or(Nanos::ZERO, |a| a.spent),
-    };
-    if let Some(mut row) = row {
-        row.status = "error".into();
-        row.error = report.error.clone();
-        row.spend_nanos = report.spend_nanos.0;
-        row.own_spend_nanos = report.own_spend_nanos.0;
-        row.updated_at = crate::core::ids::now_ts();
-        let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
-            row: Box::new(row),
-            reply: Some(reply)
-        });
-    }
-    report.error = Some(error.into());
-    report
-}
 
 impl ThreadActor {
     /// While draining: completes the finalization once no child is live and no spawn is under
@@ -118,21 +67,23 @@ impl ThreadActor {
         }));
     }
 
+    /// The grace ran out: every live child's subtree is killed and finalized deepest first
+    /// (terminal transcript line, ledger closed, registry row, signed thread.json).
     pub(super) async fn kill_stragglers(&self, s: &mut ThreadState) {
+        let grace = humantime::format_duration(s.ctx.config.cancel_grace).to_string();
         for id in s.live_children() {
-            let actor = s.children.get(&id).and_then(|c| c.actor.clone());
-            if let Some(a) = actor {
-                a.kill();
-            }
-            let r = crash_report(
-                &s.ctx,
-                &id,
-                "killed: did not acknowledge cancel within cancel_grace",
-            )
-            .await;
+            let end = DeadEnd {
+                status: Status::Cancelled,
+                kind: "killed",
+                error: format!(
+                    "killed: its subtree did not end within cancel_grace ({grace}) after {} asked it to",
+                    s.doc.id
+                ),
+            };
+            let r = end_subtree(&s.ctx, &id, &end).await;
             s.log(
                 "child_finished",
-                json!({ "id": id, "status": "error", "error": r.error }),
+                json!({ "id": id, "status": r.status, "error": r.error }),
             );
             if let Some(c) = s.children.get_mut(&id) {
                 c.report = Some(r);

@@ -19,6 +19,7 @@
 mod children;
 mod conversation;
 mod ctx;
+mod dead;
 mod finalize;
 mod manage;
 mod msg;
@@ -30,6 +31,8 @@ mod turn;
 pub(crate) use conversation::rebuild_conversation;
 pub(crate) use ctx::Ctx;
 pub use ctx::Event;
+pub use dead::Recovered;
+pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd};
 pub use msg::ThreadReport;
 pub(crate) use msg::{StatusSnapshot, ThreadArgs, ThreadMsg};
 pub use spawn::SpawnError;
@@ -39,7 +42,6 @@ use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
 use crate::tools::ToolOutcome;
-use finalize::crash_report;
 use manage as manage_tools;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use serde_json::json;
@@ -195,8 +197,16 @@ impl Actor for ThreadActor {
             let name = cell.get_name().unwrap_or_default();
             if let Ok(id) = ThreadId::parse(&name) {
                 if s.children.get(&id).is_some_and(|c| c.report.is_none()) {
-                    let report =
-                        crash_report(&s.ctx, &id, &format!("thread actor failed: {err}")).await;
+                    let report = end_subtree(
+                        &s.ctx,
+                        &id,
+                        &DeadEnd {
+                            status: Status::Error,
+                            kind: "failed",
+                            error: format!("thread actor failed: {err}"),
+                        },
+                    )
+                    .await;
                     self.child_finished(&me, s, report).await;
                 }
             }

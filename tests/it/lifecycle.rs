@@ -560,3 +560,96 @@ mod interleavings {
         }
     }
 }
+
+/// SPEC §7: when the grace runs out, the descendants still alive are finalized anyway, deepest
+/// first. With a 1 ms grace nothing acknowledges in time, so every thread below the root is
+/// killed and must still end terminal, verified, with its ledger account closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_grace_runs_out_leaves_every_thread_terminal() {
+    let fx = wide_tree("60s");
+    std::fs::write(
+        fx.root().join(".weft/config.yaml"),
+        "pricing:\n  scripted: { input: 1.00, output: 4.00 }\ncancel_grace: 1ms\n",
+    )
+    .unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    wait_until("111 running threads", || {
+        fx.rows().iter().filter(|r| r.status == "running").count() == 111
+    })
+    .await;
+    assert!(rt.cancel(&id, "test"));
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    let rows = fx.rows();
+    assert_eq!(rows.len(), 111);
+    let open: Vec<_> = rows
+        .iter()
+        .filter(|r| !weft::internals::is_terminal(&r.status))
+        .map(|r| (&r.id, &r.status))
+        .collect();
+    assert!(open.is_empty(), "registry rows left open: {open:?}");
+    for r in &rows {
+        let doc = fx.doc(&r.id);
+        assert!(
+            doc.status.is_terminal(),
+            "{} thread.json is {:?}",
+            r.id,
+            doc.status
+        );
+        let last = fx
+            .events(&r.id)
+            .into_iter()
+            .rev()
+            .find(|e| e["type"] != "checkpoint");
+        assert_eq!(
+            last.as_ref().map(|e| e["type"].clone()),
+            Some(serde_json::json!("thread_finished")),
+            "{}: {last:?}",
+            r.id
+        );
+    }
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+}
+
+/// A process killed after a thread's terminal thread.json but before its registry commit leaves
+/// a `running` row: recovery brings the row in line and never relabels the thread (nothing
+/// leaves a terminal state) nor appends a second `thread_finished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_never_relabels_a_thread_that_finished() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: the answer\n",
+        "",
+    );
+    let (report, rt) = fx.run("solo", serde_json::json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    rt.shutdown();
+    let id = report.thread_id.to_string();
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    // pid 4194305 is above Linux's pid_max: no process has it.
+    db.execute(
+        "UPDATE threads SET status='running', owner_pid=4194305 WHERE id=?1",
+        [&id],
+    )
+    .unwrap();
+    drop(db);
+    let rt = fx.runtime().await;
+    let row = fx.rows().into_iter().find(|r| r.id == id).unwrap();
+    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(fx.doc(&id).status, Status::Completed);
+    let finished = fx
+        .events(&id)
+        .iter()
+        .filter(|e| e["type"] == "thread_finished")
+        .count();
+    assert_eq!(finished, 1);
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    rt.shutdown();
+}

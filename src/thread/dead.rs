@@ -1,0 +1,362 @@
+//! Ending threads whose actor is gone — its process died (recovery), it was killed after its
+//! parent's `cancel_grace`, or it panicked — deepest first, so no thread of a tree is left
+//! non-terminal. The one place besides a thread's own actor that writes its transcript and
+//! thread.json, and only when no actor of it runs.
+
+use super::{Ctx, ThreadReport};
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::money::Nanos;
+use crate::core::status::Status;
+use crate::ledger::LedgerMsg;
+use crate::project::config::Durability;
+use crate::record::thread_doc::ThreadDoc;
+use crate::record::transcript::TranscriptWriter;
+use crate::registry::{RegistryMsg, ThreadRow};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a thread without a live actor ends.
+pub(crate) struct DeadEnd {
+    /// `error` (interrupted, failed) or `cancelled` (killed).
+    pub(crate) status: Status,
+    /// `interrupted`, `killed` or `failed`: the transcript event and thread.json's `error_kind`.
+    pub(crate) kind: &'static str,
+    /// The thread's error message.
+    pub(crate) error: String,
+}
+
+/// What finalizing a dead thread did.
+pub(crate) struct Finalized {
+    pub(crate) recovered: Recovered,
+    pub(crate) report: ThreadReport,
+}
+
+impl Finalized {
+    fn of(recovered: Recovered, row: &ThreadRow, end: &DeadEnd) -> Finalized {
+        let report = ThreadReport {
+            thread_id: ThreadId::parse(&row.id).unwrap_or_else(|_| ThreadId::generate("invalid")),
+            directive: row.directive.clone(),
+            status: end.status,
+            result: None,
+            outputs: row.outputs.clone(),
+            error: Some(end.error.clone()),
+            turns: row.turns,
+            input_tokens: row.input_tokens,
+            output_tokens: row.output_tokens,
+            cache_read_tokens: 0,
+            own_spend_nanos: Nanos(row.own_spend_nanos),
+            spend_nanos: Nanos(row.spend_nanos),
+            overrun_nanos: Nanos::ZERO,
+        };
+        Finalized { recovered, report }
+    }
+
+    fn with_status(mut self, status: Status, error: Option<String>) -> Finalized {
+        self.report.status = status;
+        self.report.error = error;
+        self
+    }
+}
+
+/// Ends `id`'s whole subtree, whose actors are dead or must die now: every actor of it still
+/// running is killed, then each unfinished thread is finalized with `end`, deepest first.
+/// Returns `id`'s report.
+pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) -> ThreadReport {
+    let rows = ractor::call!(ctx.registry, |reply| RegistryMsg::UnfinishedSubtree {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok)
+    .unwrap_or_default();
+    for r in &rows {
+        if let Some(cell) = ractor::registry::where_is(r.id.clone()) {
+            let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
+        }
+    }
+    let mut own = None;
+    for r in &rows {
+        let f = finalize_dead(ctx, r, end).await;
+        for p in &f.recovered.problems {
+            tracing::error!(thread = %r.id, "finalizing after its actor ended: {p}");
+        }
+        if r.id == id.as_str() {
+            own = Some(f.report);
+        }
+    }
+    match own {
+        Some(r) => r,
+        // It finalized itself meanwhile: report what the registry now says.
+        None => {
+            let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+                id: id.clone(),
+                reply
+            })
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .unwrap_or_default();
+            let status = match row.status.as_str() {
+                "completed" => Status::Completed,
+                "cancelled" => Status::Cancelled,
+                "continued" => Status::Continued,
+                _ => Status::Error,
+            };
+            let mut r = Finalized::of(Recovered::default(), &row, end).report;
+            r.thread_id = id.clone();
+            r.status = status;
+            r.error = row.error;
+            r.result = row.result;
+            r
+        }
+    }
+}
+
+/// A thread finalized without its actor (by recovery, or after a kill or a panic).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Recovered {
+    /// The thread.
+    pub id: String,
+    /// The dead owner's pid.
+    pub owner_pid: u32,
+    /// A torn last transcript line was moved to `transcript.torn`.
+    pub torn_line_kept: bool,
+    /// Anything recovery could not do (e.g. an unverifiable thread.json), naming the file.
+    pub problems: Vec<String>,
+}
+
+/// Ends thread `row`, whose actor is gone (its process died, or it was killed or panicked),
+/// with `end`: recorded calls settled, ledger account closed, a torn last transcript line set
+/// aside, the transcript and thread.json completed, the registry row closed. A thread whose
+/// signed thread.json is already terminal keeps its status: only its registry row is brought in
+/// line (nothing leaves a terminal state).
+pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd) -> Finalized {
+    let mut rec = Recovered {
+        id: row.id.clone(),
+        owner_pid: row.owner_pid,
+        torn_line_kept: false,
+        problems: vec![],
+    };
+    let Ok(id) = ThreadId::parse(&row.id) else {
+        rec.problems.push(format!(
+            "registry row with invalid id `{}` left as is",
+            row.id
+        ));
+        return Finalized::of(rec, row, end);
+    };
+    let error = end.error.clone();
+    // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
+    // them with the recorded cost (a no-op for those already settled), then close the account,
+    // which releases whatever is still reserved as unspent.
+    let tr = ctx.project.thread_dir(&id).join("transcript.jsonl");
+    if let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) {
+        for e in read
+            .events
+            .iter()
+            .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
+        {
+            if let (Some(reservation), Some(cost)) =
+                (e["reservation"].as_u64(), e["cost_nanos"].as_i64())
+            {
+                let actual = crate::core::money::Nanos(cost);
+                let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+                    reservation,
+                    actual,
+                    reply: Some(reply)
+                });
+            }
+        }
+    }
+    let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
+        id: id.clone(),
+        reply
+    })
+    .ok()
+    .and_then(Result::ok);
+    let spend = acct.as_ref().map_or(row.spend_nanos, |a| a.spent.0);
+    let own = acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0);
+    let dir = ctx.project.thread_dir(&id);
+    if let Ok(done) = ThreadDoc::read_verified(&dir.join("thread.json"), &ctx.trust) {
+        if done.status.is_terminal() {
+            // It finalized itself but its registry row was never written: keep its status.
+            let mut fin = row.clone();
+            fin.status = done.status.as_str().into();
+            fin.error = done.error.clone();
+            fin.result = done.result.clone();
+            fin.spend_nanos = done.cost.spend_nanos;
+            fin.own_spend_nanos = done.cost.own_spend_nanos;
+            fin.updated_at = now_ts();
+            if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
+                row: Box::new(fin.clone()),
+                reply
+            }) {
+                rec.problems.push(format!("registry: {e}"));
+            }
+            return Finalized::of(rec, &fin, end).with_status(done.status, done.error);
+        }
+    }
+    let tr_path = dir.join("transcript.jsonl");
+    // The process may have died between registering the thread and creating its files.
+    if let Err(e) = std::fs::create_dir_all(dir.join("files")) {
+        rec.problems.push(format!("{}: {e}", dir.display()));
+    }
+    let repaired = if tr_path.exists() {
+        crate::record::transcript::repair(&tr_path).map(|(head, torn)| {
+            rec.torn_line_kept = torn;
+            (head, false)
+        })
+    } else {
+        std::fs::File::create(&tr_path).map(|_| {
+            (
+                crate::record::transcript::Head {
+                    seq: -1,
+                    hash: crate::record::transcript::GENESIS.into(),
+                },
+                true,
+            )
+        })
+    };
+    let head = match repaired {
+        Ok((head, fresh)) => {
+            let w = TranscriptWriter::open_append(
+                &tr_path,
+                id.as_str(),
+                head,
+                ctx.signer.clone(),
+                Durability::Strict,
+                u64::MAX,
+            );
+            match w {
+                Ok(mut w) => {
+                    let note = if fresh {
+                        "the process died before the thread's files were written"
+                    } else {
+                        ""
+                    };
+                    let _ = w.append(end.kind, json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
+                    let _ = w.append(
+                        "thread_finished",
+                        json!({ "status": end.status, "error": error, "error_kind": end.kind, "spend_nanos": spend, "own_spend_nanos": own }),
+                    );
+                    if let Err(e) = w.checkpoint() {
+                        rec.problems.push(format!("{}: {e}", tr_path.display()));
+                    }
+                    Some(w.head().clone())
+                }
+                Err(e) => {
+                    rec.problems.push(format!("{}: {e}", tr_path.display()));
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            rec.problems.push(format!("{}: {e}", tr_path.display()));
+            None
+        }
+    };
+    let doc_path = dir.join("thread.json");
+    // A thread.json torn by the crash (not JSON at all) is set aside and rebuilt; one that parses
+    // but fails verification is left for `weft verify` to report: recovery never signs over it.
+    let torn_doc = doc_path.exists()
+        && std::fs::read(&doc_path)
+            .map(|b| serde_json::from_slice::<Value>(&b).is_err())
+            .unwrap_or(false);
+    if torn_doc {
+        let _ = std::fs::rename(&doc_path, dir.join("thread.json.torn"));
+    }
+    let doc = if doc_path.exists() {
+        ThreadDoc::read_verified(&doc_path, &ctx.trust)
+            .map_err(|e| format!("{e} (left as is; `weft verify` reports it)"))
+    } else {
+        Ok(doc_from_row(ctx, row, &id, acct.as_ref().map(|a| a.max)))
+    };
+    match doc {
+        Ok(mut doc) => {
+            doc.error = Some(error.clone());
+            doc.error_kind = Some(end.kind.into());
+            doc.cost.spend_nanos = spend;
+            doc.cost.own_spend_nanos = own;
+            if let Some(h) = head {
+                doc.transcript_head = h;
+            }
+            doc.transition(end.status);
+            if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
+                rec.problems.push(format!("{}: {e}", doc_path.display()));
+            }
+        }
+        Err(e) => rec.problems.push(e),
+    }
+    let mut fin = row.clone();
+    fin.status = end.status.as_str().into();
+    fin.error = Some(error);
+    fin.spend_nanos = spend;
+    fin.own_spend_nanos = own;
+    fin.updated_at = now_ts();
+    if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
+        row: Box::new(fin.clone()),
+        reply
+    }) {
+        rec.problems.push(format!("registry: {e}"));
+    }
+    Finalized::of(rec, &fin, end)
+}
+
+/// A thread.json for a thread whose process died before writing one: what the registry and
+/// the ledger know; limits the directive and config would have given it, spend as opened.
+fn doc_from_row(
+    ctx: &Ctx,
+    row: &ThreadRow,
+    id: &ThreadId,
+    max: Option<crate::core::money::Nanos>,
+) -> ThreadDoc {
+    let directive = ctx.library.load(&row.directive).ok();
+    let mut limits = crate::core::limits::resolve(
+        &ctx.config.default_limits,
+        &directive
+            .as_ref()
+            .map(|d| d.limits.clone())
+            .unwrap_or_default(),
+        &crate::core::limits::LimitSet::default(),
+        None,
+    );
+    if let Some(m) = max {
+        limits.spend = m;
+    }
+    let parse = |s: &Option<String>| s.as_deref().and_then(|p| ThreadId::parse(p).ok());
+    ThreadDoc {
+        version: 1,
+        id: id.clone(),
+        directive: row.directive.clone(),
+        directive_hash: directive
+            .as_ref()
+            .map(|d| d.content_hash.clone())
+            .unwrap_or_default(),
+        parent_id: parse(&row.parent_id),
+        root_id: ThreadId::parse(&row.root_id).unwrap_or_else(|_| id.clone()),
+        status: Status::Created,
+        history: vec![crate::record::thread_doc::Transition {
+            status: Status::Created,
+            at: row.created_at.clone(),
+        }],
+        created_at: row.created_at.clone(),
+        updated_at: row.updated_at.clone(),
+        model: row.model.clone(),
+        provider: String::new(),
+        limits,
+        capabilities: vec![],
+        cost: crate::record::thread_doc::Cost::default(),
+        outputs: None,
+        result: None,
+        error: None,
+        error_kind: None,
+        continuation_of: parse(&row.continuation_of),
+        continued_by: None,
+        chain_root: parse(&row.chain_root),
+        transcript_head: crate::record::transcript::Head {
+            seq: -1,
+            hash: crate::record::transcript::GENESIS.into(),
+        },
+    }
+}
