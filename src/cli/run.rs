@@ -37,12 +37,7 @@ pub(super) async fn run(
             .map_err(|e| usage(e.to_string()))?;
         given.insert(k, value);
     }
-    let mut overrides = LimitSet::default();
-    for (k, v) in parse_pairs(&limits, "limit")? {
-        overrides
-            .set(&k, &Value::String(v))
-            .map_err(|e| usage(format!("--limit: {e}")))?;
-    }
+    let overrides = parse_limits(&limits)?;
     let mut builder = Runtime::builder(project.clone());
     if let Some(s) = choice.script {
         builder = builder.script(s);
@@ -206,12 +201,7 @@ pub(super) async fn resume(
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
-    let mut overrides = LimitSet::default();
-    for (k, v) in parse_pairs(&limits, "limit")? {
-        overrides
-            .set(&k, &Value::String(v))
-            .map_err(|e| usage(format!("--limit: {e}")))?;
-    }
+    let overrides = parse_limits(&limits)?;
     let mut builder = Runtime::builder(project.clone());
     if let Some(s) = script {
         builder = builder.script(s);
@@ -226,4 +216,15 @@ pub(super) async fn resume(
         out!("resuming {id} as {}", handle.id());
     }
     follow(rt, control, &project, handle, events, as_json).await
+}
+
+/// `--limit k=v` pairs as a limit set.
+fn parse_limits(limits: &[String]) -> Result<LimitSet, Exit> {
+    let mut overrides = LimitSet::default();
+    for (k, v) in parse_pairs(limits, "limit")? {
+        overrides
+            .set(&k, &Value::String(v))
+            .map_err(|e| usage(format!("--limit: {e}")))?;
+    }
+    Ok(overrides)
 }

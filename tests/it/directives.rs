@@ -117,24 +117,11 @@ fn rye_directives_map_onto_the_same_model() {
         .contains("missing required input `operation`"));
     // Every fixture parses.
     let mut n = 0;
-    for e in walk(&rye) {
+    for e in crate::support::files_with_ext(&rye, "md") {
         let rel = e.strip_prefix(&rye).unwrap().with_extension("");
         l.load(rel.to_str().unwrap())
             .unwrap_or_else(|err| panic!("{}: {err}", e.display()));
         n += 1;
     }
     assert!(n >= 15, "{n} fixtures");
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if p.extension().is_some_and(|x| x == "md") {
-            out.push(p);
-        }
-    }
-    out
 }

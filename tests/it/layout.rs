@@ -2,8 +2,9 @@
 //! import circle can form), and no source file grows past the size that asks to be split.
 //! Reads the source tree; what it enforces is written in ARCHITECTURE.md.
 
+use crate::support::files_with_ext;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The layers, lowest first. A room may import rooms of a strictly lower layer only.
 const LAYERS: &[&[&str]] = &[
@@ -24,19 +25,6 @@ fn layer_of(room: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&room))
 }
 
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(rust_files(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out
-}
-
 /// `crate::<room>` references of one file (comments included: a doc link is a dependency too).
 fn rooms_used(text: &str) -> Vec<String> {
     text.match_indices("crate::")
@@ -55,7 +43,7 @@ fn rooms_import_only_lower_layers_and_files_stay_small() {
     let mut wrong: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut big = Vec::new();
     let mut rooms_seen = 0;
-    for file in rust_files(&src) {
+    for file in files_with_ext(&src, "rs") {
         let rel = file.strip_prefix(&src).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
         let lines = text.lines().count();

@@ -157,3 +157,17 @@ pub fn expected_spend(fx: &Fixture) -> i64 {
 pub fn directive(front: &str, body: &str) -> String {
     format!("---\n{front}\n---\n{body}\n")
 }
+
+/// Every file under `dir` (recursively) whose name ends in `.{ext}`.
+pub fn files_with_ext(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_with_ext(&p, ext));
+        } else if p.extension().is_some_and(|x| x == ext) {
+            out.push(p);
+        }
+    }
+    out
+}
