@@ -47,7 +47,7 @@ impl Provider for Shouter {
                     cache_read_tokens: 0,
                 },
                 stop_reason: "end_turn".into(),
-                stream_deltas: 0,
+                ..Default::default()
             })
         })
     }

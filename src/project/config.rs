@@ -58,6 +58,32 @@ pub struct ProviderConfig {
     /// Longest silence while reading a response (humantime, e.g. `120s`).
     #[serde(default, deserialize_with = "de_duration")]
     pub read_timeout: Option<Duration>,
+    /// For `openai`: the request field that caps output, `max_tokens` or
+    /// `max_completion_tokens` (default: the latter for OpenAI's reasoning models `o1`, `o3`,
+    /// `o4-*`, `gpt-5*`, the former for everything else).
+    #[serde(default)]
+    pub max_tokens_field: Option<String>,
+}
+
+impl ProviderConfig {
+    /// This entry over an earlier one of the same kind, key by key (a later file that sets only
+    /// `base_url` keeps the key variable and tiers).
+    fn over(self, old: ProviderConfig) -> ProviderConfig {
+        let mut tiers = old.tiers;
+        tiers.extend(self.tiers);
+        let mut headers = old.headers;
+        headers.extend(self.headers);
+        ProviderConfig {
+            kind: self.kind,
+            base_url: self.base_url.or(old.base_url),
+            api_key_env: self.api_key_env.or(old.api_key_env),
+            tiers,
+            headers,
+            script: self.script.or(old.script),
+            read_timeout: self.read_timeout.or(old.read_timeout),
+            max_tokens_field: self.max_tokens_field.or(old.max_tokens_field),
+        }
+    }
 }
 
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -158,23 +184,29 @@ providers:
   scripted:
     kind: scripted
     # script: scripts/demo.yaml     # or pass `weft run --script FILE`
-  # Built in, shown here to adjust (base_url as the official SDKs use it):
+  # Built in, shown here to adjust. Like the official SDKs they read $OPENAI_API_KEY /
+  # $ANTHROPIC_API_KEY and, when no base_url is set here, $OPENAI_BASE_URL / $ANTHROPIC_BASE_URL:
   # openai:    { kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY,
-  #              tiers: { fast: gpt-4o-mini, smart: gpt-4o } }
+  #              tiers: { default: gpt-5-mini, fast: gpt-5-mini, smart: gpt-5 } }
   # anthropic: { kind: anthropic, base_url: https://api.anthropic.com, api_key_env: ANTHROPIC_API_KEY,
-  #              tiers: { fast: claude-3-5-haiku-latest, smart: claude-sonnet-4-0 } }
+  #              tiers: { default: claude-haiku-4-5, fast: claude-haiku-4-5, smart: claude-sonnet-4-5 } }
   # local:     { kind: openai, base_url: http://127.0.0.1:8080/v1, tiers: { fast: my-model } }
   #              (no api_key_env: local servers need no key; optional read_timeout: 120s, headers: {})
 # USD per million tokens, per model id. A model without a price cannot run under a spend limit.
 pricing:
   scripted: { input: 1.00, output: 4.00, cache_read: 0.10 }
-  # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }   (built in, like a few others)
+  # Built in (prices and context windows as published, dated table in src/project/models.rs):
+  # gpt-5, gpt-5-mini, gpt-5-nano, gpt-4.1(-mini/-nano), gpt-4o(-mini), o3, o4-mini,
+  # claude-opus-4-1, claude-opus-4-0, claude-sonnet-4-5, claude-sonnet-4-0, claude-haiku-4-5,
+  # claude-3-5-haiku-latest, and their dated snapshots. Override any price here:
+  # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }
 # Tokens a chat template adds to each call beyond its text (special tokens, tool preamble): the
 # ledger reserves every call for at most one token per byte of text plus this. Per model too:
 # pricing: { my-model: { input: 1.0, output: 2.0, prompt_overhead_tokens: 512 } }
 prompt_overhead_tokens: 256
-# Context window per model id, in tokens: a call whose prompt cannot fit is refused.
-# context_window: { gpt-4o-mini: 128000 }
+# Context window per model id, in tokens: a call whose prompt cannot fit is refused (built-in
+# models have theirs).
+# context_window: { my-model: 32768 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
 durability: normal
 # Retries of retryable LLM errors (rate limit, overloaded, server, timeout, connection).
@@ -187,7 +219,7 @@ checkpoint_every: 64
 
 impl Default for Config {
     fn default() -> Config {
-        let mut providers = BTreeMap::new();
+        let mut providers = super::models::builtin_providers();
         providers.insert(
             "scripted".to_string(),
             ProviderConfig {
@@ -274,13 +306,27 @@ impl Config {
             }
         }
         for (name, p) in raw.providers {
+            if let Some(f) = p
+                .max_tokens_field
+                .as_deref()
+                .filter(|f| !matches!(*f, "max_tokens" | "max_completion_tokens"))
+            {
+                return Err(err(
+                    find_line(text, "max_tokens_field"),
+                    format!("providers.{name}.max_tokens_field: `{f}` (expected max_tokens or max_completion_tokens)"),
+                ));
+            }
             if !matches!(p.kind.as_str(), "scripted" | "openai" | "anthropic") {
                 return Err(err(
                     find_line(text, &name),
                     format!("providers.{name}.kind: `{}` is not a provider kind (expected scripted, openai or anthropic)", p.kind),
                 ));
             }
-            self.providers.insert(name, p);
+            let merged = match self.providers.remove(&name) {
+                Some(old) if old.kind == p.kind => p.over(old),
+                _ => p,
+            };
+            self.providers.insert(name, merged);
         }
         for (model, p) in raw.pricing {
             let usd = |v: &serde_json::Value, what: &str| {
@@ -346,11 +392,22 @@ impl Config {
             .unwrap_or(DEFAULT_PROMPT_OVERHEAD)
     }
 
-    /// The price of `model`, or an error that says how to add one.
+    /// The context window of `model` in tokens: config's, else the built-in table's.
+    pub fn context_window_of(&self, model: &str) -> Option<u64> {
+        self.context_window
+            .get(model)
+            .copied()
+            .or_else(|| super::models::known(model).map(|k| k.context))
+    }
+
+    /// The price of `model` (config's, else the built-in table's), or an error that says how to
+    /// add one.
     pub fn price(&self, model: &str) -> Result<Price, String> {
-        self.pricing.get(model).copied().ok_or_else(|| {
+        let known = || super::models::known(model).map(|k| k.price());
+        self.pricing.get(model).copied().or_else(known).ok_or_else(|| {
             format!(
-                "model `{model}` has no price; add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml"
+                "model `{model}` has no price (weft's built-in table, as of {}, does not know it); add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml",
+                super::models::PRICES_AS_OF
             )
         })
     }
@@ -391,5 +448,37 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("c.yaml:1"), "{e}");
         assert!(c.price("gpt-x").unwrap_err().contains("pricing"));
+    }
+
+    #[test]
+    fn built_in_providers_and_prices_exist_and_config_overrides_them() {
+        let mut c = Config::default();
+        assert_eq!(
+            c.providers["openai"].api_key_env.as_deref(),
+            Some("OPENAI_API_KEY")
+        );
+        assert_eq!(c.providers["anthropic"].kind, "anthropic");
+        assert_eq!(c.price("gpt-4o-mini").unwrap().input, 150_000_000);
+        assert_eq!(
+            c.price("claude-haiku-4-5-20251001").unwrap().output,
+            5_000_000_000
+        );
+        assert_eq!(c.context_window_of("gpt-4o"), Some(128_000));
+        c.overlay_text(
+            Path::new("c.yaml"),
+            "pricing:\n  gpt-4o: { input: 9, output: 9 }\ncontext_window: { gpt-4o: 1000 }\nproviders:\n  openai: { kind: openai, base_url: \"http://x/v1\" }\n",
+        )
+        .unwrap();
+        assert_eq!(c.price("gpt-4o").unwrap().input, 9_000_000_000);
+        assert_eq!(c.context_window_of("gpt-4o"), Some(1000));
+        assert_eq!(
+            c.providers["openai"].base_url.as_deref(),
+            Some("http://x/v1")
+        );
+        assert_eq!(
+            c.providers["openai"].api_key_env.as_deref(),
+            Some("OPENAI_API_KEY"),
+            "a later file overlays a provider key by key"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! library is built by `directive/` from a `Project`, never the other way round.
 
 pub(crate) mod config;
+pub(crate) mod models;
 pub(crate) mod yaml;
 
 use crate::core::ids::ThreadId;

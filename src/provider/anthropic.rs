@@ -79,6 +79,10 @@ pub(crate) struct Assembler {
     cache_creation: u64,
     output: u64,
     started: bool,
+    /// `message_stop` arrived: the response is whole.
+    stopped: bool,
+    /// The final usage (`message_delta`) arrived.
+    usage_final: bool,
     stop: Option<String>,
     /// Text and tool-input deltas received.
     pub deltas: u64,
@@ -148,12 +152,16 @@ impl Assembler {
                 }
                 if let Some(o) = v.pointer("/usage/output_tokens").and_then(Value::as_u64) {
                     self.output = o;
+                    self.usage_final = true;
                 }
                 if let Some(n) = v.pointer("/usage/input_tokens").and_then(Value::as_u64) {
                     self.input = n;
                 }
             }
-            "message_stop" => return Ok(true),
+            "message_stop" => {
+                self.stopped = true;
+                return Ok(true);
+            }
             "error" => {
                 let t = v
                     .pointer("/error/type")
@@ -196,6 +204,13 @@ impl Assembler {
                 "the stream ended before message_start",
             ));
         }
+        if !self.stopped {
+            return Err(http::cut_short(
+                ErrorKind::Connection,
+                "the stream ended before message_stop: the answer may be cut short",
+                self.usage(),
+            ));
+        }
         let usage = self.usage();
         let mut text = String::new();
         let mut tool_calls = Vec::new();
@@ -226,6 +241,7 @@ impl Assembler {
             usage,
             stop_reason,
             stream_deltas: self.deltas,
+            usage_incomplete: !self.usage_final,
         })
     }
 }
@@ -259,6 +275,9 @@ impl http::StreamAssembler for Assembler {
     }
     fn partial_usage(&self) -> Usage {
         self.usage()
+    }
+    fn usage_final(&self) -> bool {
+        self.usage_final
     }
     fn finish(self) -> Result<LlmResponse, ProviderError> {
         Assembler::finish(self)
@@ -313,5 +332,24 @@ mod tests {
             ),
             (12, 100, 12)
         );
+        assert!(!r.usage_incomplete);
+    }
+
+    #[test]
+    fn a_stream_that_ends_before_message_stop_is_cut_short_not_complete() {
+        let mut a = Assembler::default();
+        a.feed(
+            "message_start",
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1}}}"#,
+        )
+        .unwrap();
+        a.feed("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}"#).unwrap();
+        let e = a.finish().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Connection);
+        assert!(
+            e.usage_incomplete && e.message.contains("message_stop"),
+            "{e}"
+        );
+        assert_eq!(e.usage.input_tokens, 5);
     }
 }

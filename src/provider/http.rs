@@ -43,15 +43,31 @@ pub(crate) fn fail(kind: ErrorKind, message: impl Into<String>) -> ProviderError
         message: message.into(),
         retry_after: None,
         usage: Usage::default(),
+        usage_incomplete: false,
     }
 }
 
-/// The `Cancelled` error.
-pub(crate) fn cancelled() -> ProviderError {
-    fail(ErrorKind::Cancelled, "cancelled")
+/// A failure after the request may have reached the model: it may have been billed for more
+/// than `usage` says (see [`ProviderError::usage_incomplete`]).
+pub(crate) fn cut_short(
+    kind: ErrorKind,
+    message: impl Into<String>,
+    usage: Usage,
+) -> ProviderError {
+    ProviderError {
+        usage,
+        usage_incomplete: true,
+        ..fail(kind, message)
+    }
 }
 
-/// Classifies a transport error.
+/// The `Cancelled` error, once the request was sent: the server may bill it.
+pub(crate) fn cancelled() -> ProviderError {
+    cut_short(ErrorKind::Cancelled, "cancelled", Usage::default())
+}
+
+/// Classifies a transport error. A refused connection bills nothing; any other failure may come
+/// after the server took the request.
 pub(crate) fn transport(e: &reqwest::Error) -> ProviderError {
     let kind = if e.is_timeout() {
         ErrorKind::Timeout
@@ -59,7 +75,11 @@ pub(crate) fn transport(e: &reqwest::Error) -> ProviderError {
         ErrorKind::Connection
     };
     // reqwest's Display names the URL, never headers: no key can leak here.
-    fail(kind, format!("{e}"))
+    if e.is_connect() {
+        fail(kind, format!("{e}"))
+    } else {
+        cut_short(kind, format!("{e}"), Usage::default())
+    }
 }
 
 /// Classifies a non-2xx response from its status, `retry-after` header and body.
@@ -113,6 +133,7 @@ pub(crate) async fn status_error(resp: reqwest::Response) -> ProviderError {
         message: format!("HTTP {status}: {detail}{hint}"),
         retry_after,
         usage: Usage::default(),
+        usage_incomplete: false,
     }
 }
 
@@ -142,9 +163,10 @@ pub(crate) async fn read_sse(
         match next {
             None => return Ok(()),
             Some(Err(e)) => {
-                return Err(fail(
+                return Err(cut_short(
                     ErrorKind::Connection,
                     format!("stream interrupted: {e}"),
+                    Usage::default(),
                 ))
             }
             Some(Ok(ev)) => {
@@ -182,6 +204,9 @@ pub(crate) trait StreamAssembler: Default + Send + 'static {
     fn feed(&mut self, ev: &SseEvent) -> Result<bool, ProviderError>;
     /// Usage already billed, reported with a failure mid-stream.
     fn partial_usage(&self) -> Usage;
+    /// Whether the stream already reported the call's whole usage (then a failure after it
+    /// bills nothing more).
+    fn usage_final(&self) -> bool;
     /// The finished response.
     fn finish(self) -> Result<LlmResponse, ProviderError>;
 }
@@ -230,6 +255,9 @@ pub(crate) fn post_stream<A: StreamAssembler>(
             Ok(()) => asm.finish(),
             Err(mut e) => {
                 e.usage = asm.partial_usage();
+                // Once the response is streaming, the server has taken the call: whatever
+                // failed, it may bill more than it reported, unless its final usage is in.
+                e.usage_incomplete = !asm.usage_final();
                 Err(e)
             }
         }

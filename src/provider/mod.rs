@@ -135,6 +135,9 @@ pub struct LlmResponse {
     pub stop_reason: String,
     /// Streamed deltas received (0 when the provider does not stream).
     pub stream_deltas: u64,
+    /// The provider did not report what it billed (a server that sends no usage): `usage` is
+    /// what could be counted, and the thread settles the call at its upper bound.
+    pub usage_incomplete: bool,
 }
 
 /// The classes of LLM failure (SPEC §6).
@@ -191,8 +194,13 @@ pub struct ProviderError {
     pub message: String,
     /// Server-requested wait before retrying.
     pub retry_after: Option<Duration>,
-    /// Usage billed despite the failure.
+    /// Usage billed despite the failure, as far as the provider reported it.
     pub usage: Usage,
+    /// The call may have been billed beyond `usage`: it was cut short (cancelled, dropped,
+    /// timed out) after the server may have taken it. The thread then settles it at its upper
+    /// bound: the prompt bound unless prompt tokens were reported, and every output token
+    /// granted. False when nothing can have been billed (refused connection, an error status).
+    pub usage_incomplete: bool,
 }
 
 /// A boxed, sendable future.

@@ -3,7 +3,8 @@
 //!
 //! Owns the wire mapping in both directions: tools as `tools`/`tool_calls` (parallel calls,
 //! assistant messages with null content), tool results as `tool` messages, usage with cached
-//! prompt tokens. Knows nothing of budgets: it sends the `max_tokens` it is given.
+//! prompt tokens. Knows nothing of budgets: it sends the `max_tokens` it is given, as
+//! `max_completion_tokens` to the OpenAI models that refuse `max_tokens` (reasoning models).
 
 use super::http::{self, HttpSettings};
 use super::{
@@ -20,22 +21,46 @@ pub(crate) struct OpenAi {
     name: String,
     settings: HttpSettings,
     client: reqwest::Client,
+    /// Config's choice of output-cap field, if any (else by model, [`max_tokens_field`]).
+    max_tokens_field: Option<String>,
 }
 
 impl OpenAi {
     /// A provider named `name` with these settings.
-    pub(crate) fn new(name: &str, settings: HttpSettings) -> Result<OpenAi, String> {
+    pub(crate) fn new(
+        name: &str,
+        settings: HttpSettings,
+        max_tokens_field: Option<String>,
+    ) -> Result<OpenAi, String> {
         let client = http::client(&settings)?;
         Ok(OpenAi {
             name: name.into(),
             settings,
             client,
+            max_tokens_field,
         })
     }
 }
 
-/// The request body for `req` (public for tests of the wire format).
-pub(crate) fn body(req: &LlmRequest) -> Value {
+/// The request field that caps output for `model`: OpenAI's reasoning models (`o1`, `o3`,
+/// `o4-*`, `gpt-5*`) refuse `max_tokens` and want `max_completion_tokens`; every other
+/// OpenAI-compatible server (llama.cpp, vLLM, Ollama) knows `max_tokens`.
+pub(crate) fn max_tokens_field(model: &str) -> &'static str {
+    let m = model.rsplit('/').next().unwrap_or(model);
+    let reasoning = ["o1", "o3", "o4"]
+        .iter()
+        .any(|f| m == *f || m.starts_with(&format!("{f}-")))
+        || m.starts_with("gpt-5");
+    if reasoning {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    }
+}
+
+/// The request body for `req`, capping output with `field` (`max_tokens` or
+/// `max_completion_tokens`).
+pub(crate) fn body(req: &LlmRequest, field: &str) -> Value {
     let mut messages = vec![json!({ "role": "system", "content": &*req.system })];
     for m in req.messages.iter() {
         messages.extend(wire_messages(m));
@@ -43,7 +68,7 @@ pub(crate) fn body(req: &LlmRequest) -> Value {
     let mut body = json!({
         "model": req.model,
         "messages": messages,
-        "max_tokens": req.max_tokens,
+        field: req.max_tokens,
         "stream": true,
         "stream_options": { "include_usage": true },
     });
@@ -125,6 +150,8 @@ pub(crate) struct Assembler {
     calls: BTreeMap<u64, (String, String, String)>,
     usage: Option<Usage>,
     finish: Option<String>,
+    /// `[DONE]` arrived: the response is whole.
+    done: bool,
     /// Content and tool-call deltas received.
     pub deltas: u64,
 }
@@ -133,6 +160,7 @@ impl Assembler {
     /// Feeds one `data:` payload; returns true at `[DONE]`.
     pub(crate) fn feed(&mut self, data: &str) -> Result<bool, ProviderError> {
         if data.trim() == "[DONE]" {
+            self.done = true;
             return Ok(true);
         }
         let v: Value = serde_json::from_str(data).map_err(|e| {
@@ -211,11 +239,19 @@ impl Assembler {
         self.usage.unwrap_or_default()
     }
 
-    /// The finished response; usage must have arrived.
+    /// The finished response. A whole response (`[DONE]`) without a usage chunk (a server that
+    /// ignores `stream_options.include_usage`) is accepted with its usage marked incomplete: the
+    /// thread settles it at its bound. A stream that ends before both is cut short.
     pub(crate) fn finish(self) -> Result<LlmResponse, ProviderError> {
-        let usage = self.usage.ok_or_else(|| {
-            http::fail(ErrorKind::Connection, "the stream ended without a usage chunk (does the server support stream_options.include_usage?)")
-        })?;
+        if self.usage.is_none() && !self.done {
+            return Err(http::cut_short(
+                ErrorKind::Connection,
+                "the stream ended before [DONE]: the answer may be cut short",
+                Usage::default(),
+            ));
+        }
+        let usage_incomplete = self.usage.is_none();
+        let usage = self.usage.unwrap_or_default();
         let mut tool_calls = Vec::new();
         for (i, (id, name, args)) in self.calls {
             let input = if args.trim().is_empty() {
@@ -243,6 +279,7 @@ impl Assembler {
             usage,
             stop_reason: stop_reason.into(),
             stream_deltas: self.deltas,
+            usage_incomplete,
         })
     }
 }
@@ -263,7 +300,12 @@ impl Provider for OpenAi {
             "/chat/completions",
             http::Auth::Bearer,
             &[],
-            &body(&req),
+            &body(
+                &req,
+                self.max_tokens_field
+                    .as_deref()
+                    .unwrap_or_else(|| max_tokens_field(&req.model)),
+            ),
             cancel,
         )
     }
@@ -275,6 +317,9 @@ impl http::StreamAssembler for Assembler {
     }
     fn partial_usage(&self) -> Usage {
         Assembler::partial_usage(self)
+    }
+    fn usage_final(&self) -> bool {
+        self.usage.is_some()
     }
     fn finish(self) -> Result<LlmResponse, ProviderError> {
         Assembler::finish(self)
@@ -322,11 +367,50 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_without_usage_is_an_error_not_a_free_call() {
+    fn a_whole_stream_without_usage_is_kept_but_marked_and_a_cut_one_is_an_error() {
         let mut a = Assembler::default();
         a.feed(r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#)
             .unwrap();
-        assert_eq!(a.finish().unwrap_err().kind, ErrorKind::Connection);
+        assert!(a.feed("[DONE]").unwrap());
+        let r = a.finish().unwrap();
+        assert_eq!(r.text, "hi");
+        assert!(r.usage_incomplete, "settled at the bound, never $0");
+        let mut a = Assembler::default();
+        a.feed(r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#)
+            .unwrap();
+        let e = a.finish().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Connection);
+        assert!(e.usage_incomplete);
+    }
+
+    #[test]
+    fn reasoning_models_get_max_completion_tokens() {
+        for m in [
+            "gpt-5",
+            "gpt-5-mini",
+            "o3",
+            "o4-mini",
+            "o1",
+            "openai/gpt-5-nano",
+        ] {
+            assert_eq!(max_tokens_field(m), "max_completion_tokens", "{m}");
+        }
+        for m in ["gpt-4o-mini", "gpt-4.1", "smollm2", "o3x", "llama-3.1-8b"] {
+            assert_eq!(max_tokens_field(m), "max_tokens", "{m}");
+        }
+        let req = LlmRequest {
+            model: "gpt-5-mini".into(),
+            system: "s".into(),
+            messages: Default::default(),
+            tools: Default::default(),
+            max_tokens: 77,
+            directive: "d".into(),
+            thread_id: crate::core::ids::ThreadId::generate("d"),
+            call_index: 0,
+        };
+        let b = body(&req, max_tokens_field(&req.model));
+        assert_eq!(b["max_completion_tokens"], 77);
+        assert!(b.get("max_tokens").is_none());
     }
 
     #[test]

@@ -161,6 +161,7 @@ impl Scripted {
                 ),
                 retry_after: None,
                 usage: Usage::default(),
+                usage_incomplete: false,
             })?;
         list.get(req.call_index as usize)
             .ok_or_else(|| ProviderError {
@@ -174,6 +175,7 @@ impl Scripted {
             ),
                 retry_after: None,
                 usage: Usage::default(),
+                usage_incomplete: false,
             })
     }
 }
@@ -212,11 +214,12 @@ impl Provider for Scripted {
             let turn = turn?;
             if let Some(d) = turn.delay {
                 tokio::select! {
-                    _ = tokio::time::sleep(d) => {}
-                    _ = cancel.cancelled() => return Err(ProviderError {
-                        kind: ErrorKind::Cancelled, message: "cancelled".into(), retry_after: None, usage: Usage::default(),
-                    }),
-                }
+                                   _ = tokio::time::sleep(d) => {}
+                                   _ = cancel.cancelled() => return Err(ProviderError {
+                                       kind: ErrorKind::Cancelled, message: "cancelled".into(), retry_after: None, usage: Usage::default(),
+                usage_incomplete: false,
+                                   }),
+                               }
             }
             if let Some((kind, retry_after, message)) = turn.error {
                 return Err(ProviderError {
@@ -224,6 +227,7 @@ impl Provider for Scripted {
                     message,
                     retry_after,
                     usage: Usage::default(),
+                    usage_incomplete: false,
                 });
             }
             let calls: Vec<ToolCall> = turn
@@ -261,6 +265,7 @@ impl Provider for Scripted {
                 },
                 stop_reason: stop_reason.into(),
                 stream_deltas: 0,
+                usage_incomplete: false,
             })
         })
     }

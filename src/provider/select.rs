@@ -157,13 +157,15 @@ fn build_one(
                 })?),
                 None => None,
             };
-            let default_base = if kind == "anthropic" {
-                "https://api.anthropic.com"
-            } else {
-                "https://api.openai.com/v1"
-            };
+            let (base_var, vendor_base) = crate::project::models::default_base_url(kind);
+            let base_url = pc.base_url.clone().unwrap_or_else(|| {
+                std::env::var(base_var)
+                    .ok()
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or_else(|| vendor_base.into())
+            });
             let settings = http::HttpSettings {
-                base_url: pc.base_url.clone().unwrap_or_else(|| default_base.into()),
+                base_url,
                 api_key,
                 headers: pc
                     .headers
@@ -179,7 +181,11 @@ fn build_one(
                     name, settings,
                 )?))
             } else {
-                Ok(std::sync::Arc::new(openai::OpenAi::new(name, settings)?))
+                Ok(std::sync::Arc::new(openai::OpenAi::new(
+                    name,
+                    settings,
+                    pc.max_tokens_field.clone(),
+                )?))
             }
         }
     }

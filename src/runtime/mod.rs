@@ -155,6 +155,7 @@ impl Provider for NoProvider {
                 message: "this runtime was opened without a provider".into(),
                 retry_after: None,
                 usage: Usage::default(),
+                usage_incomplete: false,
             })
         })
     }

@@ -17,7 +17,7 @@ impl ThreadActor {
     pub(super) async fn drained(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) -> bool {
         match &s.phase {
             Phase::Draining(e) => {
-                if s.live_children().is_empty() && s.spawning.is_empty() {
+                if s.live_children().is_empty() && s.spawning.is_empty() && s.call.is_none() {
                     let e = e.clone();
                     self.complete_finalize(me, s, e).await;
                 }
@@ -45,12 +45,16 @@ impl ThreadActor {
         if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
             return;
         }
+        // Cancelling also cuts the LLM call under way short; the thread waits (bounded by the
+        // grace) for its outcome, so what the provider may have billed is settled, never $0.
         s.cancel.cancel();
         let live = s.live_children();
-        if live.is_empty() && s.spawning.is_empty() {
+        if live.is_empty() && s.spawning.is_empty() && s.call.is_none() {
             return self.complete_finalize(me, s, e).await;
         }
-        s.log("cancelling_children", json!({ "children": live }));
+        if !live.is_empty() {
+            s.log("cancelling_children", json!({ "children": live }));
+        }
         for id in &live {
             if let Some(a) = s.children.get(id).and_then(|c| c.actor.clone()) {
                 let _ = a.cast(ThreadMsg::Cancel {
@@ -103,6 +107,7 @@ impl ThreadActor {
         for t in s.timers.drain(..) {
             t.abort();
         }
+        self.abandon_call(s);
         let acct = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Close {
             id: s.doc.id.clone(),
             reply

@@ -51,6 +51,10 @@ pub(super) struct Call {
     pub(super) reserved: Nanos,
     pub(super) prompt_bytes: u64,
     pub(super) messages: usize,
+    /// The prompt-token bound and the output tokens granted: what a call whose bill the
+    /// provider did not report is settled at.
+    pub(super) prompt_tokens: u64,
+    pub(super) max_output: u64,
 }
 
 /// What the last successful call's prompt was billed, for a tighter bound on the next one.

@@ -157,7 +157,7 @@ impl ThreadActor {
             .config
             .max_output_tokens
             .min(token_room - prompt_tokens);
-        if let Some(&window) = s.ctx.config.context_window.get(&s.doc.model) {
+        if let Some(window) = s.ctx.config.context_window_of(&s.doc.model) {
             if prompt_tokens >= window {
                 let msg = format!(
                     "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",
@@ -204,6 +204,8 @@ impl ThreadActor {
             reserved: grant.amount,
             prompt_bytes,
             messages: req.messages.len(),
+            prompt_tokens,
+            max_output: grant.max_output_tokens,
         });
         s.phase = Phase::Thinking;
         let provider = s.provider.clone();
@@ -229,9 +231,14 @@ impl ThreadActor {
         // Every attempt is recorded and settled on its own, for what it actually cost: first the
         // transcript line (with the reservation id, so recovery can settle it if the ledger never
         // heard), then the settlement, cast: the next reservation queues behind it in the ledger.
-        let usage = match &outcome {
-            Ok(r) => r.usage,
-            Err(e) => e.usage,
+        let (reported, incomplete) = match &outcome {
+            Ok(r) => (r.usage, r.usage_incomplete),
+            Err(e) => (e.usage, e.usage_incomplete),
+        };
+        let call = s.call.take().filter(|c| c.reservation == reservation);
+        let usage = match (&call, incomplete) {
+            (Some(c), true) => upper_bound(reported, c),
+            _ => reported,
         };
         s.calls_made += 1;
         let cost = s.price.cost(&usage);
@@ -257,17 +264,18 @@ impl ThreadActor {
                     "attempt": s.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
                     "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
                     "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                    "usage_incomplete": incomplete,
                 }),
             ),
             (Err(e), None) => (
                 "llm_call",
                 json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": reservation,
-                        "error": { "kind": e.kind, "message": e.message } }),
+                        "usage_incomplete": incomplete, "error": { "kind": e.kind, "message": e.message } }),
             ),
             (Ok(r), _) => (
                 "llm_call",
                 json!({ "model": model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
-                        "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
+                        "usage_incomplete": incomplete, "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
             ),
         };
         s.log(kind, event);
@@ -276,14 +284,17 @@ impl ThreadActor {
             actual: cost,
             reply: None,
         });
-        let call = s.call.take().filter(|c| c.reservation == reservation);
         let overrun = call
             .as_ref()
             .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));
         if overrun > Nanos::ZERO {
-            return self.overran(me, s, reservation, cost, overrun).await;
+            self.overran(me, s, reservation, cost, overrun).await;
+            if ending {
+                self.drained(me, s).await;
+            }
+            return;
         }
-        if let (Ok(r), Some(c)) = (&outcome, &call) {
+        if let (Ok(r), Some(c), false) = (&outcome, &call, incomplete) {
             let billed = r.usage.input_tokens + r.usage.cache_read_tokens;
             if billed > 0 {
                 s.billed = Some(Billed {
@@ -294,10 +305,11 @@ impl ThreadActor {
             }
         }
         if ending {
+            self.drained(me, s).await;
             return;
         }
         s.phase = Phase::Idle;
-        let resp = match outcome {
+        let mut resp = match outcome {
             Ok(r) => r,
             Err(e) if e.kind == ErrorKind::Cancelled => return,
             Err(_) if retry.is_some() => {
@@ -321,6 +333,7 @@ impl ThreadActor {
             }
         };
         s.attempt = 0;
+        unique_call_ids(&mut resp.tool_calls);
         s.doc.cost.turns += 1;
         let row = s.row();
         let _ = s.ctx.registry.cast(RegistryMsg::Update {
@@ -369,6 +382,30 @@ impl ThreadActor {
         }
     }
 
+    /// A call still under way when the thread ends regardless (its provider ignored the cancel
+    /// past the grace): recorded and settled at its upper bound.
+    pub(super) fn abandon_call(&self, s: &mut ThreadState) {
+        let Some(c) = s.call.take() else {
+            return;
+        };
+        let usage = upper_bound(Usage::default(), &c);
+        let cost = s.price.cost(&usage);
+        add_usage(&mut s.usage, &usage);
+        s.own_spend = s.own_spend.plus(cost);
+        s.calls_made += 1;
+        let model = s.doc.model.clone();
+        s.log(
+            "llm_call",
+            json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": c.reservation, "usage_incomplete": true,
+                    "error": { "kind": ErrorKind::Cancelled, "message": "abandoned: the provider did not return within cancel_grace" } }),
+        );
+        let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
+            reservation: c.reservation,
+            actual: cost,
+            reply: None,
+        });
+    }
+
     pub(super) async fn answer_without_tools(
         &self,
         me: &ActorRef<ThreadMsg>,
@@ -391,6 +428,41 @@ impl ThreadActor {
             error: None,
         };
         self.finalize(me, s, e).await;
+    }
+}
+
+/// Gives every tool call of one response its own id: a model (or server) that repeats an id or
+/// sends none would otherwise leave one call without its result, and the thread waiting for it.
+/// A renamed id is what the transcript and the conversation carry from then on.
+fn unique_call_ids(calls: &mut [crate::provider::ToolCall]) {
+    let mut seen = std::collections::HashSet::new();
+    for (i, c) in calls.iter_mut().enumerate() {
+        if c.id.is_empty() || seen.contains(&c.id) {
+            let base = if c.id.is_empty() { "call" } else { &c.id };
+            let mut n = i + 1;
+            let mut id = format!("{base}_{n}");
+            while seen.contains(&id) {
+                n += 1;
+                id = format!("{base}_{n}");
+            }
+            c.id = id;
+        }
+        seen.insert(c.id.clone());
+    }
+}
+
+/// What a call the provider did not fully report may have been billed: the prompt tokens it
+/// reported, else the prompt bound; and every output token granted.
+fn upper_bound(reported: Usage, c: &Call) -> Usage {
+    let prompt_reported = reported.input_tokens + reported.cache_read_tokens > 0;
+    Usage {
+        input_tokens: if prompt_reported {
+            reported.input_tokens
+        } else {
+            c.prompt_tokens
+        },
+        output_tokens: reported.output_tokens.max(c.max_output),
+        cache_read_tokens: reported.cache_read_tokens,
     }
 }
 

@@ -281,6 +281,22 @@ async fn cancelling_a_long_real_generation_stops_it() {
             "{kind}: cancel took {:?}",
             started.elapsed()
         );
+        // The server billed the prompt and what it generated before the cancel: recorded at
+        // the call's bound, never as a free call.
+        let streamed = proxy.streams.lock().unwrap()[0].lock().unwrap().clone();
+        let deltas = streamed.matches("\"content\":\"").count() as u64
+            + streamed.matches("text_delta").count() as u64;
+        let call = fx
+            .events(id.as_str())
+            .into_iter()
+            .find(|e| e["type"] == "llm_call")
+            .expect("the cancelled call is recorded");
+        assert_eq!(call["usage_incomplete"], true, "{kind}: {call}");
+        assert!(
+            report.output_tokens >= deltas && report.input_tokens > 0,
+            "{kind}: {deltas} deltas streamed, recorded {report:?}"
+        );
+        assert!(report.spend_nanos.0 > 0);
         let t1 = Instant::now();
         while proxy.closed_early.load(Ordering::SeqCst) == 0 {
             assert!(
@@ -382,4 +398,94 @@ root:
     assert_eq!(report.overrun_nanos.0, 0);
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+}
+
+/// The built-in `openai` and `anthropic` providers of a project made by `weft init`, configured
+/// only through the official SDKs' environment variables, run on the real server and are billed
+/// at the built-in price of the model asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_providers_run_from_the_sdk_environment_variables() {
+    let Some(url) = server() else { return };
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let weft = |args: &[&str], env: &[(&str, String)]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
+        c.args(args)
+            .env("WEFT_HOME", crate::support::weft_home())
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let root = dir.path().to_str().unwrap().to_string();
+    assert!(weft(&["init", "--project", &root], &[]).status.success());
+    std::fs::write(
+        dir.path().join("directives/hello.md"),
+        directive("limits: { turns: 1 }", "Say hello."),
+    )
+    .unwrap();
+    // (provider, env, model asked for, built-in price in nanos per token: in, out, cache)
+    let cases = [
+        (
+            "openai",
+            vec![
+                ("OPENAI_BASE_URL", format!("{url}/v1")),
+                ("OPENAI_API_KEY", "sk-local-test".to_string()),
+            ],
+            Some("gpt-4o-mini"),
+            (150, 600, 75),
+        ),
+        (
+            "anthropic",
+            vec![
+                ("ANTHROPIC_BASE_URL", url.clone()),
+                ("ANTHROPIC_API_KEY", "sk-ant-local-test".to_string()),
+            ],
+            None, // the built-in default tier: claude-haiku-4-5
+            (1000, 5000, 100),
+        ),
+    ];
+    for (provider, env, model, (pi, po, pc)) in cases {
+        let mut args = vec!["run", "hello", "--project", &root, "--provider", provider];
+        args.extend(["--limit", "spend=0.05", "--limit", "tokens=1500", "--json"]);
+        if let Some(m) = model {
+            args.extend(["--model", m]);
+        }
+        let o = weft(&args, &env);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "{provider}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["status"], "completed", "{provider}: {v}");
+        let c = &v["cost"];
+        let (i, o_, ca) = (
+            c["input_tokens"].as_i64().unwrap(),
+            c["output_tokens"].as_i64().unwrap(),
+            c["cache_read_tokens"].as_i64().unwrap(),
+        );
+        assert!(i + ca > 0 && o_ > 0, "{provider}: {v}");
+        assert_eq!(
+            c["spend_nanos"].as_i64().unwrap(),
+            i * pi + o_ * po + ca * pc,
+            "{provider}: billed at the built-in price: {v}"
+        );
+        eprintln!("e2e_llm built-in {provider}: {c}");
+    }
+    // Without the key, the provider names the variable to set.
+    let o = weft(
+        &["run", "hello", "--project", &root, "--provider", "openai"],
+        &[("OPENAI_BASE_URL", format!("{url}/v1"))],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success() && err.contains("OPENAI_API_KEY"),
+        "{err}"
+    );
 }

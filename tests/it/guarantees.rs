@@ -141,7 +141,7 @@ impl weft::Provider for Overbiller {
                     cache_read_tokens: 0,
                 },
                 stop_reason: "tool_use".into(),
-                stream_deltas: 0,
+                ..Default::default()
             })
         })
     }

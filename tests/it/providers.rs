@@ -333,8 +333,9 @@ async fn a_stream_dropped_midway_is_retried_and_partial_usage_is_settled() {
             .contains("stream interrupted"),
         "{retry}"
     );
-    // First attempt: 70 in + 1 out (from message_start); second: 70 in + 3 out.
-    assert_eq!(report.spend_nanos.0, cost(70, 0, 1) + cost(70, 0, 3));
+    // First attempt: 70 in (reported at message_start) and, its output never reported, every
+    // output token granted (500); second: 70 in + 3 out.
+    assert_eq!(report.spend_nanos.0, cost(70, 0, 500) + cost(70, 0, 3));
     let (v, open) = rt.audit().await;
     assert!(v.is_empty() && open == 0);
 }
@@ -381,6 +382,17 @@ async fn cancel_during_a_slow_stream_ends_promptly_and_closes_the_connection() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(fake.seen().len(), 1, "a cancelled call is not retried");
+        // The server took the call and may bill it: never recorded as free.
+        let call = fx
+            .events(id.as_str())
+            .into_iter()
+            .find(|e| e["type"] == "llm_call")
+            .unwrap();
+        assert_eq!(call["usage_incomplete"], true, "{kind}: {call}");
+        assert!(
+            report.spend_nanos.0 >= cost(0, 0, 500),
+            "{kind}: {report:?}"
+        );
         let (v, open) = rt.audit().await;
         assert!(v.is_empty() && open == 0);
     }
@@ -438,4 +450,99 @@ async fn configuration_errors_stop_before_any_thread_starts() {
         .to_string();
     assert!(e.contains("model `m2` has no price"), "{e}");
     assert!(fx.rows().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_a_provider_does_not_report_is_settled_at_its_bound_never_free() {
+    // OpenAI-compatible server that ignores stream_options.include_usage: the whole answer is
+    // kept (not retried as a connection error), settled at the prompt bound + every granted
+    // output token.
+    let (base, fake) = fake_llm::start().await;
+    let mut no_usage = fake_llm::openai("hello there", None, 10, 0, 2);
+    no_usage.retain(|e| !e.contains("\"usage\""));
+    fake.stream(no_usage);
+    let fx = project(&solo(), &config("openai", &base, "retries: 2\n"));
+    let (report, rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("hello there"));
+    assert_eq!(fake.seen().len(), 1, "a whole answer is not retried");
+    let call = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .find(|e| e["type"] == "llm_call")
+        .unwrap();
+    assert_eq!(call["usage_incomplete"], true, "{call}");
+    let input = call["usage"]["input_tokens"].as_i64().unwrap();
+    assert!(input > 10, "the prompt bound, not a guess: {call}");
+    assert_eq!(call["usage"]["output_tokens"], 500, "{call}");
+    assert_eq!(report.spend_nanos.0, cost(input, 0, 500));
+    let (v, open) = rt.audit().await;
+    assert!(v.is_empty() && open == 0);
+
+    // Anthropic stream that ends without message_stop: cut short, retried, and the cut attempt
+    // costs its reported input plus every granted output token.
+    let (base, fake) = fake_llm::start().await;
+    let mut cut = fake_llm::anthropic("half an ans", None, 70, 0, 9);
+    cut.retain(|e| !e.contains("message_stop") && !e.contains("message_delta"));
+    fake.stream(cut);
+    fake.stream(fake_llm::anthropic("whole", None, 70, 0, 3));
+    let fx = project(&solo(), &config("anthropic", &base, "retries: 2\n"));
+    let (report, _rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("whole"));
+    let retry = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .find(|e| e["type"] == "llm_retry")
+        .expect("the cut stream is retried");
+    assert!(
+        retry["message"].as_str().unwrap().contains("message_stop"),
+        "{retry}"
+    );
+    assert_eq!(report.spend_nanos.0, cost(70, 0, 500) + cost(70, 0, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tool_calls_with_one_id_each_get_an_answer() {
+    let (base, fake) = fake_llm::start().await;
+    let data = |v: Value| format!("data: {v}\n\n");
+    let mut events = vec![data(
+        json!({"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}),
+    )];
+    for i in 0..2 {
+        events.push(data(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":i,"id":"call_same","type":"function","function":{"name":"no_such_tool","arguments":"{}"}}]}}]})));
+    }
+    events.push(data(
+        json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+    ));
+    events.push(data(
+        json!({"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":4}}),
+    ));
+    events.push("data: [DONE]\n\n".into());
+    fake.stream(events);
+    fake.stream(fake_llm::openai("done", None, 30, 0, 1));
+    let fx = project(&solo(), &config("openai", &base, ""));
+    let (report, _rt) = tokio::time::timeout(Duration::from_secs(20), run_root(&fx))
+        .await
+        .expect("the thread waited forever for a second result under the same id");
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let results: Vec<String> = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .filter(|e| e["type"] == "tool_result")
+        .map(|e| e["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_ne!(results[0], results[1]);
+    // The second request answers both calls, each under its own id.
+    let second = &fake.seen()[1].body;
+    let ids: Vec<&str> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
 }
