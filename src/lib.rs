@@ -89,7 +89,7 @@ pub mod internals {
     pub use crate::record::thread_doc::ThreadDoc;
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
-    pub use crate::registry::{is_terminal, RegistryMsg, Store, ThreadRow};
+    pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
 
     /// The registry and ledger actors of a runtime (for benchmarks that drive them directly).
     pub fn actors(

@@ -160,6 +160,12 @@ impl Actor for RegistryActor {
                     Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
                     Err(e) => {
                         let _ = reply.send(Err(e));
+                        // A refusal writes nothing, but `begin_batch` took the write lock: with
+                        // no write held for a queued commit, end the transaction now, or every
+                        // other process waits on it until this one writes again.
+                        if s.held.is_empty() {
+                            s.flush();
+                        }
                     }
                 }
             }

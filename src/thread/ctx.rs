@@ -40,6 +40,10 @@ pub enum Event {
     Finished(Box<ThreadReport>),
 }
 
+/// Attempts of a terminal registry update. Each waits out registry.db's busy timeout (measured:
+/// ~10 s while another process holds the write lock, as BEGIN and the write each wait 5 s).
+const STORE_ATTEMPTS: u32 = 4;
+
 /// Shared wiring of a runtime, handed to every thread actor.
 pub(crate) struct Ctx {
     /// Project paths.
@@ -83,10 +87,45 @@ impl Ctx {
             }
         }
         let doc = ThreadDoc::read_verified(&path, &self.trust).map_err(|e| e.to_string())?;
+        // A signature proves who wrote a document, not where it belongs: another thread's
+        // signed thread.json copied here must not lend its capabilities and limits.
+        if doc.id != *id {
+            return Err(format!(
+                "{} holds the thread.json of thread {}, not of {id}: refused (restore the thread's own thread.json)",
+                path.display(),
+                doc.id
+            ));
+        }
         if let Ok(mut cache) = self.verified.lock() {
             cache.insert(id.clone(), (stamp, doc.clone()));
         }
         Ok(doc)
+    }
+
+    /// Stores a row whose loss would leave the registry wrong (a terminal transition): retried
+    /// with backoff while registry.db is locked by another process or failing; if it still
+    /// fails, the error is logged and the next start's recovery brings the row in line with the
+    /// signed thread.json.
+    pub(crate) async fn store_row(&self, row: crate::registry::ThreadRow) {
+        let mut wait = std::time::Duration::from_millis(100);
+        for attempt in 1..=STORE_ATTEMPTS {
+            let res = ractor::call!(self.registry, |reply| RegistryMsg::Update {
+                row: Box::new(row.clone()),
+                reply: Some(reply)
+            });
+            match res {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) if attempt < STORE_ATTEMPTS => {
+                    tracing::warn!(thread = %row.id, "registry update failed (attempt {attempt}), retrying: {e}");
+                }
+                other => {
+                    tracing::error!(thread = %row.id, "registry update failed for good; the next start repairs the row: {other:?}");
+                    return;
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait *= 4;
+        }
     }
 
     /// Forgets a finished thread's cached document.

@@ -7,7 +7,6 @@ use super::{end_subtree, DeadEnd, Event};
 use super::{ThreadActor, ThreadMsg};
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
-use crate::registry::RegistryMsg;
 use ractor::ActorRef;
 use serde_json::json;
 
@@ -146,11 +145,7 @@ impl ThreadActor {
         if !matches!(written, Ok(Ok(()))) {
             tracing::error!(thread = %s.doc.id, "final thread.json or transcript sync failed: {written:?}");
         }
-        let row = s.row();
-        let _ = ractor::call!(s.ctx.registry, |reply| RegistryMsg::Update {
-            row: Box::new(row),
-            reply: Some(reply)
-        });
+        s.ctx.store_row(s.row()).await;
         let report = s.report();
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
         if let Some((_, parent)) = &s.parent {

@@ -266,10 +266,7 @@ pub(crate) async fn spawn(
             row.status = "error".into();
             row.error = Some(msg.clone());
             row.updated_at = now_ts();
-            let _ = ractor::call!(ctx.registry, |reply| RegistryMsg::Update {
-                row: Box::new(row),
-                reply: Some(reply)
-            });
+            ctx.store_row(row).await;
             let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
                 id: id.clone(),
                 reply

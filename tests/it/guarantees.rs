@@ -195,3 +195,158 @@ async fn a_provider_billing_past_its_reservation_is_recorded_and_stopped() {
         report.overrun_nanos.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
+    // The parent may spawn nothing: its one spawn is refused in the registry's transaction;
+    // its next call then thinks for a while, and meanwhile another process must be able to write.
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]\n  - text: done\n    delay: 3s\nleaf:\n  - text: leaf\n";
+    let root = directive(
+        "permissions: [\"thread.spawn.**\"]\nlimits: { spawns: 0 }",
+        "Spawn.",
+    );
+    let leaf = directive("", "Leaf.");
+    let fx = Fixture::new(&[("root", &root), ("leaf", &leaf)], script, "");
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    let t0 = std::time::Instant::now();
+    while !fx.events(&id).iter().any(|e| e["type"] == "tool_result") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let refusal = fx
+        .events(&id)
+        .into_iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap();
+    assert!(
+        refusal["content"].as_str().unwrap().contains("spawns"),
+        "{refusal}"
+    );
+    writable(&fx);
+    // The same, deterministically: a refusal reaching an idle registry actor (in the run above,
+    // a commit already queued for an earlier write may close the transaction by luck).
+    let (registry, _) = weft::internals::actors(&rt);
+    let row = weft::internals::ThreadRow {
+        id: "leaf-1-1".into(),
+        directive: "leaf".into(),
+        root_id: id.clone(),
+        status: "created".into(),
+        ..Default::default()
+    };
+    let refused = ractor::call!(registry, |reply| weft::internals::RegistryMsg::Register {
+        row: Box::new(row),
+        admit: Some(weft::internals::Admission {
+            parent: weft::ThreadId::parse(&id).unwrap(),
+            spawns: 0,
+            concurrency: 5,
+        }),
+        reply
+    })
+    .unwrap();
+    assert!(refused.is_err());
+    writable(&fx);
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed);
+}
+
+/// Another process can take registry.db's write lock within half a second.
+fn writable(fx: &Fixture) {
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_millis(500))
+        .unwrap();
+    db.execute_batch("BEGIN IMMEDIATE; COMMIT;")
+        .expect("another process can write registry.db");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_row_is_stored_even_when_another_process_holds_the_registry_past_its_timeout() {
+    let script = "root:\n  - text: done\n    delay: 300ms\n";
+    let fx = Fixture::new(&[("root", &directive("", "Hi."))], script, "");
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    let t0 = std::time::Instant::now();
+    while !fx
+        .rows()
+        .iter()
+        .any(|r| r.id == id && r.status == "running")
+    {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Another process holds the write lock longer than the registry's 5 s busy timeout.
+    let path = fx.root().join(".weft/state/registry.db");
+    let holder = std::thread::spawn(move || {
+        let db = rusqlite::Connection::open(path).unwrap();
+        db.execute_batch("BEGIN IMMEDIATE").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(12_000));
+        db.execute_batch("COMMIT").unwrap();
+    });
+    let report = handle.wait().await.unwrap();
+    holder.join().unwrap();
+    assert_eq!(report.status, Status::Completed);
+    let row = fx.rows().into_iter().find(|r| r.id == id).unwrap();
+    assert_eq!(
+        row.status, "completed",
+        "the final update was retried, not dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_thread_json_copied_into_another_thread_lends_it_nothing() {
+    // A generous thread, finished, whose signed thread.json is valid under the same key.
+    let rich = directive(
+        "permissions: [\"thread.spawn.**\", \"fs.**\"]\nlimits: { spend: 5 }",
+        "Rich.",
+    );
+    // A narrow parent that may spawn `leaf` only; while it thinks, the rich document is copied
+    // over its own.
+    let narrow = directive("permissions: [\"thread.spawn.leaf\"]", "Narrow.");
+    let leaf = directive("permissions: [\"thread.spawn.**\"]", "Leaf.");
+    let script = "rich:\n  - text: rich done\nnarrow:\n  - text: thinking\n    delay: 600ms\n    tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]\n  - text: narrow done\nleaf:\n  - text: leaf done\n";
+    let fx = Fixture::new(
+        &[("rich", &rich), ("narrow", &narrow), ("leaf", &leaf)],
+        script,
+        "",
+    );
+    let (rich_report, rt) = fx.run("rich", json!({})).await;
+    assert_eq!(rich_report.status, Status::Completed);
+    let handle = rt
+        .start("narrow", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let narrow_id = handle.id().to_string();
+    let threads = fx.root().join(".weft/threads");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    std::fs::copy(
+        threads
+            .join(rich_report.thread_id.as_str())
+            .join("thread.json"),
+        threads.join(&narrow_id).join("thread.json"),
+    )
+    .unwrap();
+    let report = handle.wait().await.unwrap();
+    let result = fx
+        .events(&narrow_id)
+        .into_iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap();
+    assert_eq!(result["is_error"], true, "{result}");
+    assert!(
+        result["content"].as_str().unwrap().contains("not of"),
+        "the spawn names the misplaced document: {result}"
+    );
+    assert!(
+        fx.rows().iter().all(|r| r.directive != "leaf"),
+        "no child ran on borrowed capabilities"
+    );
+    assert_eq!(report.status, Status::Completed);
+}
