@@ -106,7 +106,7 @@ pub(crate) fn now_ts() -> String {
 
 /// Decodes lower- or upper-case hex.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

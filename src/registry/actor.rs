@@ -68,6 +68,16 @@ pub enum RegistryMsg {
         /// Reply.
         reply: RpcReplyPort<Result<(), RegistryError>>,
     },
+    /// Recovery: claim an unfinished row of a dead owner before repairing it (committed at
+    /// once; true for exactly one claimant).
+    Claim {
+        /// The thread.
+        id: ThreadId,
+        /// The dead owner's pid, as recovery read it.
+        from: u32,
+        /// Reply.
+        reply: RpcReplyPort<Result<bool, RegistryError>>,
+    },
     /// Commit the batch and release held replies.
     Flush,
     /// Rows of one tree.
@@ -184,6 +194,12 @@ impl Actor for RegistryActor {
                 Some(reply),
             ),
             RegistryMsg::Flush => s.flush(),
+            RegistryMsg::Claim { id, from, reply } => {
+                // Its own transaction, committed before the reply: the claim must be visible
+                // to every other process before the claimant touches the thread's files.
+                s.flush();
+                let _ = reply.send(s.store.claim(id.as_str(), from, std::process::id()));
+            }
             RegistryMsg::Get { id, reply } => {
                 let _ = reply.send(s.store.get(id.as_str()));
             }

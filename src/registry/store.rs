@@ -219,6 +219,21 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 
+    /// Claims an unfinished row for repair: moves it from the dead owner `from` to `to` in its
+    /// own committed transaction (never inside a batch). True for exactly one of several
+    /// processes that race for it; false if another claimed it or it has finished meanwhile.
+    pub(crate) fn claim(&mut self, id: &str, from: u32, to: u32) -> Result<bool, RegistryError> {
+        debug_assert!(!self.in_batch);
+        let n = self
+            .db
+            .execute(
+                "UPDATE threads SET owner_pid=?3 WHERE id=?1 AND owner_pid=?2 AND status IN ('created','running')",
+                params![id, from, to],
+            )
+            .map_err(st)?;
+        Ok(n == 1)
+    }
+
     /// Marks a terminal row as interrupted (recovery only: its owner process is gone).
     pub fn finish_interrupted(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
         self.db

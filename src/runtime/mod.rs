@@ -7,6 +7,7 @@
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
 mod handle;
+pub(crate) mod owner;
 pub(crate) mod recovery;
 mod resume;
 
@@ -108,6 +109,8 @@ impl RuntimeBuilder {
         let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
             .await
             .map_err(|e| st(e.to_string()))?;
+        let owner = owner::acquire(&project.state_dir()).map_err(st)?;
+        let first_owner = owner.first;
         let (events, _) = broadcast::channel(4096);
         let library = Library::for_project(&project);
         let ctx = Arc::new(Ctx {
@@ -120,9 +123,10 @@ impl RuntimeBuilder {
             registry,
             ledger,
             events,
+            _owner_lock: Box::new(owner),
             verified: Default::default(),
         });
-        let recovered = recovery::recover(&ctx).await;
+        let recovered = recovery::recover(&ctx, first_owner).await;
         Ok(Runtime {
             ctx,
             recovered: recovered.into(),

@@ -6,7 +6,8 @@
 //! transcript line is set aside in `transcript.torn`, the transcript gets an `interrupted` and a
 //! `thread_finished` event and a signed checkpoint, thread.json is re-signed as `error`, and the
 //! registry row is closed. Runs at the start of every command that opens a project for writing.
-//! Must never touch a thread whose owner process is alive.
+//! Must never touch a thread whose owner process is alive (decided by its owner lock,
+//! `owner.rs`), and claims each thread in the registry before repairing it.
 
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
@@ -15,32 +16,20 @@ use crate::thread::{finalize_dead, Ctx, DeadEnd, Recovered};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Is `pid` a live weft process (this one, or one whose program is `weft` or this binary)?
-/// Without `/proc` every pid counts as alive: recovery then never steals a running thread.
-pub(crate) fn owner_alive(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    let proc = std::path::Path::new("/proc");
-    if !proc.exists() {
-        return true;
-    }
-    let Ok(cmdline) = std::fs::read(proc.join(pid.to_string()).join("cmdline")) else {
-        return false;
+/// Finalizes every thread of the project whose owner process is gone (see `owner.rs`; with
+/// `first_owner`, rows carrying this process's own pid are from a dead process that had it).
+/// Each is claimed in the registry before it is touched, so two processes recovering at once
+/// never repair one thread twice.
+pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered> {
+    let state = ctx.project.state_dir();
+    let me = std::process::id();
+    let dead = |pid: u32| {
+        if pid == me {
+            first_owner
+        } else {
+            !super::owner::alive(&state, pid)
+        }
     };
-    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-    let name = std::path::Path::new(std::str::from_utf8(argv0).unwrap_or_default())
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let me = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()));
-    name == "weft" || Some(name) == me
-}
-
-/// Finalizes every thread of the project whose owner process is gone.
-pub(crate) async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
     let rows = match ractor::call!(ctx.registry, |reply| RegistryMsg::Unfinished { reply }) {
         Ok(Ok(rows)) => rows,
         other => {
@@ -48,10 +37,7 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
             return vec![];
         }
     };
-    let orphans: Vec<ThreadRow> = rows
-        .into_iter()
-        .filter(|r| !owner_alive(r.owner_pid))
-        .collect();
+    let orphans: Vec<ThreadRow> = rows.into_iter().filter(|r| dead(r.owner_pid)).collect();
     // Deepest first, so every child is closed before its parent.
     let parents: HashMap<String, Option<String>> = orphans
         .iter()
@@ -74,6 +60,22 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
     order.sort_by_key(|o| std::cmp::Reverse(o.0));
     let mut out = Vec::new();
     for (_, row) in order {
+        let Ok(id) = crate::core::ids::ThreadId::parse(&row.id) else {
+            continue;
+        };
+        let claimed = ractor::call!(ctx.registry, |reply| RegistryMsg::Claim {
+            id,
+            from: row.owner_pid,
+            reply
+        });
+        match claimed {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => continue, // another process is repairing it, or it finished
+            other => {
+                tracing::error!(thread = %row.id, "recovery: cannot claim: {other:?}");
+                continue;
+            }
+        }
         let end = DeadEnd {
             status: Status::Error,
             kind: "interrupted",
@@ -84,17 +86,17 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>) -> Vec<Recovered> {
         };
         out.push(finalize_dead(ctx, &row, &end).await.recovered);
     }
-    close_orphan_accounts(ctx).await;
+    close_orphan_accounts(ctx, &dead).await;
     out
 }
 
 /// Closes ledger accounts left open by dead processes that never registered their thread (the
 /// process died between opening the account and registering): nothing was spent on them.
-async fn close_orphan_accounts(ctx: &Arc<Ctx>) {
+async fn close_orphan_accounts(ctx: &Arc<Ctx>, dead: &impl Fn(u32) -> bool) {
     let open =
         ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
     for (id, owner) in open {
-        if owner_alive(owner) {
+        if !dead(owner) {
             continue;
         }
         tracing::warn!(thread = %id, "closing the ledger account of a thread whose process (pid {owner}) died before registering it");

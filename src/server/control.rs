@@ -66,7 +66,7 @@ pub(crate) fn remove_stale(project: &Project) {
             .to_str()
             .and_then(|n| n.strip_suffix(".sock"))
             .and_then(|p| p.parse::<u32>().ok())
-            .is_some_and(|pid| !crate::runtime::recovery::owner_alive(pid));
+            .is_some_and(|pid| !crate::runtime::owner::alive(&project.state_dir(), pid));
         if stale {
             let _ = std::fs::remove_file(e.path());
         }

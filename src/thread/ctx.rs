@@ -64,6 +64,9 @@ pub(crate) struct Ctx {
     pub ledger: ActorRef<LedgerMsg>,
     /// Live events.
     pub events: broadcast::Sender<Event>,
+    /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread
+    /// of this runtime may run.
+    pub _owner_lock: Box<dyn std::any::Any + Send + Sync>,
     /// Verified thread.json documents of running parents (see [`Ctx::verified_doc`]).
     pub verified: std::sync::Mutex<
         std::collections::HashMap<ThreadId, (crate::directive::FileStamp, ThreadDoc)>,

@@ -387,13 +387,34 @@ fn kill_9_then_restart_recovers_every_thread_and_resume_continues() {
         .filter(|r| r["status"] == "running" || r["status"] == "created")
         .count();
     assert!(unfinished > 0);
-    let o = weft_cmd(fx.root())
-        .args(["recover", "--json"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let recovered: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(recovered.len(), unfinished);
+    // Two processes recover at once: each thread is claimed by exactly one of them.
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            weft_cmd(fx.root())
+                .args(["recover", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut recovered: Vec<Value> = Vec::new();
+    for r in racers {
+        let o = r.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mine: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        recovered.extend(mine);
+    }
+    assert_eq!(recovered.len(), unfinished, "each thread recovered once");
+    for r in &rows {
+        let id = r["id"].as_str().unwrap();
+        let finished = fx
+            .events(id)
+            .iter()
+            .filter(|e| e["type"] == "thread_finished")
+            .count();
+        assert_eq!(finished, 1, "{id}: one terminal line");
+    }
     assert!(recovered
         .iter()
         .any(|r| r["id"] == torn_id.as_str() && r["torn_line_kept"] == true));
@@ -651,5 +672,77 @@ async fn recovery_never_relabels_a_thread_that_finished() {
         .count();
     assert_eq!(finished, 1);
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    rt.shutdown();
+}
+
+/// A program embedding the library is as alive as `weft`: recovery run by another process
+/// (here `weft recover`, while this test binary runs a thread) leaves its threads alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_never_steals_a_thread_from_a_live_program_embedding_the_library() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: the answer\n    delay: 2s\n",
+        "",
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("solo", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    let t0 = Instant::now();
+    while !fx
+        .rows()
+        .iter()
+        .any(|r| r.id == id && r.status == "running")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let o = weft_cmd(fx.root())
+        .args(["recover", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let recovered: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(recovered.is_empty(), "stole a live thread: {recovered:?}");
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed);
+    let row = fx.rows().into_iter().find(|r| r.id == id).unwrap();
+    assert_eq!(row.status, "completed");
+    assert_eq!(
+        fx.events(&id)
+            .iter()
+            .filter(|e| e["type"] == "thread_finished")
+            .count(),
+        1
+    );
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}
+
+/// Pids are reused (in a container every run may be pid 1): a row left running by a dead
+/// process that had this process's pid is repaired, not taken for one of ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_left_by_a_dead_process_with_our_pid_is_repaired() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: the answer\n",
+        "",
+    );
+    let (report, rt) = fx.run("solo", serde_json::json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    rt.shutdown();
+    let id = report.thread_id.to_string();
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    db.execute(
+        "UPDATE threads SET status='running', owner_pid=?2 WHERE id=?1",
+        rusqlite::params![&id, std::process::id()],
+    )
+    .unwrap();
+    drop(db);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let rt = fx.runtime().await;
+    let row = fx.rows().into_iter().find(|r| r.id == id).unwrap();
+    assert_eq!(row.status, "completed", "{row:?}");
     rt.shutdown();
 }

@@ -1,0 +1,87 @@
+//! Who owns a thread, decided by something the owner holds: every process that runs threads of
+//! a project holds an exclusive lock on `.weft/state/owners/<pid>.lock` for as long as it lives
+//! (the OS releases it when the process dies, however it dies). A thread whose owner's lock can
+//! be taken has no live owner. What the program is called plays no part, so any program
+//! embedding the library is as alive as `weft`.
+
+use std::collections::HashMap;
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// This process's hold on its owner lock in one project, shared by every runtime of the process
+/// on that project (two opens of one file would lock each other out).
+pub(crate) struct OwnerLock {
+    _file: Arc<File>,
+    /// This runtime took the lock first in this process: any unfinished row carrying this pid
+    /// was left by an earlier process that had the same pid (pids are reused; in a container
+    /// every run may be pid 1), and is recovered.
+    pub(crate) first: bool,
+}
+
+fn held() -> &'static Mutex<HashMap<PathBuf, Weak<File>>> {
+    static HELD: OnceLock<Mutex<HashMap<PathBuf, Weak<File>>>> = OnceLock::new();
+    HELD.get_or_init(Default::default)
+}
+
+fn lock_path(state_dir: &Path, pid: u32) -> PathBuf {
+    state_dir.join("owners").join(format!("{pid}.lock"))
+}
+
+/// Takes (or shares) this process's owner lock in `state_dir`.
+pub(crate) fn acquire(state_dir: &Path) -> Result<OwnerLock, String> {
+    let path = lock_path(state_dir, std::process::id());
+    let mut map = held()
+        .lock()
+        .map_err(|_| "owner lock table poisoned".to_string())?;
+    if let Some(file) = map.get(&path).and_then(Weak::upgrade) {
+        return Ok(OwnerLock {
+            _file: file,
+            first: false,
+        });
+    }
+    let dir = state_dir.join("owners");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.lock()
+        .map_err(|e| format!("{}: cannot lock: {e}", path.display()))?;
+    let file = Arc::new(file);
+    map.retain(|_, w| w.strong_count() > 0);
+    map.insert(path, Arc::downgrade(&file));
+    Ok(OwnerLock {
+        _file: file,
+        first: true,
+    })
+}
+
+/// Is the process `pid` that ran threads of this project alive? This process is; another is
+/// alive exactly while it holds its lock. No lock file: no live owner (a process that never
+/// took one is from before owner locks, or died before its first thread).
+pub(crate) fn alive(state_dir: &Path, pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let path = lock_path(state_dir, pid);
+    let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            // Ours now: its owner is gone. Released when `file` drops; the file is removed
+            // so the directory does not grow with every process that ever ran.
+            let _ = std::fs::remove_file(&path);
+            false
+        }
+        Err(TryLockError::WouldBlock) => true,
+        // Cannot tell: never steal.
+        Err(TryLockError::Error(e)) => {
+            tracing::warn!("{}: cannot test the owner lock: {e}", path.display());
+            true
+        }
+    }
+}
