@@ -142,6 +142,7 @@ impl ThreadDoc {
                 f.write_all(&bytes)?;
                 if fsync {
                     f.sync_all()?;
+                    sync_parent(path)?;
                 }
                 return Ok(());
             }
@@ -156,7 +157,12 @@ impl ThreadDoc {
                 f.sync_all()?;
             }
         }
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        if fsync {
+            // The rename is only durable once the directory entry is.
+            sync_parent(path)?;
+        }
+        Ok(())
     }
 
     /// Reads and verifies a thread.json against the project's trust store.
@@ -174,5 +180,13 @@ impl ThreadDoc {
             o.remove("signature");
         }
         serde_json::from_value(body).map_err(|e| err(format!("signed but not a thread.json: {e}")))
+    }
+}
+
+/// Fsyncs the directory holding `path`, so a create or rename in it survives a power loss.
+pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::File::open(dir)?.sync_all(),
+        _ => Ok(()),
     }
 }

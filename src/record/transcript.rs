@@ -50,6 +50,13 @@ impl TranscriptWriter {
             .append(true)
             .create_new(true)
             .open(path)?;
+        if durability == Durability::Strict {
+            // The new file, and the thread's folder holding it, survive a power loss.
+            crate::record::thread_doc::sync_parent(path)?;
+            if let Some(dir) = path.parent() {
+                crate::record::thread_doc::sync_parent(dir)?;
+            }
+        }
         Ok(TranscriptWriter {
             file,
             thread_id: thread_id.into(),

@@ -38,6 +38,12 @@ impl Store {
         })
     }
 
+    /// `durability: strict`: every commit reaches the disk before it returns
+    /// (`synchronous=FULL`; the default NORMAL may lose the last commits on power loss).
+    pub(crate) fn set_strict(&self) -> Result<(), RegistryError> {
+        self.db.execute_batch("PRAGMA synchronous=FULL").map_err(st)
+    }
+
     /// Opens read-only (for `threads`, `show`, `verify` in another process).
     pub fn open_read_only(path: &Path) -> Result<Store, RegistryError> {
         let db = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
@@ -333,4 +339,20 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
         continuation_of: r.get(18)?,
         chain_root: r.get(19)?,
     })
+}
+
+#[cfg(test)]
+mod strict_tests {
+    #[test]
+    fn strict_durability_commits_to_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = super::Store::open(&dir.path().join("r.db")).unwrap();
+        let sync = |s: &super::Store| -> i64 {
+            s.db.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(sync(&s), 1, "NORMAL by default");
+        s.set_strict().unwrap();
+        assert_eq!(sync(&s), 2, "FULL under durability: strict");
+    }
 }

@@ -103,6 +103,12 @@ impl RuntimeBuilder {
             Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
         let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
             .map_err(|e| st(e.to_string()))?;
+        if config.durability == crate::project::config::Durability::Strict {
+            store.set_strict().map_err(|e| st(e.to_string()))?;
+            ledger_db
+                .execute_batch("PRAGMA synchronous=FULL")
+                .map_err(|e| st(e.to_string()))?;
+        }
         let (registry, _) = Actor::spawn(None, RegistryActor, store)
             .await
             .map_err(|e| st(e.to_string()))?;
