@@ -1,6 +1,6 @@
 //! weft's promises under hostile input and faults: what a model sends is untrusted.
 
-use crate::support::{directive, Fixture};
+use crate::support::{directive, wait_until, Fixture};
 use serde_json::json;
 use weft::Status;
 
@@ -213,11 +213,10 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
         .await
         .unwrap();
     let id = handle.id().to_string();
-    let t0 = std::time::Instant::now();
-    while !fx.events(&id).iter().any(|e| e["type"] == "tool_result") {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_until("the refusal", || {
+        fx.events(&id).iter().any(|e| e["type"] == "tool_result")
+    })
+    .await;
     let refusal = fx
         .events(&id)
         .into_iter()
@@ -273,15 +272,12 @@ async fn a_terminal_row_is_stored_even_when_another_process_holds_the_registry_p
         .await
         .unwrap();
     let id = handle.id().to_string();
-    let t0 = std::time::Instant::now();
-    while !fx
-        .rows()
-        .iter()
-        .any(|r| r.id == id && r.status == "running")
-    {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until("the thread running", || {
+        fx.rows()
+            .iter()
+            .any(|r| r.id == id && r.status == "running")
+    })
+    .await;
     // Another process holds the write lock longer than the registry's 5 s busy timeout.
     let path = fx.root().join(".weft/state/registry.db");
     let holder = std::thread::spawn(move || {

@@ -1,6 +1,6 @@
 //! Lifecycle guarantees: cancellation reaching the leaves, crash recovery, resume.
 
-use crate::support::{directive, expected_spend, weft_home, Fixture};
+use crate::support::{directive, expected_spend, wait_until, weft_home, Fixture};
 use serde_json::{json, Map, Value};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,17 +33,6 @@ fn wide_tree(leaf_delay: &str) -> Fixture {
         &script,
         "",
     )
-}
-
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,15 +679,12 @@ async fn recovery_never_steals_a_thread_from_a_live_program_embedding_the_librar
         .await
         .unwrap();
     let id = handle.id().to_string();
-    let t0 = Instant::now();
-    while !fx
-        .rows()
-        .iter()
-        .any(|r| r.id == id && r.status == "running")
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("the thread running", || {
+        fx.rows()
+            .iter()
+            .any(|r| r.id == id && r.status == "running")
+    })
+    .await;
     let o = weft_cmd(fx.root())
         .args(["recover", "--json"])
         .output()

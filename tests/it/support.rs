@@ -171,3 +171,15 @@ pub fn files_with_ext(dir: &Path, ext: &str) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Polls `f` every 10 ms until it holds; fails the test after 20 s naming `what`.
+pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
