@@ -83,7 +83,7 @@ pub use crate::cli::{main as cli_main, Cli};
 pub mod internals {
     pub use crate::core::capability;
     pub use crate::directive::parse as parse_directive;
-    pub use crate::ledger::{Book, Grant, LedgerMsg};
+    pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg};
     pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;
     pub use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
     pub use crate::record::thread_doc::ThreadDoc;

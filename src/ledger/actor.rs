@@ -69,6 +69,11 @@ pub enum LedgerMsg {
     },
     /// Persist everything changed since the last flush, then release the held replies.
     Flush,
+    /// Accounts the book holds in memory (open ones and closed ancestors of open ones).
+    Held {
+        /// Reply.
+        reply: RpcReplyPort<usize>,
+    },
     /// Audit: invariant violations and open reservations.
     Audit {
         /// Reply: (violations, open reservations).
@@ -82,9 +87,27 @@ pub enum LedgerMsg {
 /// held back; a `Flush` marker queued behind it persists every change made since the last flush
 /// in one IMMEDIATE transaction and only then releases the replies. So no caller proceeds on a
 /// change that is not in ledger.db, and many concurrent callers share one commit.
+///
+/// If that commit fails, the book and ledger.db must not drift apart. The batch holds two kinds
+/// of change. *Decisions* (an account opened, a call reserved) are undone in the book by their
+/// exact inverse (closing the new account, releasing the reservation unspent) and their callers
+/// get the storage error: nothing was granted. *Facts* (a call's settlement, an account closed)
+/// already happened and cannot be refused: they stay in the book, stay pending, and the commit is
+/// retried until it lands (a crash meanwhile is repaired by recovery from the transcripts).
 pub(crate) struct LedgerActor;
 
 type HeldReply = crate::record::batch::HeldReply<LedgerError>;
+
+/// How long after a failed commit the pending changes are tried again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A decision of the current batch, with what undoes it if the batch is not stored.
+enum Undo {
+    /// An account opened: close it and forget it.
+    Open(ThreadId),
+    /// A reservation granted: release it unspent.
+    Reserve(u64),
+}
 
 /// State of the ledger actor.
 pub(crate) struct LedgerState {
@@ -93,6 +116,9 @@ pub(crate) struct LedgerState {
     dirty: std::collections::HashSet<ThreadId>,
     added: Vec<Reservation>,
     removed: Vec<(ThreadId, u64)>,
+    /// Final rows of closed accounts the book has dropped (see [`Book::prune`]).
+    dropped: Vec<Account>,
+    undo: Vec<Undo>,
     held: crate::record::batch::GroupCommit<LedgerError>,
 }
 
@@ -104,6 +130,22 @@ impl LedgerState {
 
     fn touch(&mut self, ids: &[ThreadId]) {
         self.dirty.extend(ids.iter().cloned());
+    }
+
+    fn pending(&self) -> bool {
+        !(self.dirty.is_empty()
+            && self.added.is_empty()
+            && self.removed.is_empty()
+            && self.dropped.is_empty())
+    }
+
+    /// Drops `id` and its closed ancestors from the book once nothing below them is open,
+    /// keeping their final rows for the next commit.
+    fn prune(&mut self, id: &ThreadId) {
+        for a in self.book.prune(id) {
+            self.dirty.remove(&a.id);
+            self.dropped.push(a);
+        }
     }
 
     /// Persists every change since the last flush in one IMMEDIATE transaction.
@@ -120,22 +162,25 @@ impl LedgerState {
                      VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
                 )
                 .map_err(st)?;
-            for id in &self.dirty {
-                if let Some(a) = self.book.get(id) {
-                    up.execute(params![
-                        a.id.as_str(),
-                        a.parent.as_ref().map(ThreadId::as_str),
-                        a.max.0,
-                        a.spent.0,
-                        a.own_spent.0,
-                        a.inflight.0,
-                        a.guaranteed.0,
-                        a.pool_left.0,
-                        a.closed,
-                        a.owner
-                    ])
-                    .map_err(st)?;
-                }
+            let rows = self
+                .dirty
+                .iter()
+                .filter_map(|id| self.book.get(id))
+                .chain(&self.dropped);
+            for a in rows {
+                up.execute(params![
+                    a.id.as_str(),
+                    a.parent.as_ref().map(ThreadId::as_str),
+                    a.max.0,
+                    a.spent.0,
+                    a.own_spent.0,
+                    a.inflight.0,
+                    a.guaranteed.0,
+                    a.pool_left.0,
+                    a.closed,
+                    a.owner
+                ])
+                .map_err(st)?;
             }
             let mut ins = tx
                 .prepare_cached(
@@ -157,18 +202,52 @@ impl LedgerState {
         tx.commit().map_err(st)
     }
 
-    fn flush(&mut self) {
-        let res = self.persist();
-        if let Err(e) = &res {
-            tracing::error!(
-                "ledger.db commit failed, {} change(s) not persisted: {e}",
-                self.held.len()
-            );
+    fn flush(&mut self, me: Option<&ActorRef<LedgerMsg>>) {
+        let res = crate::record::batch::off_workers(|| self.persist());
+        match &res {
+            Ok(()) => {
+                self.dirty.clear();
+                self.added.clear();
+                self.removed.clear();
+                self.dropped.clear();
+                self.undo.clear();
+            }
+            Err(e) => {
+                tracing::error!(
+                    "ledger.db commit failed: {e}; {} decision(s) undone and refused, settlements and closes kept and retried",
+                    self.undo.len()
+                );
+                self.undo_decisions();
+                if let (Some(me), true) = (me, self.pending()) {
+                    me.send_after(RETRY_AFTER, || LedgerMsg::Flush);
+                }
+            }
         }
-        self.dirty.clear();
-        self.added.clear();
-        self.removed.clear();
         self.held.release(&res);
+    }
+
+    /// Undoes the decisions of a batch that was not stored, by their exact inverses.
+    fn undo_decisions(&mut self) {
+        for undo in std::mem::take(&mut self.undo) {
+            match undo {
+                Undo::Reserve(r) => {
+                    if let Some(chain) = self.book.reservations.get(&r).map(|x| x.chain.clone()) {
+                        self.book.settle(r, Nanos::ZERO);
+                        self.touch(&chain);
+                    }
+                    self.added.retain(|x| x.id != r);
+                }
+                Undo::Open(id) => {
+                    let chain = self.book.chain(&id).unwrap_or_default();
+                    let _ = self.book.close(&id);
+                    self.touch(&chain[1..]);
+                    self.dirty.remove(&id);
+                    self.prune(&id);
+                    // Never stored, so nothing to store: ledger.db keeps no trace of it.
+                    self.dropped.retain(|a| a.id != id);
+                }
+            }
+        }
     }
 }
 
@@ -189,6 +268,8 @@ impl Actor for LedgerActor {
             dirty: Default::default(),
             added: vec![],
             removed: vec![],
+            dropped: vec![],
+            undo: vec![],
             held: Default::default(),
         })
     }
@@ -215,6 +296,7 @@ impl Actor for LedgerActor {
                     Ok(()) => {
                         let ids = s.book.chain(&id).unwrap_or_default();
                         s.touch(&ids);
+                        s.undo.push(Undo::Open(id));
                         s.hold(
                             &me,
                             Box::new(move |e| {
@@ -244,6 +326,7 @@ impl Actor for LedgerActor {
                             s.touch(&r.chain);
                             s.added.push(r);
                         }
+                        s.undo.push(Undo::Reserve(g.reservation));
                         s.hold(
                             &me,
                             Box::new(move |e| {
@@ -270,11 +353,12 @@ impl Actor for LedgerActor {
                         // A settlement nobody waits for rides with the next commit (the caller's
                         // next reserve or close): its cost is already in the transcript, and
                         // recovery settles recorded calls, so it needs no commit of its own.
+                        // A fact: if this commit fails it stays pending and is retried.
                         if let Some(reply) = reply {
                             s.hold(
                                 &me,
-                                Box::new(move |e| {
-                                    let _ = reply.send(e.map_or(Ok(()), Err));
+                                Box::new(move |_| {
+                                    let _ = reply.send(Ok(()));
                                 }),
                             );
                         }
@@ -298,10 +382,12 @@ impl Actor for LedgerActor {
                         let ids = s.book.chain(&id).unwrap_or_default();
                         s.touch(&ids);
                         s.removed.extend(open);
+                        s.prune(&id);
+                        // A fact, like a settlement: kept and retried if this commit fails.
                         s.hold(
                             &me,
-                            Box::new(move |e| {
-                                let _ = reply.send(e.map_or(Ok(a), Err));
+                            Box::new(move |_| {
+                                let _ = reply.send(Ok(a));
                             }),
                         );
                     }
@@ -310,7 +396,7 @@ impl Actor for LedgerActor {
                     }
                 }
             }
-            LedgerMsg::Flush => s.flush(),
+            LedgerMsg::Flush => s.flush(Some(&me)),
             LedgerMsg::Get { id, reply } => {
                 let _ = reply.send(s.book.get(&id).cloned());
             }
@@ -322,6 +408,9 @@ impl Actor for LedgerActor {
                     .map(|a| (a.id.clone(), a.owner))
                     .collect();
                 let _ = reply.send(open);
+            }
+            LedgerMsg::Held { reply } => {
+                let _ = reply.send(s.book.len());
             }
             LedgerMsg::Audit { reply } => {
                 let _ = reply.send((s.book.violations(), s.book.open_reservations()));
@@ -335,8 +424,8 @@ impl Actor for LedgerActor {
         _me: ActorRef<LedgerMsg>,
         s: &mut LedgerState,
     ) -> Result<(), ActorProcessingErr> {
-        if !s.held.is_empty() || !s.dirty.is_empty() {
-            s.flush();
+        if !s.held.is_empty() || s.pending() {
+            s.flush(None);
         }
         Ok(())
     }

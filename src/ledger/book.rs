@@ -13,6 +13,8 @@ pub struct Book {
     pub(super) reservations: HashMap<u64, Reservation>,
     /// Open reservation ids by reserving thread (so closing is not a scan of every reservation).
     pub(super) by_thread: HashMap<ThreadId, Vec<u64>>,
+    /// How many accounts in the book name each account as their parent (see [`Book::prune`]).
+    pub(super) children: HashMap<ThreadId, u32>,
     pub(super) next_id: u64,
 }
 
@@ -137,6 +139,9 @@ impl Book {
                     });
                 }
             }
+        }
+        if let Some(p) = parent {
+            *self.children.entry(p.clone()).or_default() += 1;
         }
         self.accounts.insert(
             id.clone(),
@@ -301,6 +306,43 @@ impl Book {
         a.pool_left = Nanos::ZERO;
         a.closed = true;
         Ok(a.clone())
+    }
+
+    /// Drops `id` from the book if it is closed and no account below it is left, then its
+    /// parent on the same terms, and so on up. A closed account with nothing open below it can
+    /// never be reserved against again, so a long-lived runtime does not keep every account it
+    /// ever closed. Returns the dropped accounts' final state (for ledger.db).
+    pub fn prune(&mut self, id: &ThreadId) -> Vec<Account> {
+        let mut dropped = Vec::new();
+        let mut cur = Some(id.clone());
+        while let Some(id) = cur.take() {
+            let Some(a) = self.accounts.get(&id) else {
+                break;
+            };
+            if !a.closed || self.children.get(&id).is_some_and(|n| *n > 0) {
+                break;
+            }
+            let a = self.accounts.remove(&id).expect("present");
+            self.children.remove(&id);
+            if let Some(p) = &a.parent {
+                if let Some(n) = self.children.get_mut(p) {
+                    *n = n.saturating_sub(1);
+                }
+                cur = Some(p.clone());
+            }
+            dropped.push(a);
+        }
+        dropped
+    }
+
+    /// Accounts held in memory (open ones and the closed ancestors of open ones).
+    pub fn len(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// Whether the book holds no account.
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty()
     }
 
     /// Every account whose `used > max` (empty when the invariant holds).

@@ -80,6 +80,11 @@ impl Book {
                 },
             );
         }
+        for a in book.accounts.values() {
+            if let Some(p) = &a.parent {
+                *book.children.entry(p.clone()).or_default() += 1;
+            }
+        }
         let mut stmt = db.prepare("SELECT body FROM reservations").map_err(st)?;
         let bodies = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(st)?;
         for body in bodies {

@@ -6,6 +6,7 @@
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::status::Status;
+use crate::record::batch::off_workers;
 use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
 use crate::record::transcript::Head;
 use serde::{Deserialize, Serialize};
@@ -141,7 +142,7 @@ impl ThreadDoc {
             Ok(mut f) => {
                 f.write_all(&bytes)?;
                 if fsync {
-                    f.sync_all()?;
+                    off_workers(|| f.sync_all())?;
                     sync_parent(path)?;
                 }
                 return Ok(());
@@ -154,7 +155,7 @@ impl ThreadDoc {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
             if fsync {
-                f.sync_all()?;
+                off_workers(|| f.sync_all())?;
             }
         }
         std::fs::rename(&tmp, path)?;
@@ -186,7 +187,9 @@ impl ThreadDoc {
 /// Fsyncs the directory holding `path`, so a create or rename in it survives a power loss.
 pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => std::fs::File::open(dir)?.sync_all(),
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            off_workers(|| std::fs::File::open(dir)?.sync_all())
+        }
         _ => Ok(()),
     }
 }

@@ -111,7 +111,8 @@ impl TranscriptWriter {
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
         self.checkpoint_line()?;
-        self.file.sync_data()
+        let file = &self.file;
+        crate::record::batch::off_workers(|| file.sync_data())
     }
 
     /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::file_handle`]).
@@ -149,7 +150,8 @@ impl TranscriptWriter {
         line.push(b'\n');
         self.file.write_all(&line)?;
         if self.durability == Durability::Strict {
-            self.file.sync_data()?;
+            let file = &self.file;
+            crate::record::batch::off_workers(|| file.sync_data())?;
         }
         self.head = Head { seq, hash };
         Ok(())

@@ -2,6 +2,7 @@
 
 use super::{Admission, RegistryError, Store, ThreadRow};
 use crate::core::ids::ThreadId;
+use crate::record::batch::off_workers;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 /// Messages of the registry actor.
@@ -112,7 +113,8 @@ impl RegistryActorState {
         op: impl FnOnce(&mut Store) -> Result<(), RegistryError>,
         reply: Option<RpcReplyPort<Result<(), RegistryError>>>,
     ) {
-        let res = self.store.begin_batch().and_then(|_| op(&mut self.store));
+        let store = &mut self.store;
+        let res = off_workers(|| store.begin_batch()).and_then(|_| op(store));
         if let Err(e) = &res {
             tracing::error!("registry write failed: {e}");
         }
@@ -129,7 +131,8 @@ impl RegistryActorState {
     }
 
     fn flush(&mut self) {
-        let res = self.store.commit_batch();
+        let store = &mut self.store;
+        let res = off_workers(|| store.commit_batch());
         if let Err(e) = &res {
             tracing::error!("registry.db commit failed: {e}");
         }
@@ -162,10 +165,9 @@ impl Actor for RegistryActor {
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
                 // Refusals are answered at once; only a stored row waits for the commit.
-                let res = s
-                    .store
-                    .begin_batch()
-                    .and_then(|_| s.store.register(&row, admit.as_ref()));
+                let store = &mut s.store;
+                let res = off_workers(|| store.begin_batch())
+                    .and_then(|_| store.register(&row, admit.as_ref()));
                 match res {
                     Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
                     Err(e) => {
@@ -198,7 +200,10 @@ impl Actor for RegistryActor {
                 // Its own transaction, committed before the reply: the claim must be visible
                 // to every other process before the claimant touches the thread's files.
                 s.flush();
-                let _ = reply.send(s.store.claim(id.as_str(), from, std::process::id()));
+                let store = &mut s.store;
+                let _ = reply.send(off_workers(|| {
+                    store.claim(id.as_str(), from, std::process::id())
+                }));
             }
             RegistryMsg::Get { id, reply } => {
                 let _ = reply.send(s.store.get(id.as_str()));

@@ -189,15 +189,6 @@ pub(crate) async fn spawn(
         cache_read_tokens: 0,
     });
     let parent_id = req.parent.as_ref().map(|p| p.id.clone());
-    ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
-        id: id.clone(),
-        parent: parent_id.clone(),
-        max: limits.spend,
-        guarantee: req.reserve,
-        min_first_call,
-        reply
-    })
-    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))??;
     let undo_ledger = |ctx: &Arc<Ctx>, id: &ThreadId| {
         let ledger = ctx.ledger.clone();
         let id = id.clone();
@@ -205,6 +196,27 @@ pub(crate) async fn spawn(
             let _ = ractor::call!(ledger, |reply| LedgerMsg::Close { id, reply });
         }
     };
+    let opened = ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
+        id: id.clone(),
+        parent: parent_id.clone(),
+        max: limits.spend,
+        guarantee: req.reserve,
+        min_first_call,
+        reply
+    });
+    match opened {
+        Ok(Ok(())) => {}
+        // Whatever went wrong, no account of this id may stay open holding the parent's
+        // guarantee (closing an account that was never opened changes nothing).
+        Ok(Err(e)) => {
+            undo_ledger(ctx, &id).await;
+            return Err(e.into());
+        }
+        Err(e) => {
+            undo_ledger(ctx, &id).await;
+            return Err(SpawnError::Storage(format!("ledger: {e}")));
+        }
+    }
     // 4 + 6. Admission and registration in one registry transaction.
     let now = now_ts();
     let row = ThreadRow {

@@ -346,3 +346,188 @@ async fn a_signed_thread_json_copied_into_another_thread_lends_it_nothing() {
     );
     assert_eq!(report.status, Status::Completed);
 }
+
+/// Holds registry.db's or ledger.db's write lock from another connection (as another process
+/// writing would) until dropped.
+struct WriteLock {
+    _held: rusqlite::Connection,
+}
+
+impl WriteLock {
+    fn take(db: &std::path::Path) -> WriteLock {
+        let c = rusqlite::Connection::open(db).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        WriteLock { _held: c }
+    }
+}
+
+/// ledger.db's row of one account: (guaranteed, spent, closed), if it has one.
+fn ledger_row(fx: &Fixture, id: &weft::ThreadId) -> Option<(i64, i64, bool)> {
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db")).unwrap();
+    db.query_row(
+        "SELECT guaranteed, spent, closed FROM accounts WHERE id=?1",
+        [id.as_str()],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .ok()
+}
+
+fn ledger_reservations(fx: &Fixture) -> i64 {
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db")).unwrap();
+    db.query_row("SELECT count(*) FROM reservations", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A ledger.db commit that fails (here: another process holds the write lock past the busy
+/// timeout) must leave memory and ledger.db alike: a refused decision (a child's guarantee) is
+/// not left holding the parent's budget, and a settlement, which is a fact, still reaches
+/// ledger.db once it can be written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
+    use weft::internals::LedgerMsg;
+    use weft::{Nanos, Price, ThreadId};
+    let fx = Fixture::new(&[("root", &directive("", "Hi."))], "default: []\n", "");
+    let rt = fx.runtime().await;
+    let (_, ledger) = weft::internals::actors(&rt);
+    let db = fx.root().join(".weft/state/ledger.db");
+    let open = |id: &ThreadId, parent: Option<&ThreadId>, guarantee: i64| {
+        let (id, parent, ledger) = (id.clone(), parent.cloned(), ledger.clone());
+        async move {
+            ractor::call!(ledger, |reply| LedgerMsg::Open {
+                id,
+                parent,
+                max: Nanos(1_000_000),
+                guarantee: Nanos(guarantee),
+                min_first_call: Nanos(1),
+                reply
+            })
+            .unwrap()
+        }
+    };
+    let parent = ThreadId::generate("parent");
+    open(&parent, None, 0).await.unwrap();
+
+    // A child asks for 900,000 of the parent's 1,000,000 while ledger.db cannot be written.
+    let refused = ThreadId::generate("refused");
+    let lock = WriteLock::take(&db);
+    let err = open(&refused, Some(&parent), 900_000).await;
+    drop(lock);
+    assert!(
+        matches!(err, Err(weft::internals::LedgerError::Storage(_))),
+        "the commit could not happen, so the guarantee is refused: {err:?}"
+    );
+    // Nothing of it stays: another child gets the same guarantee, and ledger.db agrees.
+    let next = ThreadId::generate("next");
+    open(&next, Some(&parent), 900_000)
+        .await
+        .expect("the refused guarantee was given back");
+    assert_eq!(
+        ledger_row(&fx, &refused),
+        None,
+        "no trace of the refused account"
+    );
+    assert_eq!(ledger_row(&fx, &parent).map(|r| r.0), Some(900_000));
+    let _ = ractor::call!(ledger, |reply| LedgerMsg::Close {
+        id: next.clone(),
+        reply
+    });
+
+    // A call reserved (stored), then settled while ledger.db is locked: the settlement stands
+    // and reaches ledger.db once the lock is gone.
+    let price = Price {
+        input: 1_000_000_000,
+        output: 1_000_000_000,
+        cache_read: 0,
+    };
+    let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
+        id: parent.clone(),
+        price,
+        prompt_tokens: 10,
+        want_output: 10,
+        min_output: 1,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(ledger_reservations(&fx), 1);
+    let lock = WriteLock::take(&db);
+    let settled = ractor::call!(ledger, |reply| LedgerMsg::Settle {
+        reservation: grant.reservation,
+        actual: Nanos(7_000),
+        reply: Some(reply)
+    })
+    .unwrap();
+    assert!(settled.is_ok(), "a settlement is a fact: {settled:?}");
+    drop(lock);
+    wait_until("the settlement reaches ledger.db", || {
+        ledger_reservations(&fx) == 0 && ledger_row(&fx, &parent).map(|r| r.1) == Some(7_000)
+    })
+    .await;
+    let (violations, open_now) = rt.audit().await;
+    assert!(violations.is_empty(), "{violations:?}");
+    assert_eq!(open_now, 0);
+}
+
+/// A database locked by another process (or a slow disk) stalls the actor waiting on it, never
+/// the async workers: while the registry, then the ledger, waits on a locked database through a
+/// runtime's only worker, other tasks still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_locked_database_stalls_its_actor_not_the_workers() {
+    use weft::internals::{LedgerMsg, RegistryMsg, ThreadRow};
+    use weft::{Nanos, ThreadId};
+    let fx = Fixture::new(&[("root", &directive("", "Hi."))], "default: []\n", "");
+    let rt = fx.runtime().await;
+    let (registry, ledger) = weft::internals::actors(&rt);
+    let state = fx.root().join(".weft/state");
+    /// How long a 200 ms sleep and an unrelated 20 ms task take while `db` is locked and `wait` waits on it.
+    async fn unrelated_task_while(
+        db: std::path::PathBuf,
+        wait: impl FnOnce(),
+    ) -> std::time::Duration {
+        let lock = WriteLock::take(&db);
+        let started = std::time::Instant::now();
+        wait();
+        // The actor is now inside its commit, waiting out the busy timeout (5 s).
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        tokio::spawn(tokio::time::sleep(std::time::Duration::from_millis(20)))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        drop(lock);
+        took
+    }
+    let took = unrelated_task_while(state.join("registry.db"), || {
+        registry
+            .cast(RegistryMsg::Update {
+                row: Box::new(ThreadRow {
+                    id: "nobody-1".into(),
+                    ..Default::default()
+                }),
+                reply: None,
+            })
+            .unwrap();
+    })
+    .await;
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "220 ms of unrelated work took {took:?} while registry.db was locked"
+    );
+    let took = unrelated_task_while(state.join("ledger.db"), || {
+        let ledger = ledger.clone();
+        tokio::spawn(async move {
+            ractor::call!(ledger, |reply| LedgerMsg::Open {
+                id: ThreadId::generate("waits"),
+                parent: None,
+                max: Nanos(1),
+                guarantee: Nanos::ZERO,
+                min_first_call: Nanos::ZERO,
+                reply
+            })
+        });
+    })
+    .await;
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "220 ms of unrelated work took {took:?} while ledger.db was locked"
+    );
+}
