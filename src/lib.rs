@@ -98,6 +98,11 @@ pub mod internals {
         (rt.ctx().registry.clone(), rt.ctx().ledger.clone())
     }
 
+    /// Verified thread.json documents the runtime holds in its cache (live parents only).
+    pub fn verified_cached(rt: &crate::Runtime) -> usize {
+        rt.ctx().verified.lock().map_or(0, |c| c.len())
+    }
+
     /// The runtime's signing key (for benchmarks of the signature floor).
     pub fn signer(rt: &crate::Runtime) -> std::sync::Arc<Signer> {
         rt.ctx().signer.clone()

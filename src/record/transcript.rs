@@ -11,8 +11,9 @@ use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
 use serde_json::{json, Map, Value};
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The `prev` of the first line.
 pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -26,9 +27,44 @@ pub struct Head {
     pub hash: String,
 }
 
+/// Transcript descriptors held open between appends, process-wide (see [`keep_open`]).
+static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many transcripts may keep their descriptor open between appends: a quarter of the
+/// process's descriptor limit, so a tree of ten thousand live threads under the common soft limit
+/// of 1,024 never meets EMFILE; past that, a writer opens its file for each append (a few µs).
+fn keep_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| (open_files_limit() / 4).clamp(8, 4096))
+}
+
+/// The soft limit on open descriptors: read from `/proc/self/limits` where there is one (no
+/// `unsafe` for a syscall), else the common default of 1,024.
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+            let soft = line["Max open files".len()..].split_whitespace().next()?;
+            Some(soft.parse().unwrap_or(usize::MAX))
+        })
+        .unwrap_or(1024)
+}
+
+/// Takes a slot to keep a descriptor open, if the budget has one.
+fn keep_open() -> bool {
+    KEPT_OPEN
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < keep_budget()).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 /// Appends events to one thread's transcript.
 pub struct TranscriptWriter {
-    file: File,
+    /// The open file while this writer holds a slot of the budget; `None`: opened per append.
+    file: Option<File>,
+    path: PathBuf,
     thread_id: String,
     head: Head,
     since_checkpoint: u64,
@@ -58,7 +94,8 @@ impl TranscriptWriter {
             }
         }
         Ok(TranscriptWriter {
-            file,
+            file: keep_open().then_some(file),
+            path: path.to_path_buf(),
             thread_id: thread_id.into(),
             head: Head {
                 seq: -1,
@@ -82,7 +119,8 @@ impl TranscriptWriter {
     ) -> std::io::Result<TranscriptWriter> {
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok(TranscriptWriter {
-            file,
+            file: keep_open().then_some(file),
+            path: path.to_path_buf(),
             thread_id: thread_id.into(),
             head,
             since_checkpoint: 0,
@@ -111,7 +149,7 @@ impl TranscriptWriter {
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
         self.checkpoint_line()?;
-        let file = &self.file;
+        let file = self.file_handle()?;
         crate::record::batch::off_workers(|| file.sync_data())
     }
 
@@ -125,9 +163,12 @@ impl TranscriptWriter {
         Ok(())
     }
 
-    /// A second handle on the file, to fsync it off the actor's thread.
+    /// A handle on the file, to fsync it off the actor's thread.
     pub fn file_handle(&self) -> std::io::Result<File> {
-        self.file.try_clone()
+        match &self.file {
+            Some(f) => f.try_clone(),
+            None => std::fs::OpenOptions::new().append(true).open(&self.path),
+        }
     }
 
     fn write_line(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
@@ -148,13 +189,28 @@ impl TranscriptWriter {
         let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(std::io::Error::other)?;
         let hash = crate::core::ids::sha256_hex(&line);
         line.push(b'\n');
-        self.file.write_all(&line)?;
+        let opened;
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => {
+                opened = std::fs::OpenOptions::new().append(true).open(&self.path)?;
+                &opened
+            }
+        };
+        (&*file).write_all(&line)?;
         if self.durability == Durability::Strict {
-            let file = &self.file;
             crate::record::batch::off_workers(|| file.sync_data())?;
         }
         self.head = Head { seq, hash };
         Ok(())
+    }
+}
+
+impl Drop for TranscriptWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

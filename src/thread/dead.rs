@@ -147,6 +147,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         return Finalized::of(rec, row, end);
     };
     let error = end.error.clone();
+    ctx.forget(&id);
     // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
     // them with the recorded cost (a no-op for those already settled), then close the account,
     // which releases whatever is still reserved as unspent.

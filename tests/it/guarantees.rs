@@ -531,3 +531,101 @@ async fn a_locked_database_stalls_its_actor_not_the_workers() {
         "220 ms of unrelated work took {took:?} while ledger.db was locked"
     );
 }
+
+/// What a long-lived runtime keeps of a finished tree: nothing. The ledger drops closed accounts
+/// once nothing below them is open, and the verified-document cache forgets ended threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_tree_leaves_nothing_in_memory() {
+    let root = directive(
+        "limits: { spend: 1.0, spawns: 10, concurrency: 10 }\npermissions: [\"thread.spawn.**\"]",
+        "Fan out.",
+    );
+    let mid = directive("permissions: [\"thread.spawn.**\"]", "Mid.");
+    let leaf = directive("", "Leaf.");
+    let script = r#"
+root:
+  - tool_calls:
+      - { name: spawn_thread, input: { directive: mid, wait: false } }
+      - { name: spawn_thread, input: { directive: mid, wait: false } }
+  - tool_calls: [ { name: wait_threads, input: {} } ]
+  - text: done
+mid:
+  - tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]
+  - text: done
+leaf:
+  - text: leaf answer
+"#;
+    let fx = Fixture::new(
+        &[("root", &root), ("mid", &mid), ("leaf", &leaf)],
+        script,
+        "",
+    );
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(fx.rows().len(), 5);
+    let (_, ledger) = weft::internals::actors(&rt);
+    let held = ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Held { reply }).unwrap();
+    assert_eq!(
+        held, 0,
+        "accounts the ledger still holds after the tree ended"
+    );
+    assert_eq!(weft::internals::verified_cached(&rt), 0);
+    // Dropped from memory, kept in ledger.db: each account's final row, closed.
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db")).unwrap();
+    let closed: i64 = db
+        .query_row("SELECT count(*) FROM accounts WHERE closed=1", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(closed, 5);
+}
+
+/// A tree with more live threads than the process may open files: each live thread used to hold
+/// its transcript open, so under the common soft limit of 1,024 a 10k tree met EMFILE. Here: 150
+/// live leaves under a limit of 96 descriptors, through the real binary.
+#[test]
+fn more_live_threads_than_open_files_allowed() {
+    let root = directive(
+        "limits: { spend: 10.0, spawns: 200, concurrency: 200, turns: 5 }\npermissions: [\"thread.spawn.**\"]",
+        "Fan out.",
+    );
+    let leaf = directive("", "Leaf.");
+    let spawns: Vec<String> = (0..150)
+        .map(|_| "      - { name: spawn_thread, input: { directive: leaf, wait: false } }".into())
+        .collect();
+    let script = format!(
+        "root:\n  - tool_calls:\n{}\n  - tool_calls: [ {{ name: wait_threads, input: {{}} }} ]\n  - text: done\nleaf:\n  - text: leaf answer\n    delay: 1500ms\n",
+        spawns.join("\n")
+    );
+    let fx = Fixture::new(&[("root", &root), ("leaf", &leaf)], "default: []\n", "");
+    let script_path = fx.root().join("script.yaml");
+    std::fs::write(&script_path, script).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 96 && exec "$@""#)
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_weft"))
+        .args(["run", "root", "--json", "--script"])
+        .arg(&script_path)
+        .arg("--project")
+        .arg(fx.root())
+        .env("WEFT_HOME", crate::support::weft_home())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = fx.rows();
+    assert_eq!(rows.len(), 151);
+    let failed: Vec<_> = rows.iter().filter(|r| r.status != "completed").collect();
+    assert!(
+        failed.is_empty(),
+        "{} thread(s) did not complete, e.g. {:?}",
+        failed.len(),
+        failed.first().map(|r| &r.error)
+    );
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}
