@@ -23,6 +23,14 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Result<(), LedgerError>>,
     },
+    /// Open again, for a continuation below it, the closed account of a finished thread and its
+    /// closed ancestors (see [`Book::reopen`]); nothing if the book holds it.
+    Reopen {
+        /// The finished thread whose account the continuation opens under.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), LedgerError>>,
+    },
     /// Reserve a call (see [`Book::reserve`]).
     Reserve {
         /// Reserving thread.
@@ -305,9 +313,27 @@ impl Actor for LedgerActor {
                         );
                     }
                     Err(e) => {
+                        // A chain opened again for this account is not needed after all.
+                        if let Some(p) = &parent {
+                            s.prune(p);
+                        }
                         let _ = reply.send(Err(e));
                     }
                 }
+            }
+            LedgerMsg::Reopen { id, reply } => {
+                let res = if s.book.get(&id).is_some() {
+                    Ok(())
+                } else {
+                    super::db::closed_chain(&s.db, &id).and_then(|chain| {
+                        if chain.is_empty() {
+                            return Err(LedgerError::Unknown(id));
+                        }
+                        s.book.reopen(chain);
+                        Ok(())
+                    })
+                };
+                let _ = reply.send(res);
             }
             LedgerMsg::Reserve {
                 id,

@@ -15,6 +15,8 @@ pub struct Book {
     pub(super) by_thread: HashMap<ThreadId, Vec<u64>>,
     /// How many accounts in the book name each account as their parent (see [`Book::prune`]).
     pub(super) children: HashMap<ThreadId, u32>,
+    /// Closed accounts opened again for a continuation below them (see [`Book::reopen`]).
+    pub(super) reopened: std::collections::HashSet<ThreadId>,
     pub(super) next_id: u64,
 }
 
@@ -319,10 +321,13 @@ impl Book {
             let Some(a) = self.accounts.get(&id) else {
                 break;
             };
-            if !a.closed || self.children.get(&id).is_some_and(|n| *n > 0) {
+            let done = a.closed || self.reopened.contains(&id);
+            if !done || self.children.get(&id).is_some_and(|n| *n > 0) {
                 break;
             }
-            let a = self.accounts.remove(&id).expect("present");
+            let mut a = self.accounts.remove(&id).expect("present");
+            a.closed = true;
+            self.reopened.remove(&id);
             self.children.remove(&id);
             if let Some(p) = &a.parent {
                 if let Some(n) = self.children.get_mut(p) {
@@ -333,6 +338,29 @@ impl Book {
             dropped.push(a);
         }
         dropped
+    }
+
+    /// Opens again, from their final rows, the closed accounts of `chain` (a thread and its
+    /// ancestors, nearest first) that the book does not hold, so a continuation of a finished
+    /// child draws on its original tree's caps: its calls are reserved against, and settled into,
+    /// every ancestor's account as when the tree ran. Each is closed and dropped again when the
+    /// last account below it is (see [`Book::prune`]). Nothing was in flight when they closed.
+    pub fn reopen(&mut self, chain: Vec<Account>) {
+        for mut a in chain {
+            if self.accounts.contains_key(&a.id) {
+                break;
+            }
+            a.closed = false;
+            a.inflight = Nanos::ZERO;
+            a.guaranteed = Nanos::ZERO;
+            a.pool_left = Nanos::ZERO;
+            a.owner = std::process::id();
+            if let Some(p) = &a.parent {
+                *self.children.entry(p.clone()).or_default() += 1;
+            }
+            self.reopened.insert(a.id.clone());
+            self.accounts.insert(a.id.clone(), a);
+        }
     }
 
     /// Accounts held in memory (open ones and the closed ancestors of open ones).

@@ -3,7 +3,7 @@
 use super::{Account, Book, LedgerError, Reservation};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
 
 /// Opens (creating) `ledger.db` in WAL mode.
@@ -21,6 +21,52 @@ pub(crate) fn open_db(path: &Path) -> Result<Connection, LedgerError> {
     )
     .map_err(|e| LedgerError::Storage(e.to_string()))?;
     Ok(db)
+}
+
+/// The final rows of closed account `id` and its ancestors, nearest first (empty if `id` has
+/// none).
+pub(crate) fn closed_chain(db: &Connection, id: &ThreadId) -> Result<Vec<Account>, LedgerError> {
+    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+    let mut out: Vec<Account> = Vec::new();
+    let mut next = Some(id.clone());
+    while let Some(id) = next.take() {
+        if out.len() > 10_000 || out.iter().any(|a| a.id == id) {
+            break;
+        }
+        let row = db
+            .query_row(
+                "SELECT parent,max,spent,own_spent,closed,owner FROM accounts WHERE id=?1",
+                [id.as_str()],
+                |r| {
+                    Ok((
+                        r.get::<_, Option<String>>(0)?,
+                        [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?],
+                        r.get::<_, bool>(4)?,
+                        r.get::<_, u32>(5)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(st)?;
+        let Some((parent, n, closed, owner)) = row else {
+            break;
+        };
+        let parent = parent.and_then(|p| ThreadId::parse(&p).ok());
+        next = parent.clone();
+        out.push(Account {
+            id,
+            parent,
+            max: Nanos(n[0]),
+            spent: Nanos(n[1]),
+            own_spent: Nanos(n[2]),
+            inflight: Nanos::ZERO,
+            guaranteed: Nanos::ZERO,
+            pool_left: Nanos::ZERO,
+            closed,
+            owner,
+        });
+    }
+    Ok(out)
 }
 
 impl Book {

@@ -38,6 +38,15 @@ pub enum RegistryError {
         /// The limit.
         max: u64,
     },
+    /// A continuation of a thread that another continuation already continues, or of a thread
+    /// whose tree still runs: a chain draws on one budget, so one continuation at a time.
+    #[error("thread {old} cannot be continued: {why}")]
+    Continued {
+        /// The thread to continue.
+        old: ThreadId,
+        /// Which thread is in the way.
+        why: String,
+    },
     /// No such thread.
     #[error("no thread {0} in the registry")]
     Unknown(ThreadId),

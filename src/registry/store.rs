@@ -1,6 +1,7 @@
 //! registry.db: schema, queries, and spawn admission inside the batch transaction.
 
 use super::{st, Admission, RegistryError, ThreadRow};
+use crate::core::ids::ThreadId;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
@@ -121,6 +122,37 @@ impl Store {
                 .map_err(st)?
                 .execute([a.parent.as_str()])
                 .map_err(st)?;
+        }
+        if let Some(old) = &row.continuation_of {
+            // Checked and inserted in one transaction (IMMEDIATE across processes): of two
+            // concurrent resumes of one thread, or of two threads of one tree, one wins.
+            let refuse = |why: String| RegistryError::Continued {
+                old: ThreadId::parse(old).unwrap_or_else(|_| ThreadId::generate("unknown")),
+                why,
+            };
+            let by: Option<String> = tx
+                .prepare_cached("SELECT id FROM threads WHERE continuation_of=?1 LIMIT 1")
+                .map_err(st)?
+                .query_row([old], |r| r.get(0))
+                .optional()
+                .map_err(st)?;
+            if let Some(by) = by {
+                return Err(refuse(format!(
+                    "it was already continued by {by}; resume that one"
+                )));
+            }
+            let live: Option<String> = tx
+                .prepare_cached("SELECT id FROM threads WHERE root=?1 AND id<>?2 AND status IN ('created','running') LIMIT 1")
+                .map_err(st)?
+                .query_row([&row.root_id, &row.id], |r| r.get(0))
+                .optional()
+                .map_err(st)?;
+            if let Some(live) = live {
+                return Err(refuse(format!(
+                    "thread {live} of its tree {} is still running; its tree draws on one budget, so wait for it or cancel it first",
+                    row.root_id
+                )));
+            }
         }
         tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"))
             .map_err(st)?

@@ -44,9 +44,9 @@ pub enum SpawnError {
 impl From<RegistryError> for SpawnError {
     fn from(e: RegistryError) -> SpawnError {
         match e {
-            RegistryError::Spawns { .. } | RegistryError::Concurrency { .. } => {
-                SpawnError::Limit(e.to_string())
-            }
+            RegistryError::Spawns { .. }
+            | RegistryError::Concurrency { .. }
+            | RegistryError::Continued { .. } => SpawnError::Limit(e.to_string()),
             other => SpawnError::Storage(other.to_string()),
         }
     }
@@ -179,9 +179,18 @@ pub(crate) async fn spawn(
         .map(|c| c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone()));
     let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
     let id = ThreadId::generate(&directive.name);
-    let root_id = parent_doc
-        .as_ref()
-        .map_or(id.clone(), |d| d.root_id.clone());
+    // A continuation of a thread that ran as a child stays in its tree: it is registered with the
+    // tree's root and its account opens under the first thread of its chain's parent (closed
+    // accounts opened again from ledger.db), so every ancestor's cap still bounds the chain.
+    let chain_parent = match &req.continuation {
+        Some(c) => continued_parent(ctx, c)?,
+        None => None,
+    };
+    let root_id = match (&parent_doc, &req.continuation, &chain_parent) {
+        (Some(d), _, _) => d.root_id.clone(),
+        (None, Some(c), Some(_)) => c.of.root_id.clone(),
+        _ => id.clone(),
+    };
     // 5. Ledger account (before admission so a refusal there can be undone by closing it).
     let min_first_call = price.cost(&Usage {
         input_tokens: (prompt.len() as u64).div_ceil(3),
@@ -196,9 +205,21 @@ pub(crate) async fn spawn(
             let _ = ractor::call!(ledger, |reply| LedgerMsg::Close { id, reply });
         }
     };
+    if let Some(p) = &chain_parent {
+        ractor::call!(ctx.ledger, |reply| LedgerMsg::Reopen {
+            id: p.clone(),
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
+        .map_err(|e| {
+            SpawnError::Storage(format!(
+                "the ledger account of {p}, under which this chain draws, cannot be read: {e}"
+            ))
+        })?;
+    }
     let opened = ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
         id: id.clone(),
-        parent: parent_id.clone(),
+        parent: parent_id.clone().or_else(|| chain_parent.clone()),
         max: limits.spend,
         guarantee: req.reserve,
         min_first_call,
@@ -375,6 +396,21 @@ pub(crate) async fn spawn(
 
 /// A continuation's limits: its predecessor's resolved limits with the chain's remaining spend
 /// and spawns, each further capped by `overrides`.
+/// The parent of the first thread of `c`'s chain, if that thread ran as a child: the account a
+/// continuation draws under.
+fn continued_parent(ctx: &Arc<Ctx>, c: &Continuation) -> Result<Option<ThreadId>, SpawnError> {
+    match (&c.of.parent_id, &c.of.chain_root) {
+        (Some(p), _) => Ok(Some(p.clone())),
+        (None, Some(first)) if *first != c.of.id => {
+            let path = ctx.project.thread_dir(first).join("thread.json");
+            let doc = ThreadDoc::read_verified(&path, &ctx.trust)
+                .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+            Ok(doc.parent_id)
+        }
+        _ => Ok(None),
+    }
+}
+
 fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> crate::core::limits::Limits {
     let mut l = c.of.limits.clone();
     l.spend = l.spend.minus(Nanos(c.of.cost.spend_nanos));

@@ -629,3 +629,106 @@ fn more_live_threads_than_open_files_allowed() {
     );
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
 }
+
+/// A chain draws on one budget. Two resumes of one thread at once: one continues it, the other is
+/// refused (each used to get the chain's whole remaining budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_resumes_of_one_thread_at_once_one_is_refused() {
+    let root = directive("limits: { spend: 1.0 }", "Hi.");
+    let script = "root:\n  - text: first\n  - text: second\n    delay: 200ms\n  - text: third\n    delay: 200ms\n";
+    let fx = Fixture::new(&[("root", &root)], script, "");
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    let id = report.thread_id.clone();
+    let (a, b) = tokio::join!(
+        rt.resume(&id, "go on", Default::default()),
+        rt.resume(&id, "go on", Default::default())
+    );
+    let (ok, refused): (Vec<_>, Vec<_>) = [a, b].into_iter().partition(Result::is_ok);
+    let errors: Vec<String> = refused
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert_eq!(ok.len(), 1, "exactly one continuation: {errors:?}");
+    assert!(errors[0].contains("cannot be continued"), "{errors:?}");
+    let report = ok
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let continuations = fx
+        .rows()
+        .iter()
+        .filter(|r| r.continuation_of.as_deref() == Some(id.as_str()))
+        .count();
+    assert_eq!(continuations, 1);
+}
+
+/// Resuming a thread that ran as a child keeps it under its tree's caps: the root of the tree
+/// has 2,000,000 nanos left of its 0.02 USD, so the continuation cannot spend the 3,000,000 its
+/// call costs, although the child alone would still allow 11,000,000 (it used to run as a new
+/// root with that budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_a_child_stays_within_its_trees_cap() {
+    let root = directive(
+        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
+        "Spawn.",
+    );
+    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+    usage: { input_tokens: 0, output_tokens: 0 }
+  - text: done
+    usage: { input_tokens: 9000, output_tokens: 0 }
+kid:
+  - text: kid done
+    usage: { input_tokens: 5000, output_tokens: 1000 }
+  - text: kid again
+    usage: { input_tokens: 3000, output_tokens: 0 }
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.spend_nanos.0, 18_000_000);
+    let kid_id = fx
+        .rows()
+        .into_iter()
+        .find(|r| r.directive == "kid")
+        .unwrap()
+        .id;
+    let kid_id = weft::ThreadId::parse(&kid_id).unwrap();
+    let resumed = match rt.resume(&kid_id, "again", Default::default()).await {
+        Ok(h) => Some(h.wait().await.unwrap()),
+        Err(e) => {
+            assert!(e.to_string().contains("limit exceeded"), "{e}");
+            None
+        }
+    };
+    let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
+    assert!(
+        tree_spend <= 20_000_000,
+        "the tree spent {tree_spend} nanos of its 20,000,000 cap (resumed: {resumed:?})"
+    );
+    let row = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db"))
+        .unwrap()
+        .query_row(
+            "SELECT spent, max, closed FROM accounts WHERE id=?1",
+            [report.thread_id.as_str()],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, bool>(2)?,
+                ))
+            },
+        )
+        .unwrap();
+    assert!(row.0 <= row.1 && row.2, "root account {row:?}");
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+}
