@@ -82,6 +82,7 @@ pub use crate::cli::{main as cli_main, Cli};
 #[doc(hidden)]
 pub mod internals {
     pub use crate::core::capability;
+    pub use crate::core::failpoint::STEPS as FAILPOINTS;
     pub use crate::directive::parse as parse_directive;
     pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg};
     pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;

@@ -214,6 +214,7 @@ impl LedgerState {
         let res = crate::record::batch::off_workers(|| self.persist());
         match &res {
             Ok(()) => {
+                crate::core::failpoint::hit("ledger.committed");
                 self.dirty.clear();
                 self.added.clear();
                 self.removed.clear();

@@ -111,6 +111,7 @@ impl ThreadActor {
             id: s.doc.id.clone(),
             reply
         });
+        crate::core::failpoint::hit("finalize.closed");
         match acct {
             Ok(Ok(a)) => s.doc.cost.spend_nanos = a.spent.0,
             other => {
@@ -127,6 +128,7 @@ impl ThreadActor {
             "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos, "overrun_nanos": s.doc.cost.overrun_nanos,
         });
         s.log("thread_finished", fin);
+        crate::core::failpoint::hit("finalize.line");
         // The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
         // threads ending together overlap their fsyncs instead of queueing on the workers.
         if let Err(err) = s.transcript.checkpoint_line() {
@@ -145,7 +147,9 @@ impl ThreadActor {
         if !matches!(written, Ok(Ok(()))) {
             tracing::error!(thread = %s.doc.id, "final thread.json or transcript sync failed: {written:?}");
         }
+        crate::core::failpoint::hit("finalize.doc");
         s.ctx.store_row(s.row()).await;
+        crate::core::failpoint::hit("finalize.row");
         let report = s.report();
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
         if let Some((_, parent)) = &s.parent {

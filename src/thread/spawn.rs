@@ -226,7 +226,7 @@ pub(crate) async fn spawn(
         reply
     });
     match opened {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => crate::core::failpoint::hit("spawn.ledger"),
         // Whatever went wrong, no account of this id may stay open holding the parent's
         // guarantee (closing an account that was never opened changes nothing).
         Ok(Err(e)) => {
@@ -269,6 +269,7 @@ pub(crate) async fn spawn(
     });
     match registered {
         Ok(Ok(())) => {
+            crate::core::failpoint::hit("spawn.registered");
             if let (Some(old), Some(root)) = (&continuation_of, &chain_root) {
                 let linked = ractor::call!(ctx.registry, |reply| RegistryMsg::LinkContinuation {
                     old: old.clone(),
@@ -333,6 +334,7 @@ pub(crate) async fn spawn(
     if let Err(e) = transcript.append("thread_started", started) {
         return Err(fail(format!("transcript: {e}")).await);
     }
+    crate::core::failpoint::hit("spawn.transcript");
     let doc = ThreadDoc {
         version: 1,
         id: id.clone(),

@@ -40,6 +40,7 @@ impl ThreadActor {
             "tool_result",
             json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
         );
+        crate::core::failpoint::hit("tool.result");
         if !done {
             return;
         }
@@ -84,6 +85,7 @@ pub(super) async fn dispatch(
     s: &mut ThreadState,
     call: ToolCall,
 ) -> Option<ToolOutcome> {
+    crate::core::failpoint::hit("tool.dispatch");
     if !s.tools.iter().any(|t| t.name == call.name) {
         let names: Vec<&str> = s.tools.iter().map(|t| t.name.as_str()).collect();
         return Some(ToolOutcome::err(format!(

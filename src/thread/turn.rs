@@ -198,6 +198,7 @@ impl ThreadActor {
             Ok(Err(e)) => return self.fail(me, s, format!("ledger: {e}")).await,
             Err(e) => return self.fail(me, s, format!("ledger unreachable: {e}")).await,
         };
+        crate::core::failpoint::hit("turn.reserved");
         req.max_tokens = grant.max_output_tokens;
         s.call = Some(Call {
             reservation: grant.reservation,
@@ -279,11 +280,13 @@ impl ThreadActor {
             ),
         };
         s.log(kind, event);
+        crate::core::failpoint::hit("turn.recorded");
         let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
             reservation,
             actual: cost,
             reply: None,
         });
+        crate::core::failpoint::hit("settle.cast");
         let overrun = call
             .as_ref()
             .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));

@@ -1,0 +1,54 @@
+//! Crash injection for the fault tests: `WEFT_FAILPOINT=<step>[:<n>]` makes the process abort
+//! (no destructors, no flush: as a `kill -9` or a power cut would leave it) the `n`th time
+//! (default: first) any thread reaches `step`. Unset, a failpoint costs one relaxed load.
+//!
+//! The steps, in the order a thread meets them (SPEC §4 spawn, a turn, a tool, settlement,
+//! finalization): `spawn.ledger`, `spawn.registered`, `spawn.transcript`, `turn.reserved`,
+//! `turn.recorded`, `settle.cast`, `ledger.committed`, `tool.dispatch`, `tool.result`,
+//! `finalize.closed`, `finalize.line`, `finalize.doc`, `finalize.row`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Every step a failpoint may name.
+pub const STEPS: &[&str] = &[
+    "spawn.ledger",
+    "spawn.registered",
+    "spawn.transcript",
+    "turn.reserved",
+    "turn.recorded",
+    "settle.cast",
+    "ledger.committed",
+    "tool.dispatch",
+    "tool.result",
+    "finalize.closed",
+    "finalize.line",
+    "finalize.doc",
+    "finalize.row",
+];
+
+fn armed() -> Option<&'static (String, u64)> {
+    static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let v = std::env::var("WEFT_FAILPOINT").ok()?;
+            let (step, n) = match v.split_once(':') {
+                Some((s, n)) => (s.to_string(), n.parse().unwrap_or(1)),
+                None => (v, 1),
+            };
+            Some((step, n))
+        })
+        .as_ref()
+}
+
+/// Aborts the process here if `WEFT_FAILPOINT` names `step` and this is its `n`th hit.
+pub(crate) fn hit(step: &'static str) {
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let Some((armed, n)) = armed() else {
+        return;
+    };
+    if armed == step && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n {
+        eprintln!("weft: failpoint {step}:{n} reached, aborting");
+        std::process::abort();
+    }
+}

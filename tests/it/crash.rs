@@ -1,0 +1,215 @@
+//! Crash anywhere: a failpoint (`WEFT_FAILPOINT=<step>:<n>`) aborts `weft run` at the n-th time
+//! any thread of a tree reaches one step of spawn, turn, tool, settlement or finalization — as a
+//! `kill -9` would, no destructor run, nothing flushed. After each crash the next start
+//! (`weft recover`) must leave: no `created`/`running` row, no open reservation or account,
+//! every account balanced, every thread.json verifying and agreeing with its row, and every
+//! status that was already terminal unchanged.
+
+use crate::support::{directive, weft_home, Fixture};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+/// root → 2 mids (not waited, then `wait_threads`) → 2 leaves each (waited): 7 threads, each
+/// step met 7 to 11 times.
+fn tree() -> Fixture {
+    let perms =
+        "permissions: [\"thread.spawn.**\"]\nlimits: { spawns: 5, concurrency: 5, spend: 5 }";
+    let script = r#"
+root:
+  - usage: { input_tokens: 20, output_tokens: 5 }
+    tool_calls:
+      - { name: spawn_thread, input: { directive: mid, wait: false } }
+      - { name: spawn_thread, input: { directive: mid, wait: false } }
+  - usage: { input_tokens: 30, output_tokens: 5 }
+    tool_calls: [ { name: wait_threads, input: {} } ]
+  - text: root done
+    usage: { input_tokens: 40, output_tokens: 5 }
+mid:
+  - usage: { input_tokens: 20, output_tokens: 5 }
+    tool_calls:
+      - { name: spawn_thread, input: { directive: leaf } }
+      - { name: spawn_thread, input: { directive: leaf } }
+  - text: mid done
+    usage: { input_tokens: 30, output_tokens: 5 }
+leaf:
+  - text: leaf done
+    usage: { input_tokens: 10, output_tokens: 5 }
+"#;
+    Fixture::new(
+        &[
+            ("root", &directive(perms, "Root.")),
+            ("mid", &directive(perms, "Mid.")),
+            ("leaf", &directive("", "Leaf.")),
+        ],
+        script,
+        "",
+    )
+}
+
+fn weft(project: &Path, args: &[&str], failpoint: Option<&str>) -> std::process::Output {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(r#"ulimit -c 0; exec "$@""#)
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .arg("--project")
+        .arg(project)
+        .env("WEFT_HOME", weft_home())
+        .env_remove("WEFT_FAILPOINT");
+    if let Some(f) = failpoint {
+        c.env("WEFT_FAILPOINT", f);
+    }
+    c.output().unwrap()
+}
+
+/// Registry rows: id → status.
+fn row_statuses(project: &Path) -> BTreeMap<String, String> {
+    let db = rusqlite::Connection::open(project.join(".weft/state/registry.db")).unwrap();
+    let mut stmt = db.prepare("SELECT id, status FROM threads").unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    rows
+}
+
+/// thread.json statuses as written (read, not verified: a torn one reads as absent).
+fn doc_statuses(project: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(dirs) = std::fs::read_dir(project.join(".weft/threads")) else {
+        return out;
+    };
+    for d in dirs.flatten() {
+        let doc: Option<Value> = std::fs::read(d.path().join("thread.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(status) = doc.as_ref().and_then(|d| d["status"].as_str()) {
+            out.insert(d.file_name().to_string_lossy().into(), status.to_string());
+        }
+    }
+    out
+}
+
+fn terminal(status: &str) -> bool {
+    !matches!(status, "created" | "running")
+}
+
+/// One trial; returns whether the failpoint fired. Panics naming the trial on a broken promise.
+fn trial(step: &str, n: u32) -> bool {
+    let fx = tree();
+    let p = fx.root();
+    let script = p.join("script.yaml");
+    let fp = format!("{step}:{n}");
+    let run = weft(
+        p,
+        &[
+            "run",
+            "root",
+            "--json",
+            "--script",
+            script.to_str().unwrap(),
+        ],
+        Some(&fp),
+    );
+    let crashed = String::from_utf8_lossy(&run.stderr).contains("failpoint");
+    assert!(
+        crashed || run.status.success(),
+        "{fp}: the run neither crashed nor succeeded: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rows_before = row_statuses(p);
+    let docs_before = doc_statuses(p);
+    let rec = weft(p, &["recover", "--json"], None);
+    assert!(
+        rec.status.success(),
+        "{fp}: recovery failed: {}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+    let rows = row_statuses(p);
+    let docs = doc_statuses(p);
+    for (id, status) in &rows {
+        assert!(terminal(status), "{fp}: {id} left {status} after recovery");
+        assert_eq!(
+            docs.get(id),
+            Some(status),
+            "{fp}: {id}'s thread.json disagrees with its row"
+        );
+    }
+    for (id, before) in docs_before.iter().filter(|(_, s)| terminal(s)) {
+        assert_eq!(
+            docs.get(id),
+            Some(before),
+            "{fp}: {id} was {before} in its thread.json and recovery changed it"
+        );
+    }
+    for (id, before) in rows_before.iter().filter(|(_, s)| terminal(s)) {
+        assert_eq!(
+            rows.get(id),
+            Some(before),
+            "{fp}: {id} was {before} in the registry and recovery changed it"
+        );
+    }
+    let verify = weft(p, &["verify", "--all"], None);
+    assert!(
+        verify.status.success(),
+        "{fp}: {}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let db = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
+    let (open_res, open_acct, unbalanced): (i64, i64, i64) = db
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM reservations), (SELECT COUNT(*) FROM accounts WHERE closed=0),
+                    (SELECT COUNT(*) FROM accounts WHERE inflight<>0 OR guaranteed<>0 OR pool_left<>0 OR spent>max)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (open_res, open_acct, unbalanced),
+        (0, 0, 0),
+        "{fp}: open reservations, open accounts, unbalanced accounts"
+    );
+    crashed
+}
+
+#[test]
+fn a_crash_at_any_step_is_repaired_by_the_next_start() {
+    let steps = weft::internals::FAILPOINTS;
+    let trials: Vec<(&str, u32)> = steps
+        .iter()
+        .flat_map(|s| (1..=8).map(move |n| (*s, n)))
+        .collect();
+    assert!(trials.len() >= 100);
+    let queue = std::sync::Mutex::new(trials.clone());
+    let fired = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| loop {
+                let Some((step, n)) = queue.lock().unwrap().pop() else {
+                    return;
+                };
+                if trial(step, n) {
+                    fired.lock().unwrap().push(step);
+                }
+            });
+        }
+    });
+    let fired = fired.into_inner().unwrap();
+    eprintln!("FIRED {} of {}", fired.len(), trials.len());
+    for step in steps {
+        assert!(
+            fired.contains(step),
+            "failpoint {step} never fired: the tree no longer reaches it"
+        );
+    }
+    assert!(
+        fired.len() >= 90,
+        "only {} of {} trials crashed",
+        fired.len(),
+        trials.len()
+    );
+}
