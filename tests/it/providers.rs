@@ -546,3 +546,72 @@ async fn two_tool_calls_with_one_id_each_get_an_answer() {
     assert_eq!(ids.len(), 2);
     assert_ne!(ids[0], ids[1]);
 }
+
+/// A provider that ignores cancellation and never answers.
+struct Deaf;
+
+impl weft::Provider for Deaf {
+    fn name(&self) -> &str {
+        "deaf"
+    }
+    fn prompt_token_bound(&self, _req: &weft::LlmRequest, _overhead: u64) -> u64 {
+        100
+    }
+    fn complete(
+        &self,
+        _req: weft::LlmRequest,
+        _cancel: weft::CancellationToken,
+    ) -> weft::BoxFuture<Result<weft::LlmResponse, weft::ProviderError>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A call whose provider ignores the cancel past the grace is abandoned, not forgotten: the
+/// thread ends `cancelled` within the grace, and the call is recorded and settled at its upper
+/// bound (what the server may have billed), never as $0, with nothing left reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_ignores_the_cancel_is_abandoned_at_its_upper_bound() {
+    let d = crate::support::directive("limits: { spend: 0.50 }", "Go.");
+    let fx = crate::support::Fixture::raw(
+        &[("stuck", &d)],
+        "",
+        "pricing:\n  m1: { input: 1.00, output: 2.00 }\ncancel_grace: 300ms\n",
+    );
+    let rt = weft::Runtime::builder(fx.project())
+        .custom_provider(std::sync::Arc::new(Deaf))
+        .model("m1")
+        .open()
+        .await
+        .unwrap();
+    let handle = rt
+        .start("stuck", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    crate::support::wait_until("the call is under way", || {
+        fx.events(&id).iter().any(|e| e["type"] == "turn_started")
+            || fx.rows().iter().any(|r| r.status == "running")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    handle.cancel("stop");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(5), handle.wait())
+        .await
+        .expect("the thread ends although its provider never returns")
+        .unwrap();
+    assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
+    let call = fx
+        .events(&id)
+        .into_iter()
+        .find(|e| e["type"] == "llm_call")
+        .expect("the abandoned call is in the transcript");
+    assert_eq!(call["usage_incomplete"], true, "{call}");
+    let out = call["usage"]["output_tokens"].as_i64().unwrap();
+    assert!(out > 0, "every output token granted is billed: {call}");
+    let expected = 100 * 1_000 + out * 2_000;
+    assert_eq!(call["cost_nanos"].as_i64(), Some(expected), "{call}");
+    assert_eq!(report.spend_nanos.0, expected);
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty(), "{violations:?}");
+    assert_eq!(open, 0, "nothing left reserved");
+}
