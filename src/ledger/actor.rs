@@ -121,6 +121,8 @@ enum Undo {
 pub(crate) struct LedgerState {
     book: Book,
     db: Connection,
+    /// Commits fsync (`durability: strict`), so they run off the async workers.
+    fsyncs: bool,
     dirty: std::collections::HashSet<ThreadId>,
     added: Vec<Reservation>,
     removed: Vec<(ThreadId, u64)>,
@@ -159,10 +161,20 @@ impl LedgerState {
     /// Persists every change since the last flush in one IMMEDIATE transaction.
     fn persist(&mut self) -> Result<(), LedgerError> {
         let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-        let tx = self
-            .db
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(st)?;
+        crate::record::batch::begin_immediate(&self.db).map_err(st)?;
+        let written = self.write_batch();
+        let done =
+            written.and_then(|()| crate::record::batch::commit(&self.db, self.fsyncs).map_err(st));
+        if done.is_err() {
+            let _ = self.db.execute_batch("ROLLBACK");
+        }
+        done
+    }
+
+    /// The batch's statements, inside the transaction [`Self::persist`] opened.
+    fn write_batch(&self) -> Result<(), LedgerError> {
+        let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+        let tx = &self.db;
         {
             let mut up = tx
                 .prepare_cached(
@@ -207,11 +219,11 @@ impl LedgerState {
                 del.execute(params![t.as_str(), *id as i64]).map_err(st)?;
             }
         }
-        tx.commit().map_err(st)
+        Ok(())
     }
 
     fn flush(&mut self, me: Option<&ActorRef<LedgerMsg>>) {
-        let res = crate::record::batch::off_workers(|| self.persist());
+        let res = self.persist();
         match &res {
             Ok(()) => {
                 crate::core::failpoint::hit("ledger.committed");
@@ -273,6 +285,7 @@ impl Actor for LedgerActor {
         let book = Book::load(&db)?;
         Ok(LedgerState {
             book,
+            fsyncs: crate::record::batch::commits_fsync(&db),
             db,
             dirty: Default::default(),
             added: vec![],

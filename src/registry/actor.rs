@@ -113,8 +113,7 @@ impl RegistryActorState {
         op: impl FnOnce(&mut Store) -> Result<(), RegistryError>,
         reply: Option<RpcReplyPort<Result<(), RegistryError>>>,
     ) {
-        let store = &mut self.store;
-        let res = off_workers(|| store.begin_batch()).and_then(|_| op(store));
+        let res = self.store.begin_batch().and_then(|_| op(&mut self.store));
         if let Err(e) = &res {
             tracing::error!("registry write failed: {e}");
         }
@@ -131,8 +130,7 @@ impl RegistryActorState {
     }
 
     fn flush(&mut self) {
-        let store = &mut self.store;
-        let res = off_workers(|| store.commit_batch());
+        let res = self.store.commit_batch();
         if let Err(e) = &res {
             tracing::error!("registry.db commit failed: {e}");
         }
@@ -165,9 +163,10 @@ impl Actor for RegistryActor {
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
                 // Refusals are answered at once; only a stored row waits for the commit.
-                let store = &mut s.store;
-                let res = off_workers(|| store.begin_batch())
-                    .and_then(|_| store.register(&row, admit.as_ref()));
+                let res = s
+                    .store
+                    .begin_batch()
+                    .and_then(|_| s.store.register(&row, admit.as_ref()));
                 match res {
                     Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
                     Err(e) => {

@@ -10,6 +10,8 @@ pub struct Store {
     db: Connection,
     /// A batch transaction is open (see [`RegistryActor`]).
     in_batch: bool,
+    /// Commits fsync (`durability: strict`).
+    fsyncs: bool,
 }
 
 const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root";
@@ -36,13 +38,18 @@ impl Store {
         Ok(Store {
             db,
             in_batch: false,
+            fsyncs: false,
         })
     }
 
     /// `durability: strict`: every commit reaches the disk before it returns
     /// (`synchronous=FULL`; the default NORMAL may lose the last commits on power loss).
-    pub(crate) fn set_strict(&self) -> Result<(), RegistryError> {
-        self.db.execute_batch("PRAGMA synchronous=FULL").map_err(st)
+    pub(crate) fn set_strict(&mut self) -> Result<(), RegistryError> {
+        self.db
+            .execute_batch("PRAGMA synchronous=FULL")
+            .map_err(st)?;
+        self.fsyncs = true;
+        Ok(())
     }
 
     /// Opens read-only (for `threads`, `show`, `verify` in another process).
@@ -59,13 +66,14 @@ impl Store {
         Ok(Store {
             db,
             in_batch: false,
+            fsyncs: false,
         })
     }
 
     /// Opens the batch transaction if none is open (IMMEDIATE: the write lock is taken now).
     pub fn begin_batch(&mut self) -> Result<(), RegistryError> {
         if !self.in_batch {
-            self.db.execute_batch("BEGIN IMMEDIATE").map_err(st)?;
+            crate::record::batch::begin_immediate(&self.db).map_err(st)?;
             self.in_batch = true;
         }
         Ok(())
@@ -75,7 +83,7 @@ impl Store {
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
         if self.in_batch {
             self.in_batch = false;
-            if let Err(e) = self.db.execute_batch("COMMIT") {
+            if let Err(e) = crate::record::batch::commit(&self.db, self.fsyncs) {
                 let _ = self.db.execute_batch("ROLLBACK");
                 return Err(st(e));
             }
@@ -378,7 +386,7 @@ mod strict_tests {
     #[test]
     fn strict_durability_commits_to_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let s = super::Store::open(&dir.path().join("r.db")).unwrap();
+        let mut s = super::Store::open(&dir.path().join("r.db")).unwrap();
         let sync = |s: &super::Store| -> i64 {
             s.db.query_row("PRAGMA synchronous", [], |r| r.get(0))
                 .unwrap()

@@ -99,7 +99,7 @@ impl RuntimeBuilder {
         std::fs::create_dir_all(project.state_dir())
             .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
         std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
-        let store =
+        let mut store =
             Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
         let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
             .map_err(|e| st(e.to_string()))?;
