@@ -69,6 +69,7 @@ pub use crate::runtime::{
     OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
+pub use crate::tools::ToolFileError;
 /// The cancellation token a [`Provider`] receives with every call (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 

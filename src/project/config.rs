@@ -138,6 +138,8 @@ struct RawConfig {
     context_window: BTreeMap<String, u64>,
     #[serde(default)]
     prompt_overhead_tokens: Option<u64>,
+    #[serde(default)]
+    files: Option<RawFiles>,
 }
 
 /// The effective configuration.
@@ -166,6 +168,35 @@ pub struct Config {
     /// Tokens a chat template adds to every call beyond the text itself (special tokens, tool
     /// preamble), by model id, with `default` for the rest: part of each call's prompt bound.
     pub prompt_overhead: BTreeMap<String, u64>,
+    /// Size limits of each thread's file area.
+    pub files: FileLimits,
+}
+
+/// Size limits of a thread's file area (config `files:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Largest file `file_write` may create (`files.max_file_bytes`).
+    pub max_file_bytes: u64,
+    /// Largest total size of one thread's file area (`files.max_area_bytes`).
+    pub max_area_bytes: u64,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            max_file_bytes: 10 * 1024 * 1024,
+            max_area_bytes: 100 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFiles {
+    #[serde(default)]
+    max_file_bytes: Option<u64>,
+    #[serde(default)]
+    max_area_bytes: Option<u64>,
 }
 
 /// Template overhead tokens per call when config sets none.
@@ -207,6 +238,8 @@ prompt_overhead_tokens: 256
 # Context window per model id, in tokens: a call whose prompt cannot fit is refused (built-in
 # models have theirs).
 # context_window: { my-model: 32768 }
+# Each thread's private file area (.weft/threads/<id>/files/, tools file_* with fs.read/fs.write).
+files: { max_file_bytes: 10485760, max_area_bytes: 104857600 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
 durability: normal
 # Retries of retryable LLM errors (rate limit, overloaded, server, timeout, connection).
@@ -248,6 +281,7 @@ impl Default for Config {
             checkpoint_every: 64,
             context_window: BTreeMap::new(),
             prompt_overhead: BTreeMap::new(),
+            files: FileLimits::default(),
         }
     }
 }
@@ -379,6 +413,14 @@ impl Config {
         self.context_window.extend(raw.context_window);
         if let Some(o) = raw.prompt_overhead_tokens {
             self.prompt_overhead.insert("default".into(), o);
+        }
+        if let Some(f) = raw.files {
+            if let Some(n) = f.max_file_bytes {
+                self.files.max_file_bytes = n;
+            }
+            if let Some(n) = f.max_area_bytes {
+                self.files.max_area_bytes = n;
+            }
         }
         Ok(())
     }

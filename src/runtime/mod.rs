@@ -119,6 +119,7 @@ impl RuntimeBuilder {
         let first_owner = owner.first;
         let (events, _) = broadcast::channel(4096);
         let library = Library::for_project(&project);
+        let commands = crate::tools::CommandTools::load(&project)?;
         let ctx = Arc::new(Ctx {
             project,
             config,
@@ -128,6 +129,7 @@ impl RuntimeBuilder {
             providers,
             registry,
             ledger,
+            commands,
             events,
             _owner_lock: Box::new(owner),
             verified: Default::default(),
@@ -186,6 +188,9 @@ pub enum OpenError {
     /// Storage problem.
     #[error("{0}")]
     Storage(String),
+    /// A command tool file (`tools/*.yaml`) that cannot be used.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolFileError),
 }
 
 impl Runtime {

@@ -64,6 +64,8 @@ pub(crate) struct Ctx {
     pub ledger: ActorRef<LedgerMsg>,
     /// Live events.
     pub events: broadcast::Sender<Event>,
+    /// The project's command tools (`tools/*.yaml`).
+    pub commands: crate::tools::CommandTools,
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread
     /// of this runtime may run.
     pub _owner_lock: Box<dyn std::any::Any + Send + Sync>,

@@ -16,7 +16,11 @@ impl ThreadActor {
     pub(super) async fn drained(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) -> bool {
         match &s.phase {
             Phase::Draining(e) => {
-                if s.live_children().is_empty() && s.spawning.is_empty() && s.call.is_none() {
+                if s.live_children().is_empty()
+                    && s.spawning.is_empty()
+                    && s.tool_tasks.is_empty()
+                    && s.call.is_none()
+                {
                     let e = e.clone();
                     self.complete_finalize(me, s, e).await;
                 }
@@ -48,7 +52,7 @@ impl ThreadActor {
         // grace) for its outcome, so what the provider may have billed is settled, never $0.
         s.cancel.cancel();
         let live = s.live_children();
-        if live.is_empty() && s.spawning.is_empty() && s.call.is_none() {
+        if live.is_empty() && s.spawning.is_empty() && s.tool_tasks.is_empty() && s.call.is_none() {
             return self.complete_finalize(me, s, e).await;
         }
         if !live.is_empty() {

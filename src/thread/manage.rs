@@ -21,8 +21,24 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// The tools offered to the model.
-pub(super) fn offered(d: &Directive, caps: &[String]) -> Vec<ToolSpec> {
+pub(super) fn offered(
+    d: &Directive,
+    caps: &[String],
+    commands: &crate::tools::CommandTools,
+) -> Vec<ToolSpec> {
     let mut out = Vec::new();
+    let allowed = |cap: &str| crate::core::capability::allowed(caps, cap);
+    out.extend(crate::tools::file_tool_specs(allowed));
+    out.extend(
+        commands
+            .iter()
+            .filter(|t| allowed(&format!("tool.{}", t.name)))
+            .map(|t| ToolSpec {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: t.input_schema.clone(),
+            }),
+    );
     if may_manage(caps) {
         out.push(ToolSpec {
             name: "spawn_thread".into(),

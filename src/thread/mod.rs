@@ -64,7 +64,7 @@ impl Actor for ThreadActor {
         me: ActorRef<ThreadMsg>,
         a: ThreadArgs,
     ) -> Result<ThreadState, ActorProcessingErr> {
-        let tools = manage::offered(&a.directive, &a.doc.capabilities);
+        let tools = manage::offered(&a.directive, &a.doc.capabilities, &a.ctx.commands);
         let system = conversation::system_prompt(&a.directive, &a.doc.id, &a.limits);
         let messages = a.messages;
         let s = ThreadState {
@@ -91,6 +91,7 @@ impl Actor for ThreadActor {
             announce: Vec::new(),
             timers: Vec::new(),
             spawning: Default::default(),
+            tool_tasks: Default::default(),
             doomed: Default::default(),
             attempt: 0,
             call: None,
@@ -138,6 +139,19 @@ impl Actor for ThreadActor {
                 if !self.drained(&me, s).await {
                     self.tool_done(&me, s, call_id, ToolOutcome::err(error))
                         .await;
+                }
+            }
+            ThreadMsg::ToolFinished { call_id, outcome } => {
+                s.tool_tasks.remove(&call_id);
+                if matches!(s.phase, Phase::Draining(_)) {
+                    // Ending anyway, but what the tool did (or that it was killed) is recorded.
+                    s.log(
+                        "tool_result",
+                        json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
+                    );
+                }
+                if !self.drained(&me, s).await {
+                    self.tool_done(&me, s, call_id, outcome).await;
                 }
             }
             ThreadMsg::ChildFinished(r) => self.child_finished(&me, s, *r).await,

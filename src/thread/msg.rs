@@ -9,6 +9,7 @@ use crate::directive::Directive;
 use crate::provider::{LlmResponse, Message, ProviderError};
 use crate::record::thread_doc::ThreadDoc;
 use crate::record::transcript::TranscriptWriter;
+use crate::tools::ToolOutcome;
 use ractor::{ActorRef, RpcReplyPort};
 use serde::Serialize;
 use serde_json::Value;
@@ -90,6 +91,13 @@ pub(crate) enum ThreadMsg {
         call_id: String,
         /// Why, for the model.
         error: String,
+    },
+    /// A tool running as a task (a command, a file operation) ended.
+    ToolFinished {
+        /// The tool call.
+        call_id: String,
+        /// Its result.
+        outcome: ToolOutcome,
     },
     /// A child ended.
     ChildFinished(Box<ThreadReport>),

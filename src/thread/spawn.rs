@@ -311,7 +311,8 @@ pub(crate) async fn spawn(
         }
     };
     let dir = ctx.project.thread_dir(&id);
-    if let Err(e) = std::fs::create_dir(&dir) {
+    if let Err(e) = std::fs::create_dir(&dir).and_then(|()| std::fs::create_dir(dir.join("files")))
+    {
         return Err(fail(format!("{}: {e}", dir.display())).await);
     }
     let durability = ctx.config.durability;

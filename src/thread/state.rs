@@ -111,6 +111,9 @@ pub(crate) struct ThreadState {
     /// `spawn_thread` calls whose task is still under way (by call id): a thread never
     /// finalizes before they report, so no child can start after its parent has ended.
     pub(super) spawning: std::collections::HashSet<String>,
+    /// Tool calls running as tasks (commands, file operations): a thread ends only after each
+    /// has reported (a cancel kills a command's process group at once).
+    pub(super) tool_tasks: std::collections::HashSet<String>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
     pub(super) doomed: std::collections::HashSet<String>,
 }

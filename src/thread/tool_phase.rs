@@ -79,6 +79,22 @@ impl ThreadActor {
     }
 }
 
+/// Runs `work` as a task that reports its outcome as [`ThreadMsg::ToolFinished`]; the thread
+/// does not end before it has.
+fn run_as_task(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call_id: String,
+    work: impl std::future::Future<Output = ToolOutcome> + Send + 'static,
+) {
+    s.tool_tasks.insert(call_id.clone());
+    let me = me.clone();
+    tokio::spawn(async move {
+        let outcome = work.await;
+        let _ = me.cast(ThreadMsg::ToolFinished { call_id, outcome });
+    });
+}
+
 /// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will answer.
 pub(super) async fn dispatch(
     me: &ActorRef<ThreadMsg>,
@@ -113,6 +129,41 @@ pub(super) async fn dispatch(
         "wait_threads" => manage::wait_threads(me, s, call),
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
         "thread_status" => Some(manage::thread_status(s, &call.input).await),
+        name if crate::tools::FILE_TOOLS.iter().any(|(n, _)| *n == name) => {
+            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let limits = s.ctx.config.files;
+            let (name, input) = (call.name.clone(), call.input.clone());
+            run_as_task(me, s, call.id, async move {
+                let res = tokio::task::spawn_blocking(move || {
+                    crate::tools::run_file_tool(&name, &input, &area, limits)
+                })
+                .await;
+                match res {
+                    Ok(Ok(v)) => ToolOutcome::ok(v),
+                    Ok(Err(m)) => ToolOutcome::err(m),
+                    Err(e) => ToolOutcome::err(format!("file tool failed: {e}")),
+                }
+            });
+            None
+        }
+        name if s.ctx.commands.get(name).is_some() => {
+            let Some(tool) = s.ctx.commands.get(name).cloned() else {
+                return Some(ToolOutcome::err("unknown tool"));
+            };
+            let root = s.ctx.project.root.clone();
+            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let cancel = s.cancel.child_token();
+            let (id, input) = (call.id.clone(), call.input.clone());
+            run_as_task(me, s, call.id, async move {
+                let r = crate::tools::run_command(&tool, &input, &root, &area, &id, cancel).await;
+                ToolOutcome {
+                    content: r.content,
+                    is_error: r.is_error,
+                    returned: None,
+                }
+            });
+            None
+        }
         _ => Some(ToolOutcome::err(format!(
             "tool `{}` has no implementation in this build",
             call.name

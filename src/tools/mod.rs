@@ -3,11 +3,25 @@
 //! Owns what a tool result is ([`ToolOutcome`]) and which capability a call needs. Must never
 //! let a call through that the thread's capabilities do not cover: a denial is an error result
 //! for the model, never a failure of the thread. The thread-management tools act on the thread
-//! actor's own state and live in `thread/`; command, MCP and file tools will live here.
+//! actor's own state and live in `thread/`; command tools (`command.rs`, input checked by
+//! `schema.rs`) and the file area (`files.rs`) live here.
+
+mod command;
+mod files;
+mod schema;
+
+pub(crate) use command::CommandTools;
+pub use command::ToolFileError;
+pub(crate) use files::{specs as file_tool_specs, FILE_TOOLS};
 
 use crate::core::capability;
 use crate::provider::ToolCall;
 use serde_json::{json, Value};
+
+/// Runs a command tool (see [`command::run`]).
+pub(crate) use command::run as run_command;
+/// Runs a file tool (see [`files::run`]).
+pub(crate) use files::run as run_file_tool;
 
 /// A tool's result.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +71,9 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
             Ok(Some(spawn_capability(d)))
         }
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
+        name if files::capability(name).is_some() => {
+            Ok(files::capability(name).map(str::to_string))
+        }
         other => Ok(Some(format!("tool.{other}"))),
     }
 }

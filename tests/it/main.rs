@@ -11,4 +11,5 @@ mod layout;
 mod lifecycle;
 mod providers;
 mod support;
+mod tools;
 mod tree;

@@ -1,0 +1,472 @@
+//! Tools that act on the world (SPEC §8): command tools from `tools/*.yaml` run as real
+//! processes, and the thread's private file area. Every call goes through a real thread with the
+//! scripted provider choosing the calls.
+
+use crate::support::{directive, wait_until, Fixture};
+use serde_json::{json, Value};
+use std::path::Path;
+use weft::Status;
+
+/// A project with `tools` (file name → YAML), extra project files, and a root directive whose
+/// turns make the given calls, one turn per entry.
+fn project(
+    perms: &str,
+    tools: &[(&str, &str)],
+    files: &[(&str, &str)],
+    turns: &[Vec<(&str, Value)>],
+    config: &str,
+) -> Fixture {
+    let mut script = String::from("root:\n");
+    for calls in turns {
+        script += "  - tool_calls:\n";
+        for (name, input) in calls {
+            script += &format!("      - {{ name: {name}, input: {input} }}\n");
+        }
+    }
+    script += "  - text: done\n";
+    let root = directive(&format!("permissions: {perms}"), "Use tools.");
+    let fx = Fixture::new(&[("root", &root)], &script, config);
+    for (name, yaml) in tools {
+        let p = fx.root().join("tools").join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, yaml).unwrap();
+    }
+    for (rel, text) in files {
+        let p = fx.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    fx
+}
+
+/// The results of a run's tool calls, in the order they were made: (content, is_error).
+fn results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
+    let events = fx.events(id);
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_use")
+        .map(|u| {
+            let r = events
+                .iter()
+                .find(|r| r["type"] == "tool_result" && r["id"] == u["id"])
+                .unwrap_or_else(|| panic!("no result for {u}"));
+            (
+                r["content"].as_str().unwrap_or_default().to_string(),
+                r["is_error"] == true,
+            )
+        })
+        .collect()
+}
+
+async fn run(fx: &Fixture) -> (weft::ThreadReport, Vec<(String, bool)>) {
+    let (report, _rt) = fx.run("root", json!({})).await;
+    let r = results(fx, report.thread_id.as_str());
+    (report, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_tool_gets_its_input_on_stdin_and_placeholders_as_whole_arguments() {
+    let fx = project(
+        "[tool.upper, tool.say]",
+        &[
+            ("upper.yaml", "name: upper\ndescription: Upper-case the input.\nargv: [tr, a-z, A-Z]\ninput_schema: { type: object, properties: { text: { type: string } }, required: [text] }\n"),
+            ("say.yaml", "name: say\nargv: [printf, \"%s\", \"{input.word}\"]\n"),
+            ("hidden.yaml", "name: hidden\nargv: [\"true\"]\n"),
+        ],
+        &[],
+        &[vec![
+            ("upper", json!({"text": "hi there"})),
+            ("upper", json!({"words": 1})),
+            ("say", json!({"word": "$(touch pwned); echo x"})),
+            ("hidden", json!({})),
+        ]],
+        "",
+    );
+    let (report, r) = run(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(r[0], (r#"{"TEXT":"HI THERE"}"#.to_string(), false));
+    assert!(
+        r[1].1 && r[1].0.contains("input.text is required"),
+        "{:?}",
+        r[1]
+    );
+    assert_eq!(r[2], ("$(touch pwned); echo x".to_string(), false));
+    assert!(
+        !fx.root().join("pwned").exists(),
+        "nothing went through a shell"
+    );
+    assert!(r[3].1 && r[3].0.contains("ungranted"), "{:?}", r[3]);
+    // Offered to the model only when granted.
+    let started = &fx.events(report.thread_id.as_str())[0];
+    assert_eq!(started["type"], "thread_started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_tool_sees_only_the_environment_it_lists() {
+    std::env::set_var("WEFT_TEST_LISTED", "listed-value");
+    std::env::set_var("WEFT_TEST_SECRET", "secret-value");
+    let fx = project(
+        "[\"tool.*\"]",
+        &[
+            ("env1.yaml", "name: env1\nargv: [sh, \"-c\", \"echo ${WEFT_TEST_LISTED:-none} ${WEFT_TEST_SECRET:-none} ${HOME:-nohome}\"]\nenv: [WEFT_TEST_LISTED]\n"),
+        ],
+        &[],
+        &[vec![("env1", json!({}))]],
+        "",
+    );
+    let (_, r) = run(&fx).await;
+    assert_eq!(r[0], ("listed-value none nohome\n".to_string(), false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_error_results_with_status_and_stderr() {
+    let fx = project(
+        "[\"tool.*\"]",
+        &[
+            ("fails.yaml", "name: fails\nargv: [sh, \"-c\", \"echo partial; echo something broke >&2; exit 3\"]\n"),
+            ("slow.yaml", "name: slow\nargv: [sleep, \"30\"]\ntimeout: 300ms\n"),
+            ("missing.yaml", "name: missing\nargv: [no-such-program-weft]\n"),
+            ("needs-ok.yaml", "name: needs-ok\nargv: [\"true\"]\napproval: required\n"),
+        ],
+        &[],
+        &[vec![
+            ("fails", json!({})),
+            ("slow", json!({})),
+            ("missing", json!({})),
+            ("needs-ok", json!({})),
+        ]],
+        "",
+    );
+    let started = std::time::Instant::now();
+    let (report, r) = run(&fx).await;
+    assert_eq!(report.status, Status::Completed);
+    assert!(r[0].1, "{:?}", r[0]);
+    assert!(
+        r[0].0.contains("status 3") && r[0].0.contains("something broke"),
+        "{:?}",
+        r[0]
+    );
+    assert!(
+        r[1].1 && r[1].0.contains("timed out after 300ms"),
+        "{:?}",
+        r[1]
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert!(r[2].1 && r[2].0.contains("could not start"), "{:?}", r[2]);
+    assert!(r[3].1 && r[3].0.contains("approval"), "{:?}", r[3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_output_is_cut_and_kept_whole_in_the_file_area() {
+    let fx = project(
+        "[\"tool.*\", fs.read]",
+        &[(
+            "long.yaml",
+            "name: long\nargv: [seq, \"1\", \"5000\"]\nmax_output: 100\n",
+        )],
+        &[],
+        &[vec![("long", json!({}))]],
+        "",
+    );
+    let (report, r) = run(&fx).await;
+    assert!(!r[0].1, "{:?}", r[0]);
+    assert!(r[0].0.starts_with("1\n2\n3\n"), "{:?}", r[0]);
+    assert!(
+        r[0].0.contains("output cut at 100 of 23893 bytes"),
+        "{:?}",
+        r[0]
+    );
+    let area = fx
+        .root()
+        .join(".weft/threads")
+        .join(report.thread_id.as_str())
+        .join("files/tool-output");
+    let kept: Vec<_> = std::fs::read_dir(&area).unwrap().flatten().collect();
+    assert_eq!(kept.len(), 1);
+    let whole = std::fs::read_to_string(kept[0].path()).unwrap();
+    assert_eq!(whole.lines().count(), 5000);
+}
+
+/// Whether a process is gone (or a zombie waiting for its reaper).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+const SPAWNER: &str =
+    "#!/bin/sh\nsleep 300 &\necho $! > grandchild.pid\necho $$ > child.pid\nsleep 300\n";
+
+fn pids(area: &Path) -> (u32, u32) {
+    let read = |f: &str| {
+        std::fs::read_to_string(area.join(f))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (read("child.pid"), read("grandchild.pid"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_kills_the_whole_process_group() {
+    let fx = project(
+        "[\"tool.*\"]",
+        &[(
+            "spawner.yaml",
+            "name: spawner\nargv: [bin/spawner.sh]\ncwd: files\ntimeout: 1s\n",
+        )],
+        &[("bin/spawner.sh", SPAWNER)],
+        &[vec![("spawner", json!({}))]],
+        "",
+    );
+    let (report, r) = run(&fx).await;
+    assert!(r[0].1 && r[0].0.contains("timed out"), "{:?}", r[0]);
+    let area = fx
+        .root()
+        .join(".weft/threads")
+        .join(report.thread_id.as_str())
+        .join("files");
+    let (child, grandchild) = pids(&area);
+    wait_until("the tool's processes are gone", || {
+        gone(child) && gone(grandchild)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_thread_kills_its_tools_process_group() {
+    let fx = project(
+        "[\"tool.*\"]",
+        &[(
+            "spawner.yaml",
+            "name: spawner\nargv: [bin/spawner.sh]\ncwd: files\ntimeout: 10m\n",
+        )],
+        &[("bin/spawner.sh", SPAWNER)],
+        &[vec![("spawner", json!({}))]],
+        "",
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let area = fx
+        .root()
+        .join(".weft/threads")
+        .join(handle.id().as_str())
+        .join("files");
+    wait_until("the tool started its processes", || {
+        area.join("child.pid").exists() && area.join("grandchild.pid").exists()
+    })
+    .await;
+    let (child, grandchild) = pids(&area);
+    assert!(!gone(child) && !gone(grandchild));
+    handle.cancel("enough");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(10), handle.wait())
+        .await
+        .expect("the thread ends promptly")
+        .unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    wait_until("the tool's processes are gone", || {
+        gone(child) && gone(grandchild)
+    })
+    .await;
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(
+        r[0].1 && r[0].0.contains("cancelled"),
+        "the killed call is recorded: {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_tool_file_is_refused_naming_file_line_and_field() {
+    let fx = project(
+        "[]",
+        &[("bad.yaml", "name: bad\nargv: [ls]\ntimeout: forever\n")],
+        &[],
+        &[],
+        "",
+    );
+    let err = weft::Runtime::open(fx.project())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("tools/bad.yaml:3: timeout `forever`"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_tools_work_inside_the_area() {
+    let fx = project(
+        "[fs.read, fs.write]",
+        &[],
+        &[],
+        &[
+            vec![
+                (
+                    "file_write",
+                    json!({"path": "notes/a.md", "content": "alpha\nbeta\ngamma\n"}),
+                ),
+                (
+                    "file_write",
+                    json!({"path": "notes/deep/b.txt", "content": "beta too"}),
+                ),
+            ],
+            vec![
+                (
+                    "file_read",
+                    json!({"path": "notes/a.md", "offset": 2, "limit": 1}),
+                ),
+                ("file_list", json!({"path": "notes"})),
+                ("file_find", json!({"glob": "**/*.txt"})),
+                ("file_grep", json!({"pattern": "^bet"})),
+            ],
+            vec![("file_delete", json!({"path": "notes/deep"}))],
+            vec![("file_find", json!({"glob": "**"}))],
+        ],
+        "",
+    );
+    let (report, r) = run(&fx).await;
+    assert_eq!(report.status, Status::Completed);
+    assert!(r.iter().all(|(_, e)| !e), "{r:#?}");
+    let v = |i: usize| serde_json::from_str::<Value>(&r[i].0).unwrap();
+    assert_eq!(v(2)["content"], "beta\n");
+    assert_eq!(v(2)["total_lines"], 3);
+    assert_eq!(v(3)["entries"][0]["name"], "a.md");
+    assert_eq!(v(3)["entries"][1]["type"], "dir");
+    assert_eq!(v(4)["paths"], json!(["notes/deep/b.txt"]));
+    let m = v(5)["matches"].as_array().unwrap().clone();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m[0]["path"], "notes/a.md");
+    assert_eq!(m[0]["line"], 2);
+    assert_eq!(v(7)["paths"], json!(["notes/a.md"]));
+    let on_disk = fx
+        .root()
+        .join(".weft/threads")
+        .join(report.thread_id.as_str())
+        .join("files/notes/a.md");
+    assert_eq!(
+        std::fs::read_to_string(on_disk).unwrap(),
+        "alpha\nbeta\ngamma\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_path_leaves_the_file_area() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "SECRET").unwrap();
+    let out = outside.path().display().to_string();
+    let fx = project(
+        "[fs.read, fs.write, tool.mklink]",
+        &[(
+            "mklink.yaml",
+            "name: mklink\nargv: [ln, \"-s\", \"{input.target}\", escape]\ncwd: files\n",
+        )],
+        &[],
+        &[
+            vec![("mklink", json!({"target": out}))],
+            vec![
+                ("file_read", json!({"path": "../thread.json"})),
+                ("file_read", json!({"path": format!("{out}/secret.txt")})),
+                ("file_read", json!({"path": "escape/secret.txt"})),
+                (
+                    "file_write",
+                    json!({"path": "escape/planted.txt", "content": "x"}),
+                ),
+                ("file_list", json!({"path": "escape"})),
+                ("file_grep", json!({"pattern": "SECRET", "path": "escape"})),
+                ("file_delete", json!({"path": "escape/secret.txt"})),
+                ("file_write", json!({"path": "a/../../x", "content": "x"})),
+                ("file_find", json!({"glob": "**"})),
+                ("file_grep", json!({"pattern": "SECRET"})),
+            ],
+        ],
+        "",
+    );
+    let (_, r) = run(&fx).await;
+    assert!(!r[0].1, "the link was made: {:?}", r[0]);
+    for (i, (content, is_error)) in r.iter().enumerate().skip(1).take(8) {
+        assert!(is_error, "call {i} was let through: {content}");
+        assert!(content.contains("refused"), "call {i}: {content}");
+    }
+    // Walking the area never follows the link out.
+    assert!(!r[9].1 && !r[10].1, "{:?} {:?}", r[9], r[10]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r[9].0).unwrap()["paths"],
+        json!([])
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&r[10].0).unwrap()["matches"],
+        json!([])
+    );
+    assert!(outside.path().join("secret.txt").exists());
+    assert!(!outside.path().join("planted.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_and_area_sizes_are_bounded_by_config() {
+    let fx = project(
+        "[fs.write]",
+        &[],
+        &[],
+        &[
+            vec![
+                (
+                    "file_write",
+                    json!({"path": "big", "content": "x".repeat(101)}),
+                ),
+                (
+                    "file_write",
+                    json!({"path": "one", "content": "x".repeat(100)}),
+                ),
+            ],
+            vec![
+                (
+                    "file_write",
+                    json!({"path": "two", "content": "x".repeat(100)}),
+                ),
+                (
+                    "file_write",
+                    json!({"path": "one", "content": "y".repeat(100)}),
+                ),
+            ],
+        ],
+        "files: { max_file_bytes: 100, max_area_bytes: 150 }\n",
+    );
+    let (_, r) = run(&fx).await;
+    assert!(r[0].1 && r[0].0.contains("max_file_bytes"), "{:?}", r[0]);
+    assert!(!r[1].1, "{:?}", r[1]);
+    assert!(r[2].1 && r[2].0.contains("max_area_bytes"), "{:?}", r[2]);
+    assert!(
+        !r[3].1,
+        "replacing a file counts its new size only: {:?}",
+        r[3]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_tools_need_their_capabilities() {
+    let fx = project(
+        "[fs.read]",
+        &[],
+        &[],
+        &[vec![
+            ("file_write", json!({"path": "a", "content": "x"})),
+            ("file_list", json!({})),
+        ]],
+        "",
+    );
+    let (_, r) = run(&fx).await;
+    assert!(r[0].1 && r[0].0.contains("ungranted"), "{:?}", r[0]);
+    assert!(!r[1].1, "{:?}", r[1]);
+}
