@@ -214,17 +214,18 @@ pub(crate) fn parse(file: &Path, text: &str, root: &Path) -> Result<CommandTool,
             "argv[0]: the program cannot come from the input".into(),
         ));
     }
-    let cwd =
-        match raw.cwd.as_deref() {
-            None | Some("project") => Cwd::Project,
-            Some("files") => Cwd::Files,
-            Some(other) => return Err(err(
+    let cwd = match raw.cwd.as_deref() {
+        None | Some("project") => Cwd::Project,
+        Some("files") => Cwd::Files,
+        Some(other) => {
+            return Err(err(
                 Some("cwd"),
                 format!(
                     "cwd `{other}`: use `project` (default) or `files` (the thread's file area)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let timeout = match raw.timeout.as_deref() {
         None => DEFAULT_TIMEOUT,
         Some(t) => humantime::parse_duration(t).map_err(|e| {

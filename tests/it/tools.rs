@@ -108,19 +108,19 @@ async fn a_command_tool_gets_its_input_on_stdin_and_placeholders_as_whole_argume
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_tool_sees_only_the_environment_it_lists() {
-    std::env::set_var("WEFT_TEST_LISTED", "listed-value");
-    std::env::set_var("WEFT_TEST_SECRET", "secret-value");
+    // Variables cargo sets for every test process: one listed, the others not.
     let fx = project(
         "[\"tool.*\"]",
         &[
-            ("env1.yaml", "name: env1\nargv: [sh, \"-c\", \"echo ${WEFT_TEST_LISTED:-none} ${WEFT_TEST_SECRET:-none} ${HOME:-nohome}\"]\nenv: [WEFT_TEST_LISTED]\n"),
+            ("env1.yaml", "name: env1\nargv: [sh, \"-c\", \"echo ${CARGO_PKG_NAME:-none} ${CARGO_MANIFEST_DIR:-none} ${HOME:-nohome}\"]\nenv: [CARGO_PKG_NAME]\n"),
         ],
         &[],
         &[vec![("env1", json!({}))]],
         "",
     );
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
     let (_, r) = run(&fx).await;
-    assert_eq!(r[0], ("listed-value none nohome\n".to_string(), false));
+    assert_eq!(r[0], ("weft none nohome\n".to_string(), false));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
