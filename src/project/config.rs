@@ -140,6 +140,8 @@ struct RawConfig {
     prompt_overhead_tokens: Option<u64>,
     #[serde(default)]
     files: Option<RawFiles>,
+    #[serde(default)]
+    mcp_servers: BTreeMap<String, McpServerConfig>,
 }
 
 /// The effective configuration.
@@ -170,6 +172,8 @@ pub struct Config {
     pub prompt_overhead: BTreeMap<String, u64>,
     /// Size limits of each thread's file area.
     pub files: FileLimits,
+    /// MCP tool servers by name.
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
 }
 
 /// Size limits of a thread's file area (config `files:`).
@@ -187,6 +191,71 @@ impl Default for FileLimits {
             max_file_bytes: 10 * 1024 * 1024,
             max_area_bytes: 100 * 1024 * 1024,
         }
+    }
+}
+
+/// One MCP tool server (config `mcp_servers.<name>`): a command run over stdio, or a streamable
+/// HTTP endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// stdio: the program.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// stdio: its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// stdio: environment variables passed through (names; nothing else is inherited but PATH
+    /// and HOME, which servers started by npx or uvx need).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// HTTP: the endpoint, e.g. `http://127.0.0.1:3001/mcp`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// HTTP: headers; values may name environment variables as `${NAME}`, and a header that
+    /// carries a credential (authorization, cookie, *key*, *token*, *secret*) must.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl McpServerConfig {
+    /// Why this server's entry cannot be used, if it cannot.
+    fn problem(&self, name: &str) -> Option<String> {
+        let name_ok = !name.is_empty()
+            && !name.contains("__")
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        if !name_ok {
+            return Some(format!(
+                "mcp_servers.{name}: use lowercase letters, digits, `-` and single `_` (tools become `mcp__{name}__<tool>`)"
+            ));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                return Some(format!(
+                    "mcp_servers.{name}: give `command` (stdio) or `url` (HTTP), not both"
+                ))
+            }
+            (None, None) => {
+                return Some(format!(
+                    "mcp_servers.{name}: give `command` (stdio) or `url` (HTTP)"
+                ))
+            }
+            _ => {}
+        }
+        for (h, v) in &self.headers {
+            let lower = h.to_ascii_lowercase();
+            let secret = ["authorization", "cookie", "key", "token", "secret"]
+                .iter()
+                .any(|w| lower.contains(w));
+            if secret && !v.contains("${") {
+                return Some(format!(
+                    "mcp_servers.{name}.headers.{h}: a credential is never written in the file; name the environment variable holding it, e.g. \"Bearer ${{MY_TOKEN}}\""
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -238,6 +307,10 @@ prompt_overhead_tokens: 256
 # Context window per model id, in tokens: a call whose prompt cannot fit is refused (built-in
 # models have theirs).
 # context_window: { my-model: 32768 }
+# MCP tool servers: tools offered as mcp__<server>__<tool>, capability mcp.<server>.<tool>.
+# mcp_servers:
+#   everything: { command: npx, args: ["-y", "@modelcontextprotocol/server-everything"] }
+#   remote:     { url: "https://example.com/mcp", headers: { Authorization: "Bearer ${REMOTE_TOKEN}" } }
 # Each thread's private file area (.weft/threads/<id>/files/, tools file_* with fs.read/fs.write).
 files: { max_file_bytes: 10485760, max_area_bytes: 104857600 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
@@ -282,6 +355,7 @@ impl Default for Config {
             context_window: BTreeMap::new(),
             prompt_overhead: BTreeMap::new(),
             files: FileLimits::default(),
+            mcp_servers: BTreeMap::new(),
         }
     }
 }
@@ -413,6 +487,12 @@ impl Config {
         self.context_window.extend(raw.context_window);
         if let Some(o) = raw.prompt_overhead_tokens {
             self.prompt_overhead.insert("default".into(), o);
+        }
+        for (name, server) in raw.mcp_servers {
+            if let Some(problem) = server.problem(&name) {
+                return Err(err(find_line(text, &name), problem));
+            }
+            self.mcp_servers.insert(name, server);
         }
         if let Some(f) = raw.files {
             if let Some(n) = f.max_file_bytes {

@@ -24,10 +24,15 @@ pub(crate) struct HttpSettings {
     pub read_timeout: Duration,
 }
 
+/// Installs rustls's ring provider for every HTTP client of the process (no OpenSSL). Installing
+/// twice is harmless: the first provider wins.
+pub(crate) fn ensure_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Builds the HTTP client (rustls with the ring provider; no OpenSSL).
 pub(crate) fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
-    // Installing twice is harmless: the first provider wins.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    ensure_tls_provider();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(settings.read_timeout)

@@ -120,6 +120,7 @@ impl RuntimeBuilder {
         let (events, _) = broadcast::channel(4096);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project)?;
+        let mcp = crate::tools::McpHub::new(config.mcp_servers.clone(), project.root.clone());
         let ctx = Arc::new(Ctx {
             project,
             config,
@@ -130,6 +131,7 @@ impl RuntimeBuilder {
             registry,
             ledger,
             commands,
+            mcp,
             events,
             _owner_lock: Box::new(owner),
             verified: Default::default(),

@@ -66,6 +66,8 @@ pub(crate) struct Ctx {
     pub events: broadcast::Sender<Event>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
+    /// The MCP tool servers (`mcp_servers:`), started on first use.
+    pub mcp: crate::tools::McpHub,
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread
     /// of this runtime may run.
     pub _owner_lock: Box<dyn std::any::Any + Send + Sync>,

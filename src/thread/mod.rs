@@ -64,10 +64,13 @@ impl Actor for ThreadActor {
         me: ActorRef<ThreadMsg>,
         a: ThreadArgs,
     ) -> Result<ThreadState, ActorProcessingErr> {
-        let tools = manage::offered(&a.directive, &a.doc.capabilities, &a.ctx.commands);
+        let mut tools = manage::offered(&a.directive, &a.doc.capabilities, &a.ctx.commands);
+        // MCP servers this thread may use start now (first use), so their tools can be offered.
+        let (mcp_tools, mcp_problems) = a.ctx.mcp.offered(&a.doc.capabilities).await;
+        tools.extend(mcp_tools);
         let system = conversation::system_prompt(&a.directive, &a.doc.id, &a.limits);
         let messages = a.messages;
-        let s = ThreadState {
+        let mut s = ThreadState {
             ctx: a.ctx,
             provider: a.provider,
             directive: a.directive,
@@ -97,6 +100,10 @@ impl Actor for ThreadActor {
             call: None,
             billed: None,
         };
+        for problem in mcp_problems {
+            tracing::warn!(thread = %s.doc.id, "{problem}");
+            s.log("mcp_unavailable", json!({ "message": problem }));
+        }
         me.cast(ThreadMsg::Start)?;
         Ok(s)
     }

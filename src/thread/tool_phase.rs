@@ -146,6 +146,26 @@ pub(super) async fn dispatch(
             });
             None
         }
+        name if name.starts_with("mcp__") => {
+            let Some((server, tool)) = crate::tools::split_mcp_name(name) else {
+                return Some(ToolOutcome::err(format!(
+                    "`{name}` is not an MCP tool name"
+                )));
+            };
+            let (server, tool) = (server.to_string(), tool.to_string());
+            let ctx = s.ctx.clone();
+            let cancel = s.cancel.child_token();
+            let input = call.input.clone();
+            run_as_task(me, s, call.id, async move {
+                let (content, is_error) = ctx.mcp.call(&server, &tool, &input, cancel).await;
+                ToolOutcome {
+                    content,
+                    is_error,
+                    returned: None,
+                }
+            });
+            None
+        }
         name if s.ctx.commands.get(name).is_some() => {
             let Some(tool) = s.ctx.commands.get(name).cloned() else {
                 return Some(ToolOutcome::err("unknown tool"));

@@ -472,7 +472,7 @@ pub(crate) async fn run(
 }
 
 /// A bare program name is looked up in weft's own `PATH` (the child's environment is cleared).
-fn resolve_program(p: &str) -> PathBuf {
+pub(super) fn resolve_program(p: &str) -> PathBuf {
     if p.contains('/') {
         return PathBuf::from(p);
     }

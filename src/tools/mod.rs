@@ -8,11 +8,13 @@
 
 mod command;
 mod files;
+mod mcp;
 mod schema;
 
 pub(crate) use command::CommandTools;
 pub use command::ToolFileError;
 pub(crate) use files::{specs as file_tool_specs, FILE_TOOLS};
+pub(crate) use mcp::{split_name as split_mcp_name, McpHub};
 
 use crate::core::capability;
 use crate::provider::ToolCall;
@@ -71,6 +73,12 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
             Ok(Some(spawn_capability(d)))
         }
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
+        name if name.starts_with("mcp__") => match mcp::split_name(name) {
+            Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),
+            None => Err(format!(
+                "`{name}` is not an MCP tool name (mcp__<server>__<tool>)"
+            )),
+        },
         name if files::capability(name).is_some() => {
             Ok(files::capability(name).map(str::to_string))
         }

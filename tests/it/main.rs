@@ -9,6 +9,7 @@ mod fake_llm;
 mod guarantees;
 mod layout;
 mod lifecycle;
+mod mcp;
 mod providers;
 mod support;
 mod tools;

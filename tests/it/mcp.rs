@@ -1,0 +1,262 @@
+//! MCP tool servers nobody here wrote, installed from the package registries by `.ci/run` into
+//! `$WEFT_MCP_DIR` (default `~/.cache/weft-mcp`): `@modelcontextprotocol/server-everything` from
+//! npm over stdio and over streamable HTTP, and `mcp-server-time` from PyPI over stdio.
+
+use crate::support::{directive, wait_until, Fixture};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use weft::Status;
+
+fn mcp_dir() -> PathBuf {
+    std::env::var_os("WEFT_MCP_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft-mcp")
+        })
+}
+
+/// The server-everything entry point, or None (the test says SKIPPED).
+fn everything() -> Option<PathBuf> {
+    let p = mcp_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if p.exists() {
+        return Some(p);
+    }
+    eprintln!(
+        "mcp: SKIPPED — {} is missing. `.ci/run` installs it (npm install --prefix $WEFT_MCP_DIR @modelcontextprotocol/server-everything)",
+        p.display()
+    );
+    None
+}
+
+/// The Python of the venv holding mcp-server-time, or None (SKIPPED).
+fn time_python() -> Option<PathBuf> {
+    let p = mcp_dir().join("venv/bin/python");
+    let ok = p.exists() && mcp_dir().join("venv/bin/mcp-server-time").exists();
+    if ok {
+        return Some(p);
+    }
+    eprintln!(
+        "mcp: SKIPPED — no mcp-server-time in {}/venv. `.ci/run` installs it (pip install mcp-server-time)",
+        mcp_dir().display()
+    );
+    None
+}
+
+/// A root directive making one turn of `calls` per entry, under `perms`, with `config`.
+fn fixture(perms: &str, turns: &[Vec<(&str, Value)>], config: &str) -> Fixture {
+    let mut script = String::from("root:\n");
+    for calls in turns {
+        script += "  - tool_calls:\n";
+        for (name, input) in calls {
+            script += &format!("      - {{ name: {name}, input: {input} }}\n");
+        }
+    }
+    script += "  - text: done\n";
+    let root = directive(&format!("permissions: {perms}"), "Use MCP tools.");
+    Fixture::new(&[("root", &root)], &script, config)
+}
+
+fn results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
+    let events = fx.events(id);
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_use")
+        .map(|u| {
+            let r = events
+                .iter()
+                .find(|r| r["type"] == "tool_result" && r["id"] == u["id"])
+                .unwrap_or_else(|| panic!("no result for {u}"));
+            (
+                r["content"].as_str().unwrap_or_default().to_string(),
+                r["is_error"] == true,
+            )
+        })
+        .collect()
+}
+
+fn stdio_config(js: &std::path::Path, marker: &str) -> String {
+    format!(
+        "mcp_servers:\n  everything: {{ command: node, args: [{}, stdio, {marker}] }}\n",
+        json!(js.display().to_string())
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_stdio_answers_granted_tools_only() {
+    let Some(js) = everything() else { return };
+    let fx = fixture(
+        "[mcp.everything.echo, mcp.everything.get-sum]",
+        &[vec![
+            (
+                "mcp__everything__echo",
+                json!({"message": "hello from weft"}),
+            ),
+            ("mcp__everything__get-sum", json!({"a": 2, "b": 3})),
+            ("mcp__everything__get-env", json!({})),
+        ]],
+        &stdio_config(&js, "stdio-basic"),
+    );
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1 && r[0].0.contains("hello from weft"), "{:?}", r[0]);
+    assert!(!r[1].1 && r[1].0.contains('5'), "{:?}", r[1]);
+    assert!(r[2].1 && r[2].0.contains("ungranted"), "{:?}", r[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_streamable_http() {
+    let Some(js) = everything() else { return };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = tokio::process::Command::new("node")
+        .arg(&js)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until("the HTTP MCP server listens", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    // The token comes from a variable cargo sets for every test (no set_var in a threaded test).
+    let token = std::env::var("CARGO_MANIFEST_DIR").unwrap();
+    let fx = fixture(
+        "[\"mcp.web.*\"]",
+        &[vec![("mcp__web__echo", json!({"message": "over http"}))]],
+        &format!(
+            "mcp_servers:\n  web: {{ url: \"http://127.0.0.1:{port}/mcp\", headers: {{ Authorization: \"Bearer ${{CARGO_MANIFEST_DIR}}\" }} }}\n"
+        ),
+    );
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1 && r[0].0.contains("over http"), "{:?}", r[0]);
+    let transcript = std::fs::read_to_string(
+        fx.root()
+            .join(".weft/threads")
+            .join(report.thread_id.as_str())
+            .join("transcript.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        !transcript.contains(&token),
+        "a credential reached the transcript"
+    );
+    let _ = server.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_server_time_from_pypi() {
+    let Some(py) = time_python() else { return };
+    let fx = fixture(
+        "[\"mcp.time.*\"]",
+        &[vec![(
+            "mcp__time__get_current_time",
+            json!({"timezone": "UTC"}),
+        )]],
+        &format!(
+            "mcp_servers:\n  time: {{ command: {}, args: [\"-m\", mcp_server_time] }}\n",
+            json!(py.display().to_string())
+        ),
+    );
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1, "{:?}", r[0]);
+    let v: Value = serde_json::from_str(&r[0].0).unwrap_or(Value::Null);
+    assert_eq!(v["timezone"], "UTC", "{:?}", r[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_thread_abandons_its_mcp_call() {
+    let Some(js) = everything() else { return };
+    let fx = fixture(
+        "[\"mcp.everything.*\"]",
+        &[vec![(
+            "mcp__everything__trigger-long-running-operation",
+            json!({"duration": 60, "steps": 60}),
+        )]],
+        &stdio_config(&js, "stdio-cancel"),
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    wait_until("the MCP call is under way", || {
+        fx.events(&id).iter().any(|e| e["type"] == "tool_use")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    handle.cancel("enough");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(10), handle.wait())
+        .await
+        .expect("the thread ends without waiting for the 60 s operation")
+        .unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let r = results(&fx, &id);
+    assert!(r[0].1 && r[0].0.contains("cancelled"), "{:?}", r[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_is_started_again() {
+    let Some(js) = everything() else { return };
+    let marker = format!("weft-crash-{}", std::process::id());
+    let fx = fixture(
+        "[\"mcp.everything.*\", tool.kill-server]",
+        &[
+            vec![("mcp__everything__echo", json!({"message": "one"}))],
+            vec![("kill-server", json!({}))],
+            vec![("mcp__everything__echo", json!({"message": "two"}))],
+            vec![("mcp__everything__echo", json!({"message": "three"}))],
+        ],
+        &stdio_config(&js, &marker),
+    );
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/kill.yaml"),
+        format!("name: kill-server\nargv: [pkill, \"-KILL\", \"-f\", {marker}]\n"),
+    )
+    .unwrap();
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1 && r[0].0.contains("one"), "{:?}", r[0]);
+    assert!(!r[1].1, "the server was killed: {:?}", r[1]);
+    // The call that meets the dead server may fail (an error result, never a crash)...
+    assert!(r[2].1 || r[2].0.contains("two"), "{:?}", r[2]);
+    // ...and the server is started again for the next one.
+    assert!(!r[3].1 && r[3].0.contains("three"), "{:?}", r[3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_literal_credential_in_the_config_is_refused() {
+    let fx = fixture(
+        "[]",
+        &[],
+        "mcp_servers:\n  web: { url: \"http://127.0.0.1:9/mcp\", headers: { Authorization: \"Bearer abc123\" } }\n",
+    );
+    let err = weft::Runtime::open(fx.project())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("credential is never written in the file"),
+        "{err}"
+    );
+    assert!(
+        err.contains("config.yaml:"),
+        "names the file and line: {err}"
+    );
+}
