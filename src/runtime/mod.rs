@@ -245,6 +245,7 @@ impl Runtime {
             reserve: Nanos::ZERO,
             parent: None,
             continuation: None,
+            attach: Vec::new(),
         })
         .await
     }

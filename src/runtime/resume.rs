@@ -60,6 +60,7 @@ impl Runtime {
             overrides,
             reserve: Nanos::ZERO,
             parent: None,
+            attach: Vec::new(),
             continuation: Some(Continuation {
                 of: of.clone(),
                 messages,

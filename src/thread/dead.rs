@@ -49,6 +49,7 @@ impl Finalized {
             own_spend_nanos: Nanos(row.own_spend_nanos),
             spend_nanos: Nanos(row.spend_nanos),
             overrun_nanos: Nanos::ZERO,
+            files: Vec::new(),
         };
         Finalized { recovered, report }
     }

@@ -10,6 +10,28 @@ use crate::ledger::LedgerMsg;
 use ractor::ActorRef;
 use serde_json::json;
 
+/// Copies the files a completed thread returned into its parent's file area under
+/// `from/<thread id>/`; the report then names them there (a root's stay where they are).
+fn hand_files_up(s: &mut ThreadState) {
+    let Some(parent) = s.doc.parent_id.clone() else {
+        return;
+    };
+    let own = s.ctx.project.thread_dir(s.id()).join("files");
+    let theirs = s.ctx.project.thread_dir(&parent).join("files");
+    let mut handed = Vec::new();
+    for rel in std::mem::take(&mut s.returned_files) {
+        let to = format!("from/{}/{rel}", s.id());
+        match crate::tools::copy_between(&own, &rel, &theirs, &to) {
+            Ok(_) => handed.push(to),
+            Err(e) => s.log("files_not_returned", json!({ "path": rel, "error": e })),
+        }
+    }
+    if !handed.is_empty() {
+        s.log("files_returned", json!({ "to": parent, "paths": handed }));
+    }
+    s.returned_files = handed;
+}
+
 impl ThreadActor {
     /// While draining: completes the finalization once no child is live and no spawn is under
     /// way. Returns whether the thread is draining (or done).
@@ -122,6 +144,11 @@ impl ThreadActor {
                 tracing::error!(thread = %s.doc.id, "ledger close failed: {other:?}");
                 s.doc.cost.spend_nanos = s.own_spend.0;
             }
+        }
+        if e.status == Status::Completed {
+            hand_files_up(s);
+        } else {
+            s.returned_files.clear();
         }
         s.doc.result = e.result;
         s.doc.outputs = e.outputs;

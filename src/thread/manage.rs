@@ -47,7 +47,8 @@ pub(super) fn offered(
                 "directive":{"type":"string"},"inputs":{"type":"object"},
                 "limits":{"type":"object","description":"lower limits for the child (turns, tokens, spend, duration, depth, spawns, concurrency)"},
                 "reserve":{"type":"number","description":"USD set aside for the child out of this thread's budget"},
-                "wait":{"type":"boolean","default":true}},"required":["directive"]}),
+                "wait":{"type":"boolean","default":true},
+                "files":{"type":"array","items":{"type":"string"},"description":"paths in this thread's file area copied into the child's"}},"required":["directive"]}),
         });
         out.push(ToolSpec {
             name: "wait_threads".into(),
@@ -65,11 +66,12 @@ pub(super) fn offered(
             input_schema: json!({"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}),
         });
     }
-    if d.outputs.is_empty() {
+    let has_area = allowed("fs.read") || allowed("fs.write");
+    if d.outputs.is_empty() && !has_area {
         // Nothing to return: the thread ends with its text answer.
         return out;
     }
-    let props: serde_json::Map<String, Value> = d
+    let mut props: serde_json::Map<String, Value> = d
         .outputs
         .iter()
         .map(|(k, o)| {
@@ -89,20 +91,51 @@ pub(super) fn offered(
     out.push(ToolSpec {
         name: "directive_return".into(),
         description: "Finish this thread with its structured outputs.".into(),
-        input_schema: json!({"type":"object","properties":props,"required":required}),
+        input_schema: {
+            if has_area && !d.outputs.contains_key("files") {
+                props.insert(
+                    "files".into(),
+                    json!({"type":"array","items":{"type":"string"},"description":"paths in this thread's file area handed to its parent"}),
+                );
+            }
+            json!({"type":"object","properties":props,"required":required})
+        },
     });
     out
 }
 
 pub(super) fn directive_return(s: &mut ThreadState, input: &Value) -> ToolOutcome {
-    let empty = serde_json::Map::new();
-    let given = input.as_object().unwrap_or(&empty);
-    match s.directive.check_outputs(given) {
-        Ok(()) => ToolOutcome {
-            content: json!({"ok": true}).to_string(),
-            is_error: false,
-            returned: Some(Value::Object(given.clone())),
-        },
+    let mut given = input.as_object().cloned().unwrap_or_default();
+    // `files` names files of this thread's area for its parent, unless it is a declared output.
+    let files = if s.directive.outputs.contains_key("files") {
+        Vec::new()
+    } else {
+        match paths(given.remove("files").as_ref()) {
+            Ok(f) => f,
+            Err(e) => return ToolOutcome::err(e),
+        }
+    };
+    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    for rel in &files {
+        match crate::tools::resolve_in_area(&area, rel) {
+            Ok(p) if p.exists() => {}
+            Ok(_) => {
+                return ToolOutcome::err(format!(
+                    "`files`: `{rel}` does not exist in the file area"
+                ))
+            }
+            Err(e) => return ToolOutcome::err(format!("`files`: {e}")),
+        }
+    }
+    match s.directive.check_outputs(&given) {
+        Ok(()) => {
+            s.returned_files = files;
+            ToolOutcome {
+                content: json!({"ok": true}).to_string(),
+                is_error: false,
+                returned: Some(Value::Object(given)),
+            }
+        }
         Err(m) => ToolOutcome::err(m),
     }
 }
@@ -147,6 +180,16 @@ pub(super) fn spawn_thread(
         },
     };
     let wait = input.get("wait").and_then(Value::as_bool).unwrap_or(true);
+    let attach = match paths(input.get("files")) {
+        Ok(p) => p,
+        Err(e) => return Some(ToolOutcome::err(e)),
+    };
+    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    for rel in &attach {
+        if let Err(e) = crate::tools::resolve_in_area(&area, rel) {
+            return Some(ToolOutcome::err(format!("`files`: {e}")));
+        }
+    }
     s.spawning.insert(call.id.clone());
     let ctx = s.ctx.clone();
     let parent = ParentLink {
@@ -162,6 +205,7 @@ pub(super) fn spawn_thread(
             reserve,
             parent: Some(parent),
             continuation: None,
+            attach,
         };
         match super::spawn(&ctx, req, None).await {
             Ok((child, actor)) => {
@@ -188,6 +232,22 @@ pub(super) fn spawn_thread(
         }
     });
     None
+}
+
+/// `files: [paths]` of a tool input (absent: none).
+fn paths(v: Option<&Value>) -> Result<Vec<String>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("`files` lists paths (strings), got {i}"))
+            })
+            .collect(),
+        Some(other) => Err(format!("`files` must be a list of paths, got {other}")),
+    }
 }
 
 fn parse_id(v: Option<&Value>) -> Result<ThreadId, String> {

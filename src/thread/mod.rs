@@ -95,6 +95,7 @@ impl Actor for ThreadActor {
             timers: Vec::new(),
             spawning: Default::default(),
             tool_tasks: Default::default(),
+            returned_files: Vec::new(),
             doomed: Default::default(),
             attempt: 0,
             call: None,

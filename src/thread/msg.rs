@@ -48,6 +48,9 @@ pub struct ThreadReport {
     /// its prompt bound; the thread then ended and its subtree made no further call).
     #[serde(default)]
     pub overrun_nanos: Nanos,
+    /// Files the thread returned, copied into its parent's file area (paths there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
 }
 
 /// A snapshot for `Status` queries.

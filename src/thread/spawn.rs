@@ -83,6 +83,8 @@ pub(crate) struct SpawnRequest {
     pub parent: Option<ParentLink>,
     /// Set when the thread continues an ended one (`weft resume`).
     pub continuation: Option<Continuation>,
+    /// Paths in the parent's file area copied into the child's at the same paths.
+    pub attach: Vec<String>,
 }
 
 /// What a continuation starts from (see [`Runtime::resume`]).
@@ -314,6 +316,14 @@ pub(crate) async fn spawn(
     if let Err(e) = std::fs::create_dir(&dir).and_then(|()| std::fs::create_dir(dir.join("files")))
     {
         return Err(fail(format!("{}: {e}", dir.display())).await);
+    }
+    if let Some(p) = &parent_id {
+        let from = ctx.project.thread_dir(p).join("files");
+        for rel in &req.attach {
+            if let Err(e) = crate::tools::copy_between(&from, rel, &dir.join("files"), rel) {
+                return Err(fail(format!("attaching `{rel}`: {e}")).await);
+            }
+        }
     }
     let durability = ctx.config.durability;
     let mut transcript = match TranscriptWriter::create(

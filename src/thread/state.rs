@@ -114,6 +114,9 @@ pub(crate) struct ThreadState {
     /// Tool calls running as tasks (commands, file operations): a thread ends only after each
     /// has reported (a cancel kills a command's process group at once).
     pub(super) tool_tasks: std::collections::HashSet<String>,
+    /// Files named by `directive_return` (in this thread's area until the end, then copied to
+    /// the parent's area, and these become the paths there).
+    pub(super) returned_files: Vec<String>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
     pub(super) doomed: std::collections::HashSet<String>,
 }
@@ -197,6 +200,7 @@ impl ThreadState {
             own_spend_nanos: self.own_spend,
             spend_nanos: Nanos(self.doc.cost.spend_nanos),
             overrun_nanos: Nanos(self.doc.cost.overrun_nanos),
+            files: self.returned_files.clone(),
         }
     }
 }

@@ -354,6 +354,45 @@ fn delete(area: &Path, rel: &str) -> Result<Value, String> {
     Ok(json!({ "deleted": rel }))
 }
 
+/// Copies `rel` of `from_area` (a file, or a folder with everything in it; links are not
+/// followed) to `to_rel` in `to_area`: how attachments cross thread boundaries. Both paths are
+/// confined to their areas. Returns the bytes copied.
+pub(crate) fn copy_between(
+    from_area: &Path,
+    rel: &str,
+    to_area: &Path,
+    to_rel: &str,
+) -> Result<u64, String> {
+    let src = resolve(from_area, rel)?;
+    if rel.trim_matches(['.', '/']).is_empty() {
+        return Err("attach files or folders of the area, not the whole area".into());
+    }
+    std::fs::create_dir_all(to_area).map_err(|e| e.to_string())?;
+    let dst = resolve(to_area, to_rel)?;
+    fn copy(src: &Path, dst: &Path) -> std::io::Result<u64> {
+        let m = std::fs::symlink_metadata(src)?;
+        if m.is_dir() {
+            std::fs::create_dir_all(dst)?;
+            let mut n = 0;
+            for e in std::fs::read_dir(src)?.flatten() {
+                n += copy(&e.path(), &dst.join(e.file_name()))?;
+            }
+            Ok(n)
+        } else if m.is_file() {
+            if let Some(d) = dst.parent() {
+                std::fs::create_dir_all(d)?;
+            }
+            std::fs::copy(src, dst)
+        } else {
+            Ok(0)
+        }
+    }
+    if std::fs::symlink_metadata(&src).is_err() {
+        return Err(format!("`{rel}` does not exist in the file area"));
+    }
+    copy(&src, &dst).map_err(|e| format!("copying `{rel}`: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

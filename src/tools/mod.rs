@@ -13,7 +13,9 @@ mod schema;
 
 pub(crate) use command::CommandTools;
 pub use command::ToolFileError;
-pub(crate) use files::{specs as file_tool_specs, FILE_TOOLS};
+pub(crate) use files::{
+    copy_between, resolve as resolve_in_area, specs as file_tool_specs, FILE_TOOLS,
+};
 pub(crate) use mcp::{split_name as split_mcp_name, McpHub};
 
 use crate::core::capability;

@@ -470,3 +470,54 @@ async fn file_tools_need_their_capabilities() {
     assert!(r[0].1 && r[0].0.contains("ungranted"), "{:?}", r[0]);
     assert!(!r[1].1, "{:?}", r[1]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_travel_down_with_a_spawn_and_up_with_a_return() {
+    let root = directive(
+        "permissions: [\"thread.spawn.**\", fs.read, fs.write]",
+        "Delegate.",
+    );
+    let kid = directive("permissions: [fs.read, fs.write]", "Work.");
+    let script = r#"
+root:
+  - tool_calls:
+      - { name: file_write, input: { path: brief.md, content: "the brief" } }
+  - tool_calls:
+      - { name: spawn_thread, input: { directive: kid, files: ["../escape"] } }
+      - { name: spawn_thread, input: { directive: kid, files: [brief.md] } }
+  - tool_calls:
+      - { name: file_list, input: { path: from } }
+  - text: done
+kid:
+  - tool_calls:
+      - { name: file_read, input: { path: brief.md } }
+      - { name: file_write, input: { path: out/result.txt, content: "the result" } }
+  - tool_calls:
+      - { name: directive_return, input: { files: [out/result.txt] } }
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(r[1].1 && r[1].0.contains("refused"), "{:?}", r[1]);
+    assert!(!r[2].1, "{:?}", r[2]);
+    let child: Value = serde_json::from_str(&r[2].0).unwrap();
+    let kid_id = child["thread_id"].as_str().unwrap().to_string();
+    let handed = format!("from/{kid_id}/out/result.txt");
+    assert_eq!(child["files"], json!([handed]), "{child}");
+    let kid_results = results(&fx, &kid_id);
+    let read: Value = serde_json::from_str(&kid_results[0].0).unwrap();
+    assert_eq!(
+        read["content"], "the brief\n",
+        "the attachment reached the child"
+    );
+    let parent_area = fx
+        .root()
+        .join(".weft/threads")
+        .join(report.thread_id.as_str())
+        .join("files");
+    assert_eq!(
+        std::fs::read_to_string(parent_area.join(&handed)).unwrap(),
+        "the result"
+    );
+}
