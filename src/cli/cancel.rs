@@ -1,5 +1,5 @@
-//! `weft cancel`: reach the process that owns a thread through its control endpoint and wait
-//! until the subtree is finalized.
+//! `weft cancel`, `weft approve`, `weft deny`: reach the process that owns a thread through its
+//! control endpoint (cancel then waits until the subtree is finalized).
 
 use super::{failed, find_project, open_error, open_store, usage, Exit};
 use crate::core::ids::ThreadId;
@@ -82,5 +82,68 @@ pub(super) async fn cancel(
             });
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `weft approve` / `weft deny`: a person's decision on a call waiting for approval.
+pub(super) async fn decide(
+    explicit: Option<PathBuf>,
+    id: String,
+    call: Option<String>,
+    approve: bool,
+    reason: Option<String>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_store(&project)?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
+    if crate::registry::is_terminal(&row.status) {
+        return Err(usage(format!(
+            "thread {id} is {}; nothing waits",
+            row.status
+        )));
+    }
+    let op = if approve { "approve" } else { "deny" };
+    #[cfg(unix)]
+    {
+        let reply = crate::server::control::request(
+            &project,
+            row.owner_pid,
+            &json!({ "op": op, "id": id, "call": call, "reason": reason }),
+        )
+        .await
+        .map_err(|m| Exit {
+            code: 1,
+            message: m,
+        })?;
+        if reply["ok"] != true {
+            return Err(Exit {
+                code: 1,
+                message: reply["error"].as_str().unwrap_or("refused").to_string(),
+            });
+        }
+        if as_json {
+            out!("{reply}");
+        } else {
+            out!(
+                "{id}: call {} {}",
+                reply["call"].as_str().unwrap_or("?"),
+                if approve { "approved" } else { "denied" }
+            );
+        }
+        Ok(0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (call, reason, as_json, op);
+        Err(Exit {
+            code: 1,
+            message: "approvals need the control socket (Unix only)".into(),
+        })
     }
 }

@@ -18,6 +18,12 @@ pub(super) fn print_event(ev: &Event) {
             r.spend_nanos
         ),
         Event::Turn { .. } => {}
+        Event::Waiting { id, waiting } => match waiting {
+            Some(w) => {
+                out!("waiting  {id} — {w}; answer with `weft approve {id}` or `weft deny {id}`")
+            }
+            None => out!("resumed  {id}"),
+        },
     }
     let _ = std::io::stdout().flush();
 }
@@ -51,6 +57,14 @@ impl LiveTree {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
                     r.3 = *turns;
                     r.4 = *spend;
+                }
+            }
+            Event::Waiting { id, waiting } => {
+                if let Some(r) = self.rows.get_mut(id.as_str()) {
+                    r.2 = match waiting {
+                        Some(_) => "waiting".into(),
+                        None => "running".into(),
+                    };
                 }
             }
             Event::Finished(rep) => {

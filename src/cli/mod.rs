@@ -103,6 +103,31 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Approve a call waiting for a person's approval (from any terminal).
+    Approve {
+        /// Thread id.
+        id: String,
+        /// The call, when several wait (see `weft show`).
+        #[arg(long)]
+        call: Option<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deny a call waiting for a person's approval: the model gets an error result.
+    Deny {
+        /// Thread id.
+        id: String,
+        /// The call, when several wait (see `weft show`).
+        #[arg(long)]
+        call: Option<String>,
+        /// Why (the model reads it).
+        #[arg(long)]
+        reason: Option<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Finalize threads left running by a process that is gone.
     Recover {
         /// JSON.
@@ -211,6 +236,15 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => threads::threads(cli.project, tree, active, json),
         Cmd::Cancel { id, json } => cancel::cancel(cli.project, id, json).await,
+        Cmd::Approve { id, call, json } => {
+            cancel::decide(cli.project, id, call, true, None, json).await
+        }
+        Cmd::Deny {
+            id,
+            call,
+            reason,
+            json,
+        } => cancel::decide(cli.project, id, call, false, reason, json).await,
         Cmd::Recover { json } => recover::recover(cli.project, json).await,
         Cmd::Resume {
             id,

@@ -28,6 +28,9 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
     }
     out!("{} ({})", row.id, row.directive);
     out!("  status     {}", row.status);
+    if let Some(w) = &row.waiting {
+        out!("  waiting    {w} — answer with `weft approve {id} [--call ID]` or `weft deny {id} [--call ID] [--reason TEXT]`");
+    }
     out!("  parent     {}", row.parent_id.as_deref().unwrap_or("-"));
     out!("  root       {}", row.root_id);
     out!("  model      {}", row.model);

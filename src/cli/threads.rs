@@ -35,14 +35,23 @@ pub(super) fn tree_lines(rows: &[ThreadRow]) -> Vec<String> {
     let ids: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
     let mut out = Vec::new();
     fn walk(rows: &[ThreadRow], r: &ThreadRow, depth: usize, out: &mut Vec<String>) {
+        let status = if r.waiting.is_some() {
+            "waiting"
+        } else {
+            r.status.as_str()
+        };
         out.push(format!(
-            "{}{} {:<9} {} — {} turns, {}",
+            "{}{} {:<9} {} — {} turns, {}{}",
             "  ".repeat(depth),
             if depth == 0 { "●" } else { "└" },
-            r.status,
+            status,
             r.id,
             r.turns,
-            Nanos(r.spend_nanos)
+            Nanos(r.spend_nanos),
+            r.waiting
+                .as_deref()
+                .map(|w| format!(" — waiting for {w}"))
+                .unwrap_or_default()
         ));
         for c in rows
             .iter()
@@ -92,12 +101,20 @@ pub(super) fn threads(
     } else {
         for r in &rows {
             out!(
-                "{:<9} {:<50} {:<24} {} turns {}",
-                r.status,
+                "{:<9} {:<50} {:<24} {} turns {}{}",
+                if r.waiting.is_some() {
+                    "waiting"
+                } else {
+                    r.status.as_str()
+                },
                 r.id,
                 r.directive,
                 r.turns,
-                Nanos(r.spend_nanos)
+                Nanos(r.spend_nanos),
+                r.waiting
+                    .as_deref()
+                    .map(|w| format!(" — waiting for {w}"))
+                    .unwrap_or_default()
             );
         }
     }

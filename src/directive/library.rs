@@ -197,6 +197,9 @@ fn inherit(mut d: Directive, base: &Directive) -> Directive {
     if !own.permissions {
         d.permissions = base.permissions.clone();
     }
+    if !own.approval {
+        d.approval = base.approval.clone();
+    }
     for (k, v) in &base.inputs {
         d.inputs.entry(k.clone()).or_insert_with(|| v.clone());
     }

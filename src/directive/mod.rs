@@ -107,6 +107,8 @@ struct Front {
     #[serde(default)]
     permissions: Option<Vec<String>>,
     #[serde(default)]
+    approval: Option<Vec<String>>,
+    #[serde(default)]
     inputs: Option<BTreeMap<String, InputSpec>>,
     #[serde(default)]
     outputs: Option<BTreeMap<String, OutputSpec>>,
@@ -135,6 +137,8 @@ pub struct Directive {
     pub limits: LimitSet,
     /// Declared capabilities (empty = inherit the parent's).
     pub permissions: Vec<String>,
+    /// Tools whose calls wait for a person's approval: tool names or capability patterns.
+    pub approval: Vec<String>,
     /// Declared inputs.
     pub inputs: BTreeMap<String, InputSpec>,
     /// Declared outputs.
@@ -162,6 +166,8 @@ pub struct Declared {
     pub model: bool,
     /// `permissions`.
     pub permissions: bool,
+    /// `approval`.
+    pub approval: bool,
     /// `hooks`.
     pub hooks: bool,
     /// `on_child_error`.
@@ -222,6 +228,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         description: front.description.is_some(),
         model: front.model.is_some(),
         permissions: front.permissions.is_some(),
+        approval: front.approval.is_some(),
         hooks: front.hooks.is_some(),
         on_child_error: front.on_child_error.is_some(),
     };
@@ -284,6 +291,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         model: front.model.unwrap_or_default(),
         limits,
         permissions: front.permissions.unwrap_or_default(),
+        approval: front.approval.unwrap_or_default(),
         inputs,
         outputs,
         hooks: front.hooks,

@@ -122,6 +122,7 @@ pub(crate) fn parse(
         model,
         limits,
         permissions,
+        approval: Vec::new(),
         inputs,
         outputs,
         hooks: None,

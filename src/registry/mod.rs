@@ -102,6 +102,9 @@ pub struct ThreadRow {
     pub continuation_of: Option<String>,
     /// First thread of the chain.
     pub chain_root: Option<String>,
+    /// What a running thread waits for, if it waits on a person (e.g. the approval of a call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// Is `status` terminal?

@@ -14,7 +14,7 @@ pub struct Store {
     fsyncs: bool,
 }
 
-const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root";
+const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting";
 
 impl Store {
     /// Opens (creating) the registry.
@@ -30,11 +30,24 @@ impl Store {
                tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
                spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
                result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
-               continuation_of TEXT, chain_root TEXT);
+               continuation_of TEXT, chain_root TEXT, waiting TEXT);
              CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
              CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
         )
         .map_err(st)?;
+        // Registries made before `waiting` existed gain the column.
+        let has_waiting: bool = db
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name='waiting'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(st)?
+            > 0;
+        if !has_waiting {
+            db.execute_batch("ALTER TABLE threads ADD COLUMN waiting TEXT")
+                .map_err(st)?;
+        }
         Ok(Store {
             db,
             in_batch: false,
@@ -162,14 +175,14 @@ impl Store {
                 )));
             }
         }
-        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"))
+        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)"))
             .map_err(st)?
             .execute(
             params![
                 row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
                 row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
                 row.spawn_count, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
-                row.continuation_of, row.chain_root
+                row.continuation_of, row.chain_root, row.waiting
             ],
         )
         .map_err(st)?;
@@ -182,13 +195,14 @@ impl Store {
             .db
             .prepare_cached(
                 "UPDATE threads SET status=?2, updated_at=?3, turns=?4, tokens_in=?5, tokens_out=?6, own_spend=?7,
-                 spend=?8, result=?9, outputs=?10, error=?11
+                 spend=?8, result=?9, outputs=?10, error=?11, waiting=?12
                  WHERE id=?1 AND status NOT IN ('completed','error','cancelled','continued')",
             )
             .map_err(st)?
             .execute(params![
                 row.id, row.status, row.updated_at, row.turns, row.input_tokens, row.output_tokens,
-                row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error
+                row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error,
+                row.waiting
             ])
             .map_err(st)?;
         Ok(())
@@ -284,7 +298,7 @@ impl Store {
     pub fn finish_interrupted(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
         self.db
             .execute(
-                "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6
+                "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6, waiting=NULL
                  WHERE id=?1 AND status IN ('created','running')",
                 params![
                     row.id,
@@ -378,6 +392,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
         owner_pid: r.get(17)?,
         continuation_of: r.get(18)?,
         chain_root: r.get(19)?,
+        waiting: r.get(20)?,
     })
 }
 

@@ -281,6 +281,33 @@ impl Runtime {
             .is_ok()
     }
 
+    /// A person's decision on a call of thread `id` (of this runtime) that waits for approval:
+    /// approve runs it, deny gives the model an error result with `reason`. `call` None picks
+    /// the only waiting call. Returns the call decided.
+    pub async fn decide(
+        &self,
+        id: &ThreadId,
+        call: Option<&str>,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<String, String> {
+        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
+            return Err(format!(
+                "thread {id} is not running in process {}",
+                std::process::id()
+            ));
+        };
+        ractor::call!(ActorRef::<ThreadMsg>::from(cell), |reply| {
+            ThreadMsg::Decide {
+                call: call.map(str::to_string),
+                approve,
+                reason: reason.map(str::to_string),
+                reply,
+            }
+        })
+        .map_err(|e| format!("thread {id} did not answer: {e}"))?
+    }
+
     /// Ledger audit: (accounts violating the invariant, open reservations).
     pub async fn audit(&self) -> (Vec<Account>, usize) {
         ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Audit { reply }).unwrap_or_default()

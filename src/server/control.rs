@@ -3,7 +3,7 @@
 //! process that owns a thread (found through the registry's `owner_pid`).
 //!
 //! Protocol: one JSON object per line each way. Requests: `{"op":"cancel","id":…}`,
-//! `{"op":"ping"}`. Replies: `{"ok":true,…}` or `{"ok":false,"error":…}`. It only forwards
+//! `{"op":"approve"|"deny","id":…,"call"?:…,"reason"?:…}`, `{"op":"ping"}`. Replies: `{"ok":true,…}` or `{"ok":false,"error":…}`. It only forwards
 //! messages to actors; it never touches thread state itself.
 
 use crate::core::ids::ThreadId;
@@ -31,8 +31,22 @@ impl Drop for ControlEndpoint {
 }
 
 /// Answers one request for `rt`.
-pub(crate) fn handle(rt: &Runtime, req: &Value) -> Value {
-    match req.get("op").and_then(Value::as_str) {
+pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
+    let op = req.get("op").and_then(Value::as_str);
+    if let Some(op @ ("approve" | "deny")) = op {
+        let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => return json!({ "ok": false, "error": e }),
+            None => return json!({ "ok": false, "error": "`id` is required" }),
+        };
+        let call = req.get("call").and_then(Value::as_str);
+        let reason = req.get("reason").and_then(Value::as_str);
+        return match rt.decide(&id, call, op == "approve", reason).await {
+            Ok(call) => json!({ "ok": true, "thread_id": id, "call": call, "decision": op }),
+            Err(e) => json!({ "ok": false, "error": e }),
+        };
+    }
+    match op {
         Some("ping") => json!({ "ok": true, "pid": std::process::id() }),
         Some("cancel") => {
             let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
@@ -51,7 +65,7 @@ pub(crate) fn handle(rt: &Runtime, req: &Value) -> Value {
                 json!({ "ok": false, "error": format!("thread {id} is not running in process {}", std::process::id()) })
             }
         }
-        _ => json!({ "ok": false, "error": "unknown op (expected cancel or ping)" }),
+        _ => json!({ "ok": false, "error": "unknown op (expected cancel, approve, deny or ping)" }),
     }
 }
 
@@ -102,7 +116,7 @@ mod imp {
         let mut lines = BufReader::new(r).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let reply = match serde_json::from_str::<Value>(&line) {
-                Ok(req) => handle(&rt, &req),
+                Ok(req) => handle(&rt, &req).await,
                 Err(e) => json!({ "ok": false, "error": format!("not JSON: {e}") }),
             };
             if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {

@@ -36,6 +36,13 @@ pub enum Event {
         /// Own spend so far.
         spend: Nanos,
     },
+    /// A thread started or stopped waiting on a person (e.g. the approval of a call).
+    Waiting {
+        /// Thread.
+        id: ThreadId,
+        /// What it waits for; None once nothing is.
+        waiting: Option<String>,
+    },
     /// A thread reached a terminal state.
     Finished(Box<ThreadReport>),
 }

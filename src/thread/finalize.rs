@@ -73,6 +73,7 @@ impl ThreadActor {
         // Cancelling also cuts the LLM call under way short; the thread waits (bounded by the
         // grace) for its outcome, so what the provider may have billed is settled, never $0.
         s.cancel.cancel();
+        super::approval::abandon(s);
         let live = s.live_children();
         if live.is_empty() && s.spawning.is_empty() && s.tool_tasks.is_empty() && s.call.is_none() {
             return self.complete_finalize(me, s, e).await;

@@ -16,6 +16,7 @@
 //! thread-management tools acting on the actor's own state), `children` (children and waits),
 //! `finalize` (ending), `conversation` (system prompt, rebuild), `spawn` (SPEC §4), `ctx`.
 
+mod approval;
 mod children;
 mod conversation;
 mod ctx;
@@ -96,6 +97,7 @@ impl Actor for ThreadActor {
             spawning: Default::default(),
             tool_tasks: Default::default(),
             returned_files: Vec::new(),
+            pending_approvals: Vec::new(),
             doomed: Default::default(),
             attempt: 0,
             call: None,
@@ -161,6 +163,15 @@ impl Actor for ThreadActor {
                 if !self.drained(&me, s).await {
                     self.tool_done(&me, s, call_id, outcome).await;
                 }
+            }
+            ThreadMsg::Decide {
+                call,
+                approve,
+                reason,
+                reply,
+            } => {
+                let r = self.decide(&me, s, call, approve, reason).await;
+                let _ = reply.send(r);
             }
             ThreadMsg::ChildFinished(r) => self.child_finished(&me, s, *r).await,
             ThreadMsg::WaitTimeout { call_id } => self.wait_timeout(&me, s, call_id).await,

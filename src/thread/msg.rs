@@ -102,6 +102,17 @@ pub(crate) enum ThreadMsg {
         /// Its result.
         outcome: ToolOutcome,
     },
+    /// A person's decision on a call waiting for approval.
+    Decide {
+        /// The call (None: the only one waiting).
+        call: Option<String>,
+        /// Approve (run it) or deny (an error result for the model).
+        approve: bool,
+        /// Why, for the model and the transcript.
+        reason: Option<String>,
+        /// The call decided, or why nothing was.
+        reply: RpcReplyPort<Result<String, String>>,
+    },
     /// A child ended.
     ChildFinished(Box<ThreadReport>),
     /// A `wait_threads` timeout fired.

@@ -117,6 +117,8 @@ pub(crate) struct ThreadState {
     /// Files named by `directive_return` (in this thread's area until the end, then copied to
     /// the parent's area, and these become the paths there).
     pub(super) returned_files: Vec<String>,
+    /// Calls parked until a person approves or denies them, in the order they were made.
+    pub(super) pending_approvals: Vec<crate::provider::ToolCall>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
     pub(super) doomed: std::collections::HashSet<String>,
 }
@@ -181,6 +183,7 @@ impl ThreadState {
             outputs: self.doc.outputs.clone(),
             error: self.doc.error.clone(),
             owner_pid: std::process::id(),
+            waiting: super::approval::marker(self),
             ..Default::default()
         }
     }

@@ -114,8 +114,8 @@ pub(super) async fn dispatch(
         Ok(n) => n,
         Err(m) => return Some(ToolOutcome::err(m)),
     };
-    if let Some(cap) = needed {
-        if let Err(denied) = check(&s.doc.capabilities, &cap, s.doc.id.as_str()) {
+    if let Some(cap) = &needed {
+        if let Err(denied) = check(&s.doc.capabilities, cap, s.doc.id.as_str()) {
             s.log(
                 "tool_denied",
                 json!({ "id": call.id, "name": call.name, "capability": cap }),
@@ -123,6 +123,19 @@ pub(super) async fn dispatch(
             return Some(ToolOutcome::err(denied));
         }
     }
+    if super::approval::required(s, &call, needed.as_deref()) {
+        super::approval::park(s, call);
+        return None;
+    }
+    run(me, s, call).await
+}
+
+/// Runs or starts one call that passed the gate (and, if it needed one, a person's approval).
+pub(super) async fn run(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
     match call.name.as_str() {
         "directive_return" => Some(manage::directive_return(s, &call.input)),
         "spawn_thread" => manage::spawn_thread(me, s, call),

@@ -314,14 +314,6 @@ pub(crate) async fn run(
     call_id: &str,
     cancel: CancellationToken,
 ) -> CommandResult {
-    if tool.approval {
-        // Never run without the approval it asks for: until `weft approve` exists, refused.
-        return CommandResult::err(format!(
-            "tool `{}` requires a person's approval (approval: required in {}), and this build cannot ask for one yet; nothing was run",
-            tool.name,
-            tool.source.display()
-        ));
-    }
     if let Err(m) = schema::validate(&tool.input_schema, input) {
         return CommandResult::err(format!(
             "invalid input for tool `{}`: {m}; nothing was run",
