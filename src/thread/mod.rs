@@ -98,6 +98,7 @@ impl Actor for ThreadActor {
             tool_tasks: Default::default(),
             returned_files: Vec::new(),
             pending_approvals: Vec::new(),
+            files_lock: Default::default(),
             doomed: Default::default(),
             attempt: 0,
             call: None,

@@ -117,6 +117,9 @@ pub(crate) struct ThreadState {
     /// Files named by `directive_return` (in this thread's area until the end, then copied to
     /// the parent's area, and these become the paths there).
     pub(super) returned_files: Vec<String>,
+    /// File tools of one thread run one at a time (a size check and the write it allows are
+    /// not interleaved with another call's).
+    pub(super) files_lock: Arc<std::sync::Mutex<()>>,
     /// Calls parked until a person approves or denies them, in the order they were made.
     pub(super) pending_approvals: Vec<crate::provider::ToolCall>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.

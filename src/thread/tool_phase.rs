@@ -146,8 +146,10 @@ pub(super) async fn run(
             let area = s.ctx.project.thread_dir(s.id()).join("files");
             let limits = s.ctx.config.files;
             let (name, input) = (call.name.clone(), call.input.clone());
+            let lock = s.files_lock.clone();
             run_as_task(me, s, call.id, async move {
                 let res = tokio::task::spawn_blocking(move || {
+                    let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
                     crate::tools::run_file_tool(&name, &input, &area, limits)
                 })
                 .await;
@@ -169,8 +171,13 @@ pub(super) async fn run(
             let ctx = s.ctx.clone();
             let cancel = s.cancel.child_token();
             let input = call.input.clone();
+            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let id = call.id.clone();
             run_as_task(me, s, call.id, async move {
-                let (content, is_error) = ctx.mcp.call(&server, &tool, &input, cancel).await;
+                let (content, is_error) = ctx
+                    .mcp
+                    .call(&server, &tool, &input, &area, &id, cancel)
+                    .await;
                 ToolOutcome {
                     content,
                     is_error,

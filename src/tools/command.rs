@@ -437,30 +437,46 @@ pub(crate) async fn run(
             is_error: false,
         };
     }
-    // Too long for the result: the whole output goes to the file area, the result says where.
-    let rel = format!("tool-output/{}-{}.txt", tool.name, sanitize(call_id));
+    CommandResult {
+        content: cut_and_keep(
+            &text,
+            out.len(),
+            tool.max_output,
+            files,
+            &tool.name,
+            call_id,
+            truncated_by_cap,
+        ),
+        is_error: false,
+    }
+}
+
+/// A result longer than `max` bytes: the first `max` bytes (on a character boundary) and a note
+/// naming where the whole text was kept in the thread's file area (`tool-output/`).
+pub(super) fn cut_and_keep(
+    text: &str,
+    total: usize,
+    max: u64,
+    files: &Path,
+    tool: &str,
+    call_id: &str,
+    capped: bool,
+) -> String {
+    let rel = format!("tool-output/{}-{}.txt", sanitize(tool), sanitize(call_id));
     let kept = std::fs::create_dir_all(files.join("tool-output"))
-        .and_then(|()| std::fs::write(files.join(&rel), &out));
-    let mut cut = (tool.max_output as usize).min(text.len());
+        .and_then(|()| std::fs::write(files.join(&rel), text));
+    let mut cut = (max as usize).min(text.len());
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
     let note = match kept {
         Ok(()) => format!(
-            "\n[output cut at {} of {} bytes{}; the whole output is in the file area at `{rel}` (file_read)]",
-            cut,
-            out.len(),
-            if truncated_by_cap { ", itself cut at the 64 MiB cap" } else { "" }
+            "\n[output cut at {cut} of {total} bytes{}; the whole output is in the file area at `{rel}` (file_read)]",
+            if capped { ", itself cut at the 64 MiB cap" } else { "" }
         ),
-        Err(e) => format!(
-            "\n[output cut at {cut} of {} bytes; keeping the whole output failed: {e}]",
-            out.len()
-        ),
+        Err(e) => format!("\n[output cut at {cut} of {total} bytes; keeping the whole output failed: {e}]"),
     };
-    CommandResult {
-        content: format!("{}{note}", &text[..cut]),
-        is_error: false,
-    }
+    format!("{}{note}", &text[..cut])
 }
 
 /// A bare program name is looked up in weft's own `PATH` (the child's environment is cleared).

@@ -25,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Result bytes kept; a longer result is kept whole in the thread's file area.
+const MAX_RESULT: u64 = 64 * 1024;
 
 /// A running server and the tools it listed.
 struct Server {
@@ -196,6 +198,8 @@ impl McpHub {
         server: &str,
         tool: &str,
         input: &Value,
+        files: &std::path::Path,
+        call_id: &str,
         cancel: CancellationToken,
     ) -> (String, bool) {
         let s = match self.server(server).await {
@@ -241,6 +245,13 @@ impl McpHub {
                     if let Some(v) = &r.structured_content {
                         text = v.to_string();
                     }
+                }
+                if text.len() as u64 > MAX_RESULT {
+                    let total = text.len();
+                    let name = tool_name(server, tool);
+                    text = super::command::cut_and_keep(
+                        &text, total, MAX_RESULT, files, &name, call_id, false,
+                    );
                 }
                 (text, r.is_error.unwrap_or(false))
             }

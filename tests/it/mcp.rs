@@ -93,6 +93,10 @@ async fn server_everything_over_stdio_answers_granted_tools_only() {
             ),
             ("mcp__everything__get-sum", json!({"a": 2, "b": 3})),
             ("mcp__everything__get-env", json!({})),
+            (
+                "mcp__everything__echo",
+                json!({"message": "y".repeat(70_000)}),
+            ),
         ]],
         &stdio_config(&js, "stdio-basic"),
     );
@@ -102,6 +106,20 @@ async fn server_everything_over_stdio_answers_granted_tools_only() {
     assert!(!r[0].1 && r[0].0.contains("hello from weft"), "{:?}", r[0]);
     assert!(!r[1].1 && r[1].0.contains('5'), "{:?}", r[1]);
     assert!(r[2].1 && r[2].0.contains("ungranted"), "{:?}", r[2]);
+    // A result too long for the model is cut, and kept whole in the file area.
+    assert!(!r[3].1, "{:?}", &r[3].0[..200]);
+    assert!(r[3].0.len() < 66_000, "{}", r[3].0.len());
+    assert!(r[3]
+        .0
+        .contains("the whole output is in the file area at `tool-output/"));
+    let kept = fx
+        .root()
+        .join(".weft/threads")
+        .join(report.thread_id.as_str())
+        .join("files/tool-output");
+    let files: Vec<_> = std::fs::read_dir(kept).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1);
+    assert!(std::fs::metadata(files[0].path()).unwrap().len() > 70_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
