@@ -278,3 +278,36 @@ async fn a_literal_credential_in_the_config_is_refused() {
         "names the file and line: {err}"
     );
 }
+
+/// The server is told: cancelling a thread sends `notifications/cancelled` for its MCP call,
+/// which the official Python SDK turns into the cancellation of the tool's task (observed here
+/// by a small server on that SDK, `tests/fixtures/mcp/cancel_probe.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_reaches_the_server_as_notifications_cancelled() {
+    let Some(py) = time_python() else { return };
+    let probe =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/cancel_probe.py");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("mark");
+    let fx = fixture(
+        "[\"mcp.probe.*\"]",
+        &[vec![("mcp__probe__hang", json!({"seconds": 60}))]],
+        &format!(
+            "mcp_servers:\n  probe: {{ command: {}, args: [{}, {}] }}\n",
+            json!(py.display().to_string()),
+            json!(probe.display().to_string()),
+            json!(mark.display().to_string())
+        ),
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let started = marks.path().join("mark.started");
+    wait_until("the tool runs on the server", || started.exists()).await;
+    handle.cancel("enough");
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    wait_until("the server saw notifications/cancelled", || mark.exists()).await;
+}
