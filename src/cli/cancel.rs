@@ -147,3 +147,59 @@ pub(super) async fn decide(
         })
     }
 }
+
+/// `weft inject`: a message for a running thread's next turn.
+pub(super) async fn inject(
+    explicit: Option<PathBuf>,
+    id: String,
+    text: String,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_store(&project)?;
+    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
+        usage(format!(
+            "no thread {id} in this project (see `weft threads`)"
+        ))
+    })?;
+    if crate::registry::is_terminal(&row.status) {
+        return Err(usage(format!(
+            "thread {id} is {}; a message can only reach a running thread (`weft resume {id} -m TEXT` continues it)",
+            row.status
+        )));
+    }
+    #[cfg(unix)]
+    {
+        let reply = crate::server::control::request(
+            &project,
+            row.owner_pid,
+            &json!({ "op": "inject", "id": id, "text": text }),
+        )
+        .await
+        .map_err(|m| Exit {
+            code: 1,
+            message: m,
+        })?;
+        if reply["ok"] != true {
+            return Err(Exit {
+                code: 1,
+                message: reply["error"].as_str().unwrap_or("refused").to_string(),
+            });
+        }
+        if as_json {
+            out!("{reply}");
+        } else {
+            out!("{id}: message queued for its next turn");
+        }
+        Ok(0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (text, as_json);
+        Err(Exit {
+            code: 1,
+            message: "messages need the control socket (Unix only)".into(),
+        })
+    }
+}

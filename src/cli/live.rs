@@ -18,6 +18,7 @@ pub(super) fn print_event(ev: &Event) {
             r.spend_nanos
         ),
         Event::Turn { .. } => {}
+        Event::Status { id, text } => out!("status   {id} — {text}"),
         Event::Waiting { id, waiting } => match waiting {
             Some(w) => {
                 out!("waiting  {id} — {w}; answer with `weft approve {id}` or `weft deny {id}`")
@@ -59,6 +60,7 @@ impl LiveTree {
                     r.4 = *spend;
                 }
             }
+            Event::Status { .. } => {}
             Event::Waiting { id, waiting } => {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
                     r.2 = match waiting {

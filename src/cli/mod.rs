@@ -103,6 +103,16 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Send a running thread a message, delivered before its next turn (from any terminal).
+    Inject {
+        /// Thread id.
+        id: String,
+        /// The message.
+        text: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Approve a call waiting for a person's approval (from any terminal).
     Approve {
         /// Thread id.
@@ -236,6 +246,7 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => threads::threads(cli.project, tree, active, json),
         Cmd::Cancel { id, json } => cancel::cancel(cli.project, id, json).await,
+        Cmd::Inject { id, text, json } => cancel::inject(cli.project, id, text, json).await,
         Cmd::Approve { id, call, json } => {
             cancel::decide(cli.project, id, call, true, None, json).await
         }

@@ -28,6 +28,9 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
     }
     out!("{} ({})", row.id, row.directive);
     out!("  status     {}", row.status);
+    if let Some(t) = &row.status_text {
+        out!("  says       {t}");
+    }
     if let Some(w) = &row.waiting {
         out!("  waiting    {w} — answer with `weft approve {id} [--call ID]` or `weft deny {id} [--call ID] [--reason TEXT]`");
     }

@@ -51,6 +51,7 @@ pub(super) fn tree_lines(rows: &[ThreadRow]) -> Vec<String> {
             r.waiting
                 .as_deref()
                 .map(|w| format!(" — waiting for {w}"))
+                .or_else(|| r.status_text.as_deref().map(|t| format!(" — {t}")))
                 .unwrap_or_default()
         ));
         for c in rows
@@ -114,6 +115,7 @@ pub(super) fn threads(
                 r.waiting
                     .as_deref()
                     .map(|w| format!(" — waiting for {w}"))
+                    .or_else(|| r.status_text.as_deref().map(|t| format!(" — {t}")))
                     .unwrap_or_default()
             );
         }

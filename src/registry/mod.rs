@@ -105,6 +105,9 @@ pub struct ThreadRow {
     /// What a running thread waits for, if it waits on a person (e.g. the approval of a call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// The thread's own short status line (`set_status`), if it set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_text: Option<String>,
 }
 
 /// Is `status` terminal?

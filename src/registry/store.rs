@@ -14,7 +14,7 @@ pub struct Store {
     fsyncs: bool,
 }
 
-const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting";
+const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting,status_text";
 
 impl Store {
     /// Opens (creating) the registry.
@@ -30,23 +30,25 @@ impl Store {
                tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
                spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
                result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
-               continuation_of TEXT, chain_root TEXT, waiting TEXT);
+               continuation_of TEXT, chain_root TEXT, waiting TEXT, status_text TEXT);
              CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
              CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
         )
         .map_err(st)?;
-        // Registries made before `waiting` existed gain the column.
-        let has_waiting: bool = db
-            .query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name='waiting'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(st)?
-            > 0;
-        if !has_waiting {
-            db.execute_batch("ALTER TABLE threads ADD COLUMN waiting TEXT")
-                .map_err(st)?;
+        // Registries made before these columns existed gain them.
+        for column in ["waiting", "status_text"] {
+            let has: bool = db
+                .query_row(
+                    "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name=?1",
+                    [column],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(st)?
+                > 0;
+            if !has {
+                db.execute_batch(&format!("ALTER TABLE threads ADD COLUMN {column} TEXT"))
+                    .map_err(st)?;
+            }
         }
         Ok(Store {
             db,
@@ -175,14 +177,14 @@ impl Store {
                 )));
             }
         }
-        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)"))
+        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22)"))
             .map_err(st)?
             .execute(
             params![
                 row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
                 row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
                 row.spawn_count, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
-                row.continuation_of, row.chain_root, row.waiting
+                row.continuation_of, row.chain_root, row.waiting, row.status_text
             ],
         )
         .map_err(st)?;
@@ -195,14 +197,14 @@ impl Store {
             .db
             .prepare_cached(
                 "UPDATE threads SET status=?2, updated_at=?3, turns=?4, tokens_in=?5, tokens_out=?6, own_spend=?7,
-                 spend=?8, result=?9, outputs=?10, error=?11, waiting=?12
+                 spend=?8, result=?9, outputs=?10, error=?11, waiting=?12, status_text=?13
                  WHERE id=?1 AND status NOT IN ('completed','error','cancelled','continued')",
             )
             .map_err(st)?
             .execute(params![
                 row.id, row.status, row.updated_at, row.turns, row.input_tokens, row.output_tokens,
                 row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error,
-                row.waiting
+                row.waiting, row.status_text
             ])
             .map_err(st)?;
         Ok(())
@@ -393,6 +395,7 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
         continuation_of: r.get(18)?,
         chain_root: r.get(19)?,
         waiting: r.get(20)?,
+        status_text: r.get(21)?,
     })
 }
 

@@ -131,7 +131,7 @@ impl SubtreeEvents {
                     }
                     id
                 }
-                Event::Turn { id, .. } | Event::Waiting { id, .. } => id,
+                Event::Turn { id, .. } | Event::Waiting { id, .. } | Event::Status { id, .. } => id,
                 Event::Finished(r) => &r.thread_id,
             };
             if self.members.contains(id) {

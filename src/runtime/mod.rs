@@ -308,6 +308,25 @@ impl Runtime {
         .map_err(|e| format!("thread {id} did not answer: {e}"))?
     }
 
+    /// Queues `text` for thread `id` (of this runtime): delivered as a user message before its
+    /// next turn.
+    pub async fn inject(&self, id: &ThreadId, text: &str) -> Result<(), String> {
+        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
+            return Err(format!(
+                "thread {id} is not running in process {}",
+                std::process::id()
+            ));
+        };
+        ractor::call!(ActorRef::<ThreadMsg>::from(cell), |reply| {
+            ThreadMsg::Inject {
+                from: "person".into(),
+                text: text.to_string(),
+                reply: Some(reply),
+            }
+        })
+        .map_err(|e| format!("thread {id} did not answer: {e}"))?
+    }
+
     /// Ledger audit: (accounts violating the invariant, open reservations).
     pub async fn audit(&self) -> (Vec<Account>, usize) {
         ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Audit { reply }).unwrap_or_default()

@@ -3,7 +3,8 @@
 //! process that owns a thread (found through the registry's `owner_pid`).
 //!
 //! Protocol: one JSON object per line each way. Requests: `{"op":"cancel","id":…}`,
-//! `{"op":"approve"|"deny","id":…,"call"?:…,"reason"?:…}`, `{"op":"ping"}`. Replies: `{"ok":true,…}` or `{"ok":false,"error":…}`. It only forwards
+//! `{"op":"approve"|"deny","id":…,"call"?:…,"reason"?:…}`, `{"op":"inject","id":…,"text":…}`,
+//! `{"op":"ping"}`. Replies: `{"ok":true,…}` or `{"ok":false,"error":…}`. It only forwards
 //! messages to actors; it never touches thread state itself.
 
 use crate::core::ids::ThreadId;
@@ -33,6 +34,20 @@ impl Drop for ControlEndpoint {
 /// Answers one request for `rt`.
 pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
     let op = req.get("op").and_then(Value::as_str);
+    if op == Some("inject") {
+        let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => return json!({ "ok": false, "error": e }),
+            None => return json!({ "ok": false, "error": "`id` is required" }),
+        };
+        let Some(text) = req.get("text").and_then(Value::as_str) else {
+            return json!({ "ok": false, "error": "`text` is required" });
+        };
+        return match rt.inject(&id, text).await {
+            Ok(()) => json!({ "ok": true, "thread_id": id, "queued": true }),
+            Err(e) => json!({ "ok": false, "error": e }),
+        };
+    }
     if let Some(op @ ("approve" | "deny")) = op {
         let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
             Some(Ok(id)) => id,
@@ -65,7 +80,9 @@ pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
                 json!({ "ok": false, "error": format!("thread {id} is not running in process {}", std::process::id()) })
             }
         }
-        _ => json!({ "ok": false, "error": "unknown op (expected cancel, approve, deny or ping)" }),
+        _ => {
+            json!({ "ok": false, "error": "unknown op (expected cancel, approve, deny, inject or ping)" })
+        }
     }
 }
 

@@ -43,6 +43,13 @@ pub enum Event {
         /// What it waits for; None once nothing is.
         waiting: Option<String>,
     },
+    /// A thread set its status line (`set_status`).
+    Status {
+        /// Thread.
+        id: ThreadId,
+        /// The status line.
+        text: String,
+    },
     /// A thread reached a terminal state.
     Finished(Box<ThreadReport>),
 }

@@ -23,6 +23,7 @@ mod ctx;
 mod dead;
 mod finalize;
 mod manage;
+mod messages;
 mod msg;
 mod spawn;
 mod state;
@@ -66,6 +67,9 @@ impl Actor for ThreadActor {
         a: ThreadArgs,
     ) -> Result<ThreadState, ActorProcessingErr> {
         let mut tools = manage::offered(&a.directive, &a.doc.capabilities, &a.ctx.commands);
+        if a.parent.is_some() {
+            tools.extend(messages::child_tools());
+        }
         // MCP servers this thread may use start now (first use), so their tools can be offered.
         let (mcp_tools, mcp_problems) = a.ctx.mcp.offered(&a.doc.capabilities).await;
         tools.extend(mcp_tools);
@@ -99,6 +103,8 @@ impl Actor for ThreadActor {
             returned_files: Vec::new(),
             pending_approvals: Vec::new(),
             files_lock: Default::default(),
+            inbox: Vec::new(),
+            status_text: None,
             doomed: Default::default(),
             attempt: 0,
             call: None,
@@ -173,6 +179,12 @@ impl Actor for ThreadActor {
             } => {
                 let r = self.decide(&me, s, call, approve, reason).await;
                 let _ = reply.send(r);
+            }
+            ThreadMsg::Inject { from, text, reply } => {
+                let queued = messages::queue(s, &from, text);
+                if let Some(r) = reply {
+                    let _ = r.send(queued);
+                }
             }
             ThreadMsg::ChildFinished(r) => self.child_finished(&me, s, *r).await,
             ThreadMsg::WaitTimeout { call_id } => self.wait_timeout(&me, s, call_id).await,

@@ -113,6 +113,15 @@ pub(crate) enum ThreadMsg {
         /// The call decided, or why nothing was.
         reply: RpcReplyPort<Result<String, String>>,
     },
+    /// A message for the thread's next turn (`weft inject`, a child's `notify_parent`).
+    Inject {
+        /// "person" or the sending child's id.
+        from: String,
+        /// The message.
+        text: String,
+        /// Whether it was queued (None: a child's notification, nobody waits).
+        reply: Option<RpcReplyPort<Result<(), String>>>,
+    },
     /// A child ended.
     ChildFinished(Box<ThreadReport>),
     /// A `wait_threads` timeout fired.

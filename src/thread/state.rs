@@ -120,6 +120,10 @@ pub(crate) struct ThreadState {
     /// File tools of one thread run one at a time (a size check and the write it allows are
     /// not interleaved with another call's).
     pub(super) files_lock: Arc<std::sync::Mutex<()>>,
+    /// Messages waiting for the next turn: (from — "person" or a child's id, text).
+    pub(super) inbox: Vec<(String, String)>,
+    /// The thread's own status line (`set_status`).
+    pub(super) status_text: Option<String>,
     /// Calls parked until a person approves or denies them, in the order they were made.
     pub(super) pending_approvals: Vec<crate::provider::ToolCall>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
@@ -187,6 +191,7 @@ impl ThreadState {
             error: self.doc.error.clone(),
             owner_pid: std::process::id(),
             waiting: super::approval::marker(self),
+            status_text: self.status_text.clone(),
             ..Default::default()
         }
     }

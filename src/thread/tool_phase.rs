@@ -138,6 +138,8 @@ pub(super) async fn run(
 ) -> Option<ToolOutcome> {
     match call.name.as_str() {
         "directive_return" => Some(manage::directive_return(s, &call.input)),
+        "notify_parent" => Some(super::messages::notify_parent(s, &call.input)),
+        "set_status" => Some(super::messages::set_status(s, &call.input)),
         "spawn_thread" => manage::spawn_thread(me, s, call),
         "wait_threads" => manage::wait_threads(me, s, call),
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),

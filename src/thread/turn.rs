@@ -106,6 +106,7 @@ impl ThreadActor {
         if !matches!(s.phase, Phase::Idle) {
             return;
         }
+        super::messages::deliver(s);
         if !s.announce.is_empty() {
             let reports: Vec<Value> = s.announce.drain(..).map(|r| json!(r)).collect();
             let text = format!("Children finished: {}", Value::Array(reports));

@@ -102,6 +102,8 @@ const RESERVED: &[&str] = &[
     "cancel_thread",
     "thread_status",
     "directive_return",
+    "notify_parent",
+    "set_status",
 ];
 
 /// The command tools of a project: the user's `tools/*.yaml`, then the project's (a project

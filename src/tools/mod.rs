@@ -65,7 +65,7 @@ pub(crate) fn may_manage(caps: &[String]) -> bool {
 /// The capability a call needs, or None when the tool is always granted.
 pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, String> {
     match call.name.as_str() {
-        "directive_return" => Ok(None),
+        "directive_return" | "notify_parent" | "set_status" => Ok(None),
         "spawn_thread" => {
             let d = call
                 .input

@@ -10,6 +10,7 @@ mod guarantees;
 mod layout;
 mod lifecycle;
 mod mcp;
+mod messages;
 mod providers;
 mod support;
 mod tools;
