@@ -16,8 +16,13 @@ const MAX_STATUS: usize = 200;
 /// Longest message one `inject` or `notify_parent` may carry.
 const MAX_MESSAGE: usize = 64 * 1024;
 
-/// The child tools, offered to every thread that has a parent.
+/// The child tools, offered to every thread that has a parent (built once).
 pub(super) fn child_tools() -> Vec<ToolSpec> {
+    static TOOLS: std::sync::LazyLock<Vec<ToolSpec>> = std::sync::LazyLock::new(build);
+    TOOLS.clone()
+}
+
+fn build() -> Vec<ToolSpec> {
     vec![
         ToolSpec {
             name: "notify_parent".into(),

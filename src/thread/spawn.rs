@@ -313,8 +313,7 @@ pub(crate) async fn spawn(
         }
     };
     let dir = ctx.project.thread_dir(&id);
-    if let Err(e) = std::fs::create_dir(&dir).and_then(|()| std::fs::create_dir(dir.join("files")))
-    {
+    if let Err(e) = std::fs::create_dir(&dir) {
         return Err(fail(format!("{}: {e}", dir.display())).await);
     }
     if let Some(p) = &parent_id {

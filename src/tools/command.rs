@@ -341,6 +341,15 @@ pub(crate) async fn run(
         }
     }
     let program = resolve_program(&argv[0]);
+    if tool.cwd == Cwd::Files {
+        // Areas are made on first use.
+        if let Err(e) = std::fs::create_dir_all(files) {
+            return CommandResult::err(format!(
+                "tool `{}`: the file area cannot be made: {e}",
+                tool.name
+            ));
+        }
+    }
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(&argv[1..])
         .current_dir(match tool.cwd {

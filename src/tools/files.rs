@@ -36,8 +36,19 @@ pub(crate) fn capability(tool: &str) -> Option<&'static str> {
     FILE_TOOLS.iter().find(|(n, _)| *n == tool).map(|(_, c)| *c)
 }
 
-/// The specs of the file tools `allowed` lets through (`allowed(capability)`).
+/// The specs of the file tools `allowed` lets through (`allowed(capability)`); built once.
 pub(crate) fn specs(allowed: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
+    static ALL: std::sync::LazyLock<Vec<ToolSpec>> = std::sync::LazyLock::new(all_specs);
+    if !allowed("fs.read") && !allowed("fs.write") {
+        return Vec::new();
+    }
+    ALL.iter()
+        .filter(|t| capability(&t.name).is_some_and(&allowed))
+        .cloned()
+        .collect()
+}
+
+fn all_specs() -> Vec<ToolSpec> {
     let path = json!({"type":"string","description":"relative to this thread's file area"});
     let all = [
         (
@@ -72,7 +83,6 @@ pub(crate) fn specs(allowed: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
         ),
     ];
     all.into_iter()
-        .filter(|(name, _, _)| capability(name).is_some_and(&allowed))
         .map(|(name, description, input_schema)| ToolSpec {
             name: name.into(),
             description: description.into(),
@@ -116,6 +126,8 @@ pub(crate) fn resolve(area: &Path, rel: &str) -> Result<PathBuf, String> {
     if p.components().any(|c| matches!(c, Component::ParentDir)) {
         return refuse("`..` would leave the thread's file area");
     }
+    // Areas are made on first use: a thread that never touches files costs no folder.
+    std::fs::create_dir_all(area).map_err(|e| format!("the file area cannot be made: {e}"))?;
     let root = area
         .canonicalize()
         .map_err(|e| format!("the file area cannot be read: {e}"))?;
