@@ -41,6 +41,7 @@
 mod cli;
 mod core;
 mod directive;
+mod hooks;
 mod ledger;
 mod project;
 mod provider;
@@ -58,6 +59,7 @@ pub use crate::core::status::Status;
 pub use crate::directive::{
     Declared, Directive, DirectiveError, InputSpec, Library, ModelSpec, OnChildError, OutputSpec,
 };
+pub use crate::hooks::HookError;
 pub use crate::ledger::Account;
 pub use crate::project::config::{Config, ConfigError, Durability, ProviderConfig};
 pub use crate::project::Project;

@@ -187,6 +187,8 @@ async fn follow(
         }
     }
     drop(control);
+    // An after_complete hook's command finishes before the process exits.
+    rt.drain_hooks().await;
     rt.shutdown();
     Ok(code)
 }

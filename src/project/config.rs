@@ -142,6 +142,8 @@ struct RawConfig {
     files: Option<RawFiles>,
     #[serde(default)]
     mcp_servers: BTreeMap<String, McpServerConfig>,
+    #[serde(default)]
+    builtin_hooks: Option<BuiltinHooks>,
 }
 
 /// The effective configuration.
@@ -174,6 +176,22 @@ pub struct Config {
     pub files: FileLimits,
     /// MCP tool servers by name.
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// Which built-in hooks run.
+    pub builtin_hooks: BuiltinHooks,
+}
+
+/// Built-in hooks (config `builtin_hooks:`), each switchable off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BuiltinHooks {
+    /// `after_complete` usage record appended to `.weft/usage.jsonl`.
+    pub usage_record: bool,
+}
+
+impl Default for BuiltinHooks {
+    fn default() -> Self {
+        BuiltinHooks { usage_record: true }
+    }
 }
 
 /// Size limits of a thread's file area (config `files:`).
@@ -311,6 +329,8 @@ prompt_overhead_tokens: 256
 # mcp_servers:
 #   everything: { command: npx, args: ["-y", "@modelcontextprotocol/server-everything"] }
 #   remote:     { url: "https://example.com/mcp", headers: { Authorization: "Bearer ${REMOTE_TOKEN}" } }
+# Built-in hooks (hooks/ of weft itself); switch any off here.
+builtin_hooks: { usage_record: true }   # after_complete: a line per thread in .weft/usage.jsonl
 # Each thread's private file area (.weft/threads/<id>/files/, tools file_* with fs.read/fs.write).
 files: { max_file_bytes: 10485760, max_area_bytes: 104857600 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
@@ -356,6 +376,7 @@ impl Default for Config {
             prompt_overhead: BTreeMap::new(),
             files: FileLimits::default(),
             mcp_servers: BTreeMap::new(),
+            builtin_hooks: BuiltinHooks::default(),
         }
     }
 }
@@ -487,6 +508,9 @@ impl Config {
         self.context_window.extend(raw.context_window);
         if let Some(o) = raw.prompt_overhead_tokens {
             self.prompt_overhead.insert("default".into(), o);
+        }
+        if let Some(b) = raw.builtin_hooks {
+            self.builtin_hooks = b;
         }
         for (name, server) in raw.mcp_servers {
             if let Some(problem) = server.problem(&name) {

@@ -121,6 +121,12 @@ impl RuntimeBuilder {
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project)?;
         let mcp = crate::tools::McpHub::new(config.mcp_servers.clone(), project.root.clone());
+        let hooks = crate::hooks::Hooks::load(
+            &crate::project::user_dir(),
+            &project.weft(),
+            &project.root,
+            config.builtin_hooks,
+        )?;
         let ctx = Arc::new(Ctx {
             project,
             config,
@@ -132,6 +138,8 @@ impl RuntimeBuilder {
             ledger,
             commands,
             mcp,
+            hooks,
+            hook_tasks: Default::default(),
             events,
             _owner_lock: Box::new(owner),
             verified: Default::default(),
@@ -193,6 +201,9 @@ pub enum OpenError {
     /// A command tool file (`tools/*.yaml`) that cannot be used.
     #[error(transparent)]
     Tool(#[from] crate::tools::ToolFileError),
+    /// A hooks file that cannot be used.
+    #[error(transparent)]
+    Hook(#[from] crate::hooks::HookError),
 }
 
 impl Runtime {
@@ -325,6 +336,23 @@ impl Runtime {
             }
         })
         .map_err(|e| format!("thread {id} did not answer: {e}"))?
+    }
+
+    /// Waits for the hook commands still running (a process calls this before it exits, so an
+    /// `after_complete` hook is not cut short).
+    pub async fn drain_hooks(&self) {
+        loop {
+            let tasks: Vec<_> = match self.ctx.hook_tasks.lock() {
+                Ok(mut t) => t.drain(..).collect(),
+                Err(_) => return,
+            };
+            if tasks.is_empty() {
+                return;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        }
     }
 
     /// Ledger audit: (accounts violating the invariant, open reservations).

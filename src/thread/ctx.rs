@@ -82,6 +82,10 @@ pub(crate) struct Ctx {
     pub commands: crate::tools::CommandTools,
     /// The MCP tool servers (`mcp_servers:`), started on first use.
     pub mcp: crate::tools::McpHub,
+    /// Hooks of layers 0, 2 and 3 (a directive's own join per thread).
+    pub hooks: crate::hooks::Hooks,
+    /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).
+    pub hook_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread
     /// of this runtime may run.
     pub _owner_lock: Box<dyn std::any::Any + Send + Sync>,

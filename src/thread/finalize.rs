@@ -55,6 +55,9 @@ impl ThreadActor {
 
     pub(super) async fn fail(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, error: String) {
         s.log("error", json!({ "message": error }));
+        let ctx = json!({ "thread_id": s.doc.id, "error": { "message": error },
+                          "classification": { "category": "permanent", "retryable": false } });
+        super::hook_run::fire(s, "error", ctx);
         let e = Ending {
             status: Status::Error,
             result: None,
@@ -159,7 +162,16 @@ impl ThreadActor {
             "status": e.status, "result": s.doc.result, "outputs": s.doc.outputs, "error": s.doc.error,
             "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos, "overrun_nanos": s.doc.cost.overrun_nanos,
         });
+        // after_complete hooks are recorded before the terminal line, which stays the last.
+        let done = json!({
+            "thread_id": s.doc.id, "directive": s.doc.directive, "status": e.status,
+            "result": s.doc.result, "outputs": s.doc.outputs, "duration_ms": s.started.elapsed().as_millis() as u64,
+            "cost": { "turns": s.doc.cost.turns, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens,
+                      "cache_read_tokens": s.usage.cache_read_tokens, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos },
+        });
+        super::hook_run::fire(s, "after_complete", done);
         s.log("thread_finished", fin);
+
         crate::core::failpoint::hit("finalize.line");
         // The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
         // threads ending together overlap their fsyncs instead of queueing on the workers.

@@ -22,6 +22,7 @@ mod conversation;
 mod ctx;
 mod dead;
 mod finalize;
+mod hook_run;
 mod manage;
 mod messages;
 mod msg;
@@ -104,6 +105,8 @@ impl Actor for ThreadActor {
             pending_approvals: Vec::new(),
             files_lock: Default::default(),
             inbox: Vec::new(),
+            hooks: Arc::new(a.hooks),
+            inputs: a.inputs,
             status_text: None,
             doomed: Default::default(),
             attempt: 0,

@@ -166,4 +166,8 @@ pub(crate) struct ThreadArgs {
     pub transcript: TranscriptWriter,
     /// Where a root reports.
     pub on_finish: Option<oneshot::Sender<ThreadReport>>,
+    /// The hooks this thread runs (every layer, the directive's included), in order.
+    pub hooks: Vec<crate::hooks::Hook>,
+    /// The inputs it was started with (hooks interpolate `{input:k}`).
+    pub inputs: Value,
 }

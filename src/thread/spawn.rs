@@ -180,6 +180,14 @@ pub(crate) async fn spawn(
         .as_ref()
         .map(|c| c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone()));
     let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
+    let hooks = ctx
+        .hooks
+        .with_directive(
+            directive.hooks.as_ref(),
+            &directive.source,
+            &ctx.project.root,
+        )
+        .map_err(|e| SpawnError::Config(e.to_string()))?;
     let id = ThreadId::generate(&directive.name);
     // A continuation of a thread that ran as a child stays in its tree: it is registered with the
     // tree's root and its account opens under the first thread of its chain's parent (closed
@@ -392,6 +400,8 @@ pub(crate) async fn spawn(
         doc,
         transcript,
         on_finish,
+        hooks,
+        inputs: Value::Object(inputs.clone()),
     };
     let spawned = match &req.parent {
         Some(p) => {

@@ -120,6 +120,10 @@ pub(crate) struct ThreadState {
     /// File tools of one thread run one at a time (a size check and the write it allows are
     /// not interleaved with another call's).
     pub(super) files_lock: Arc<std::sync::Mutex<()>>,
+    /// The hooks this thread runs, in order.
+    pub(super) hooks: Arc<Vec<crate::hooks::Hook>>,
+    /// The inputs it was started with.
+    pub(super) inputs: serde_json::Value,
     /// Messages waiting for the next turn: (from — "person" or a child's id, text).
     pub(super) inbox: Vec<(String, String)>,
     /// The thread's own status line (`set_status`).

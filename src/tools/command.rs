@@ -278,6 +278,24 @@ pub(crate) fn parse(file: &Path, text: &str, root: &Path) -> Result<CommandTool,
     })
 }
 
+impl CommandTool {
+    /// A hook's `run` action as a command (no input schema, no placeholders, project folder).
+    pub(crate) fn for_hook(id: &str, argv: Vec<String>, timeout: Duration) -> CommandTool {
+        CommandTool {
+            name: format!("hook:{id}"),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            argv,
+            cwd: Cwd::Project,
+            timeout,
+            env: Vec::new(),
+            max_output: DEFAULT_MAX_OUTPUT,
+            approval: false,
+            source: PathBuf::from(format!("hook {id}")),
+        }
+    }
+}
+
 /// `{input.key}` → `key`.
 fn placeholder(arg: &str) -> Option<&str> {
     arg.strip_prefix("{input.")?

@@ -11,8 +11,8 @@ mod files;
 mod mcp;
 mod schema;
 
-pub(crate) use command::CommandTools;
 pub use command::ToolFileError;
+pub(crate) use command::{CommandTool, CommandTools};
 pub(crate) use files::{
     copy_between, resolve as resolve_in_area, specs as file_tool_specs, FILE_TOOLS,
 };

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["project"],
     &["directive", "record"],
     &["ledger", "registry", "provider"],
-    &["tools"],
+    &["tools", "hooks"],
     &["thread"],
     &["runtime"],
     &["server"],

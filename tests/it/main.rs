@@ -7,6 +7,7 @@ mod directives;
 mod e2e_llm;
 mod fake_llm;
 mod guarantees;
+mod hooks;
 mod layout;
 mod lifecycle;
 mod mcp;

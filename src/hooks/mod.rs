@@ -1,0 +1,354 @@
+//! The hooks engine (SPEC §9): what runs when a thread starts, takes a step, hears from a child,
+//! hits a limit or an error, and completes — without editing every directive.
+//!
+//! Owns loading the layers (0 user `hooks.yaml`, 1 the directive's front matter `hooks:`,
+//! 2 built-in, 3 project `.weft/hooks.yaml`, 4 infrastructure), refusing duplicate ids across
+//! them, parsing conditions and actions (Rye's `{primary, item_type, item_id}` shape included),
+//! and choosing which hooks an event fires, in layer then definition order. Running an action is
+//! the thread's (it owns the conversation and the transcript). Must never let a bad hook file
+//! pass silently: errors name the file and the hook.
+
+mod cond;
+
+pub(crate) use cond::lookup;
+use cond::Cond;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// The events a hook may name.
+pub(crate) const EVENTS: &[&str] = &[
+    "thread_started",
+    "thread_continued",
+    "after_step",
+    "child_finished",
+    "limit",
+    "error",
+    "after_complete",
+];
+
+/// What a hook does.
+#[derive(Debug, Clone)]
+pub(crate) enum Action {
+    /// Add context to the conversation (`thread_started`, `thread_continued`).
+    Inject(Inject),
+    /// Run a command with the event as JSON on stdin (same process rules as command tools).
+    Run {
+        /// Program and arguments (no placeholders, no shell).
+        argv: Vec<String>,
+        /// Killed after this long.
+        timeout: std::time::Duration,
+    },
+    /// Built in: append the usage record of a completed thread to `.weft/usage.jsonl`.
+    UsageRecord,
+}
+
+/// Where injected context comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum Inject {
+    /// Literal text (`{input:k}` and `{path}` of the event interpolate).
+    Text(String),
+    /// A file of the project.
+    File(PathBuf),
+    /// The body of a directive, by name.
+    Directive(String),
+}
+
+/// One hook.
+#[derive(Debug, Clone)]
+pub(crate) struct Hook {
+    /// Unique across all layers.
+    pub id: String,
+    /// The event it fires on.
+    pub event: String,
+    /// When it fires (always, if None).
+    pub condition: Option<Cond>,
+    /// What it does.
+    pub action: Action,
+    /// Layer 0–4.
+    pub layer: u8,
+    /// Where it was defined.
+    pub source: String,
+}
+
+/// A hook definition that cannot be used.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{source_name}: hook `{id}`: {message}")]
+pub struct HookError {
+    /// The file (or directive) defining it.
+    pub source_name: String,
+    /// The hook's id (or its position).
+    pub id: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// The hooks of a project: layers 0, 2, 3 and 4 (a directive's layer 1 joins per thread).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hooks {
+    all: Vec<Hook>,
+}
+
+pub(crate) use crate::project::config::BuiltinHooks as Builtins;
+
+impl Hooks {
+    /// Loads the user's and the project's hook files and the enabled built-ins.
+    pub(crate) fn load(
+        user_dir: &Path,
+        project_weft: &Path,
+        root: &Path,
+        builtins: Builtins,
+    ) -> Result<Hooks, HookError> {
+        let mut all = Vec::new();
+        let user = user_dir.join("hooks.yaml");
+        all.extend(load_file(&user, 0, root)?);
+        if builtins.usage_record {
+            all.push(Hook {
+                id: "builtin_usage_record".into(),
+                event: "after_complete".into(),
+                condition: None,
+                action: Action::UsageRecord,
+                layer: 2,
+                source: "built-in".into(),
+            });
+        }
+        all.extend(load_file(&project_weft.join("hooks.yaml"), 3, root)?);
+        check_unique(&all)?;
+        Ok(Hooks { all })
+    }
+
+    /// The hooks a thread of a directive runs: these plus the directive's own (layer 1), in
+    /// layer order; a duplicate id across them is an error.
+    pub(crate) fn with_directive(
+        &self,
+        hooks: Option<&Value>,
+        source: &str,
+        root: &Path,
+    ) -> Result<Vec<Hook>, HookError> {
+        let mut all = self.all.clone();
+        if let Some(v) = hooks {
+            all.extend(parse_list(v, 1, source, root)?);
+        }
+        check_unique(&all)?;
+        all.sort_by_key(|h| h.layer);
+        Ok(all)
+    }
+}
+
+/// The hooks of `list` that `event` fires in `ctx`, in order.
+pub(crate) fn firing<'a>(list: &'a [Hook], event: &str, ctx: &Value) -> Vec<&'a Hook> {
+    list.iter()
+        .filter(|h| h.event == event)
+        .filter(|h| h.condition.as_ref().is_none_or(|c| c.holds(ctx)))
+        .collect()
+}
+
+fn check_unique(all: &[Hook]) -> Result<(), HookError> {
+    for (i, h) in all.iter().enumerate() {
+        if let Some(first) = all[..i].iter().find(|o| o.id == h.id) {
+            return Err(HookError {
+                source_name: h.source.clone(),
+                id: h.id.clone(),
+                message: format!(
+                    "the id is already used by a hook in {}; ids are unique across layers",
+                    first.source
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn load_file(path: &Path, layer: u8, root: &Path) -> Result<Vec<Hook>, HookError> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(Vec::new());
+    };
+    let source = path.display().to_string();
+    let v: Value = serde_saphyr::from_str(&text).map_err(|e| HookError {
+        source_name: source.clone(),
+        id: "-".into(),
+        message: crate::project::yaml::yaml_message(&e),
+    })?;
+    match v.get("hooks") {
+        Some(list) => parse_list(list, layer, &source, root),
+        None if v.is_null() => Ok(Vec::new()),
+        None => Err(HookError {
+            source_name: source,
+            id: "-".into(),
+            message: "a hooks file holds `hooks: [ ... ]`".into(),
+        }),
+    }
+}
+
+fn parse_list(v: &Value, layer: u8, source: &str, root: &Path) -> Result<Vec<Hook>, HookError> {
+    let Some(items) = v.as_array() else {
+        return Err(HookError {
+            source_name: source.into(),
+            id: "-".into(),
+            message: "`hooks` is a list".into(),
+        });
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, h)| parse_hook(h, i, layer, source, root))
+        .collect()
+}
+
+fn parse_hook(
+    h: &Value,
+    i: usize,
+    layer: u8,
+    source: &str,
+    root: &Path,
+) -> Result<Hook, HookError> {
+    let id = h
+        .get("id")
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("#{}", i + 1), str::to_string);
+    let err = |message: String| HookError {
+        source_name: source.into(),
+        id: id.clone(),
+        message,
+    };
+    if h.get("id").and_then(Value::as_str).is_none() {
+        return Err(err("every hook needs an `id`".into()));
+    }
+    let event = h
+        .get("event")
+        .and_then(Value::as_str)
+        .ok_or_else(|| err("every hook needs an `event`".into()))?;
+    if !EVENTS.contains(&event) {
+        return Err(err(format!(
+            "unknown event `{event}` ({})",
+            EVENTS.join(", ")
+        )));
+    }
+    let condition = h
+        .get("condition")
+        .filter(|c| !c.is_null())
+        .map(cond::parse)
+        .transpose()
+        .map_err(|m| err(format!("condition: {m}")))?;
+    let action = h
+        .get("action")
+        .ok_or_else(|| err("every hook needs an `action`".into()))
+        .and_then(|a| parse_action(a, event, root).map_err(|m| err(format!("action: {m}"))))?;
+    let layer = match h.get("layer").and_then(Value::as_u64) {
+        // Rye files name their layer; an infrastructure hook (4) only observes.
+        Some(4) => 4,
+        _ => layer,
+    };
+    Ok(Hook {
+        id,
+        event: event.into(),
+        condition,
+        action,
+        layer,
+        source: source.into(),
+    })
+}
+
+fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
+    let injectable = matches!(event, "thread_started" | "thread_continued");
+    let need_inject = |act: Action| {
+        if injectable {
+            Ok(act)
+        } else {
+            Err(format!(
+                "inject works on thread_started and thread_continued, not {event}"
+            ))
+        }
+    };
+    if let Some(i) = a.get("inject") {
+        let inject = if let Some(t) = i.get("text").and_then(Value::as_str) {
+            Inject::Text(t.into())
+        } else if let Some(f) = i.get("file").and_then(Value::as_str) {
+            Inject::File(root.join(f))
+        } else if let Some(d) = i.get("directive").and_then(Value::as_str) {
+            Inject::Directive(d.into())
+        } else {
+            return Err("inject takes `text`, `file` or `directive`".into());
+        };
+        return need_inject(Action::Inject(inject));
+    }
+    if let Some(r) = a.get("run") {
+        let argv: Vec<String> = r
+            .get("argv")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if argv.is_empty() {
+            return Err("run needs `argv` (a list: program and arguments)".into());
+        }
+        let timeout = match r.get("timeout").and_then(Value::as_str) {
+            Some(t) => humantime::parse_duration(t).map_err(|e| format!("timeout `{t}`: {e}"))?,
+            None => std::time::Duration::from_secs(30),
+        };
+        return Ok(Action::Run { argv, timeout });
+    }
+    // Rye's shape: {primary: load|execute, item_type, item_id}.
+    if let Some(primary) = a.get("primary").and_then(Value::as_str) {
+        let item_type = a.get("item_type").and_then(Value::as_str).unwrap_or("");
+        let item_id = a.get("item_id").and_then(Value::as_str).unwrap_or("");
+        return match (primary, item_type) {
+            ("load", "knowledge") => need_inject(Action::Inject(Inject::File(
+                root.join("knowledge").join(format!("{item_id}.md")),
+            ))),
+            ("load", "directive") => need_inject(Action::Inject(Inject::Directive(item_id.into()))),
+            _ => Err(format!(
+                "Rye action {primary} {item_type} `{item_id}` has no weft equivalent yet (load knowledge|directive map to inject)"
+            )),
+        };
+    }
+    if a.get("spawn").is_some() || a.get("control").is_some() {
+        return Err("spawn and control actions are not available yet in this build".into());
+    }
+    Err(format!("unknown action {a} (inject, run)"))
+}
+
+/// `{input:k}` (from `inputs`) and `{a.b}` (event paths) replaced in `text`.
+pub(crate) fn interpolate(text: &str, ctx: &Value) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find('{') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let Some(j) = after.find('}') else {
+            out.push_str(&rest[i..]);
+            return out;
+        };
+        let key = &after[..j];
+        let path = key
+            .strip_prefix("input:")
+            .map_or_else(|| key.to_string(), |k| format!("inputs.{k}"));
+        match lookup(ctx, &path) {
+            Some(Value::String(s)) => out.push_str(s),
+            Some(v) if !key.is_empty() => out.push_str(&v.to_string()),
+            _ => {
+                out.push('{');
+                out.push_str(key);
+                out.push('}');
+            }
+        }
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The usage record of a completed thread (nova's shape), one line of `.weft/usage.jsonl`.
+pub(crate) fn usage_line(ctx: &Value) -> String {
+    let g = |p: &str| lookup(ctx, p).cloned().unwrap_or(Value::Null);
+    json!({
+        "timestamp": crate::core::ids::now_ts(), "directive": g("directive"), "thread_id": g("thread_id"),
+        "status": g("status"), "input_tokens": g("cost.input_tokens"), "output_tokens": g("cost.output_tokens"),
+        "cache_read_tokens": g("cost.cache_read_tokens"), "cost_nanos": g("cost.own_spend_nanos"),
+        "duration_ms": g("duration_ms"), "turns": g("cost.turns"),
+    })
+    .to_string()
+}

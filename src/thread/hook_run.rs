@@ -1,0 +1,115 @@
+//! Firing hooks (SPEC §9) at a thread's moments: the engine (`crate::hooks`) picks the hooks an
+//! event fires; this runs their actions where the thread's state is — injecting context into the
+//! conversation, running commands as tasks (the event as JSON on stdin), appending the usage
+//! record. A failing hook is a `hook_failed` transcript event and never changes the thread.
+
+use super::state::ThreadState;
+use crate::hooks::{Action, Inject};
+use crate::provider::Block;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Fires `event` with context `ctx`; returns the context injected (for `thread_started` and
+/// `thread_continued`), in hook order.
+pub(super) fn fire(s: &mut ThreadState, event: &str, mut ctx: Value) -> Vec<String> {
+    let hooks = s.hooks.clone();
+    let firing = crate::hooks::firing(&hooks, event, &ctx);
+    if firing.is_empty() {
+        return Vec::new();
+    }
+    if let Some(o) = ctx.as_object_mut() {
+        o.insert("event".into(), json!(event));
+    }
+    let mut injected = Vec::new();
+    for h in firing {
+        let done: Result<&str, String> = match &h.action {
+            Action::Inject(i) => inject_text(s, i, &ctx).map(|t| {
+                injected.push(t);
+                "inject"
+            }),
+            Action::Run { argv, timeout } => {
+                run(s, &h.id, argv, *timeout, &ctx);
+                Ok("run")
+            }
+            Action::UsageRecord => usage_record(s, &ctx).map(|()| "usage_record"),
+        };
+        match done {
+            Ok(kind) => s.log(
+                "hook_fired",
+                json!({ "id": h.id, "event": event, "action": kind, "layer": h.layer }),
+            ),
+            Err(e) => s.log(
+                "hook_failed",
+                json!({ "id": h.id, "event": event, "error": e, "source": h.source }),
+            ),
+        }
+    }
+    injected
+}
+
+/// Adds injected context to the last user message (the first one, at the start).
+pub(super) fn inject_into_conversation(s: &mut ThreadState, injected: Vec<String>) {
+    if injected.is_empty() {
+        return;
+    }
+    let text = injected.join("\n\n");
+    if let Some(m) = Arc::make_mut(&mut s.messages).last_mut() {
+        m.content.insert(0, Block::Text { text });
+    }
+}
+
+fn inject_text(s: &ThreadState, i: &Inject, ctx: &Value) -> Result<String, String> {
+    match i {
+        Inject::Text(t) => Ok(crate::hooks::interpolate(t, ctx)),
+        Inject::File(p) => {
+            std::fs::read_to_string(p).map_err(|e| format!("inject file {}: {e}", p.display()))
+        }
+        Inject::Directive(name) => s
+            .ctx
+            .library
+            .load_name(name)
+            .map(|d| d.body)
+            .map_err(|e| format!("inject directive `{name}`: {e}")),
+    }
+}
+
+/// Runs a hook's command as a task (same process rules as command tools: own process group,
+/// cleared environment, killed at its timeout), tracked so the process waits for it at exit.
+fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration, ctx: &Value) {
+    let tool = crate::tools::CommandTool::for_hook(id, argv.to_vec(), timeout);
+    let root = s.ctx.project.root.clone();
+    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    let input = ctx.clone();
+    let id = id.to_string();
+    let thread = s.doc.id.clone();
+    let task = tokio::spawn(async move {
+        let r = crate::tools::run_command(
+            &tool,
+            &input,
+            &root,
+            &area,
+            &format!("hook-{id}"),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .await;
+        if r.is_error {
+            tracing::warn!(thread = %thread, hook = %id, "hook command failed: {}", r.content);
+        }
+    });
+    if let Ok(mut t) = s.ctx.hook_tasks.lock() {
+        t.retain(|h| !h.is_finished());
+        t.push(task);
+    }
+}
+
+fn usage_record(s: &ThreadState, ctx: &Value) -> Result<(), String> {
+    use std::io::Write;
+    let path = s.ctx.project.weft().join("usage.jsonl");
+    let line = format!("{}\n", crate::hooks::usage_line(ctx));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}

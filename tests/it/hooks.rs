@@ -1,0 +1,217 @@
+//! The hooks engine (SPEC §9): layers in order, duplicate ids refused, conditions, inject and
+//! run actions, every event once at its moment, and the built-in usage record.
+
+use crate::support::{directive, Fixture};
+use serde_json::{json, Value};
+use weft::Status;
+
+fn first_user_message(fx: &Fixture, id: &str) -> String {
+    fx.events(id)
+        .into_iter()
+        .find(|e| e["type"] == "message" && e["role"] == "user")
+        .and_then(|e| e["text"].as_str().map(str::to_string))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inject_hooks_run_in_layer_order_with_conditions() {
+    let api = directive(
+        "hooks:\n  - { id: note, event: thread_started, action: { inject: { text: \"DIRECTIVE NOTE for {input:who}\" } } }\ninputs:\n  who: { type: string, required: true }",
+        "Serve {input:who}.",
+    );
+    let plain = directive("", "Plain.");
+    let fx = Fixture::new(
+        &[("api/users", &api), ("plain", &plain)],
+        "default:\n  - text: ok\n",
+        "",
+    );
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        r#"hooks:
+  - id: conventions
+    event: thread_started
+    action: { inject: { file: CONVENTIONS.md } }
+  - id: api_only
+    event: thread_started
+    condition: { path: directive, op: contains, value: api }
+    action: { inject: { text: "API TYPES" } }
+"#,
+    )
+    .unwrap();
+    std::fs::write(fx.root().join("CONVENTIONS.md"), "PROJECT RULES").unwrap();
+    let (report, _rt) = fx.run("api/users", json!({"who": "ada"})).await;
+    assert_eq!(report.status, Status::Completed);
+    let text = first_user_message(&fx, report.thread_id.as_str());
+    assert_eq!(
+        text, "DIRECTIVE NOTE for ada\n\nPROJECT RULES\n\nAPI TYPES\nServe ada.",
+        "layer 1 (directive) before layer 3 (project), then definition order"
+    );
+    let (report, _rt) = fx.run("plain", json!({})).await;
+    let text = first_user_message(&fx, report.thread_id.as_str());
+    assert_eq!(
+        text, "PROJECT RULES\nPlain.",
+        "the condition kept API TYPES out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_id_across_layers_is_refused_naming_both() {
+    let d = directive(
+        "hooks:\n  - { id: conventions, event: thread_started, action: { inject: { text: \"x\" } } }",
+        "Hi.",
+    );
+    let fx = Fixture::new(&[("d", &d)], "default:\n  - text: ok\n", "");
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        "hooks:\n  - { id: conventions, event: thread_started, action: { inject: { text: \"y\" } } }\n",
+    )
+    .unwrap();
+    let rt = fx.runtime().await;
+    let err = rt
+        .run("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("hook `conventions`"), "{err}");
+    assert!(
+        err.contains("hooks.yaml") && err.contains("d.md"),
+        "names both: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_hook_file_is_refused_at_load() {
+    let fx = Fixture::new(&[("d", &directive("", "Hi."))], "default: []\n", "");
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        "hooks:\n  - { id: odd, event: after_step, condition: { path: turn, op: like, value: 1 }, action: { run: { argv: [\"true\"] } } }\n",
+    )
+    .unwrap();
+    let err = weft::Runtime::open(fx.project())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("hooks.yaml: hook `odd`: condition: unknown op `like`"),
+        "{err}"
+    );
+}
+
+/// Every event fires exactly once at its moment: a `run` hook per event appends the event it was
+/// given (as JSON on its stdin) to a log, over a tree of a root and a child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_fires_once_at_its_moment_with_its_context() {
+    let root = directive(
+        "permissions: [\"thread.spawn.**\"]\nlimits: { turns: 3 }",
+        "Root.",
+    );
+    let kid = directive("", "Kid.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+  - text: root done
+kid:
+  - text: kid done
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let mut hooks = String::from("hooks:\n");
+    for ev in [
+        "thread_started",
+        "after_step",
+        "child_finished",
+        "after_complete",
+    ] {
+        hooks += &format!(
+            "  - {{ id: log_{ev}, event: {ev}, action: {{ run: {{ argv: [sh, \"-c\", \"line=$(cat); printf '%s\\\\n' \\\"$line\\\" >> events.log\"] }} }} }}\n"
+        );
+    }
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    rt.drain_hooks().await;
+    let log = std::fs::read_to_string(fx.root().join("events.log")).unwrap();
+    let events: Vec<Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let root_id = report.thread_id.as_str();
+    let kid_id = fx
+        .rows()
+        .into_iter()
+        .find(|r| r.directive == "kid")
+        .unwrap()
+        .id;
+    let count = |ev: &str, id: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == ev && e["thread_id"] == id)
+            .count()
+    };
+    assert_eq!(count("thread_started", root_id), 1);
+    assert_eq!(count("thread_started", &kid_id), 1);
+    assert_eq!(count("after_step", root_id), 2, "one per LLM call");
+    assert_eq!(count("after_step", &kid_id), 1);
+    assert_eq!(count("child_finished", root_id), 1);
+    assert_eq!(count("after_complete", root_id), 1);
+    assert_eq!(count("after_complete", &kid_id), 1);
+    assert_eq!(events.len(), 8);
+    let cf = events
+        .iter()
+        .find(|e| e["event"] == "child_finished")
+        .unwrap();
+    assert_eq!(cf["child"]["id"], kid_id.as_str());
+    assert_eq!(cf["child"]["status"], "completed");
+    let done = events
+        .iter()
+        .find(|e| e["event"] == "after_complete" && e["thread_id"] == root_id)
+        .unwrap();
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["cost"]["turns"], 2);
+    // Each firing is in the thread's transcript.
+    let fired = fx
+        .events(root_id)
+        .iter()
+        .filter(|e| e["type"] == "hook_fired")
+        .count();
+    assert_eq!(
+        fired,
+        1 + 2 + 1 + 1 + 1,
+        "4 logged events + the built-in usage record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_usage_record_is_written_and_can_be_switched_off() {
+    let d = directive("", "Hi.");
+    let script = "d:\n  - text: ok\n    usage: { input_tokens: 120, output_tokens: 30 }\n";
+    let fx = Fixture::new(&[("d", &d)], script, "");
+    let (report, _rt) = fx.run("d", json!({})).await;
+    let text = std::fs::read_to_string(fx.root().join(".weft/usage.jsonl")).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    let u = &lines[0];
+    assert_eq!(u["thread_id"], report.thread_id.as_str());
+    assert_eq!(u["directive"], "d");
+    assert_eq!(
+        (u["input_tokens"].as_u64(), u["output_tokens"].as_u64()),
+        (Some(120), Some(30))
+    );
+    assert_eq!(u["cost_nanos"].as_i64(), Some(120 * 1_000 + 30 * 4_000));
+    assert_eq!(u["turns"], 1);
+    assert!(u["duration_ms"].is_u64() && u["timestamp"].is_string());
+
+    let off = Fixture::new(
+        &[("d", &d)],
+        script,
+        "builtin_hooks: { usage_record: false }\n",
+    );
+    let (report, _rt) = off.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    assert!(!off.root().join(".weft/usage.jsonl").exists());
+}
