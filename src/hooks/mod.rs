@@ -38,6 +38,14 @@ pub(crate) enum Action {
         /// Killed after this long.
         timeout: std::time::Duration,
     },
+    /// Start a thread of `directive`: a child of the hooked thread (its capability and budget
+    /// rules apply), or, on `after_complete`, a new root (the hooked thread has ended).
+    Spawn {
+        /// Directive name.
+        directive: String,
+        /// Its inputs (strings interpolate the event).
+        inputs: serde_json::Map<String, Value>,
+    },
     /// Built in: append the usage record of a completed thread to `.weft/usage.jsonl`.
     UsageRecord,
 }
@@ -271,6 +279,21 @@ fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
         };
         return need_inject(Action::Inject(inject));
     }
+    if let Some(sp) = a.get("spawn") {
+        let directive = sp
+            .get("directive")
+            .and_then(Value::as_str)
+            .ok_or("spawn needs `directive` (a library name)")?;
+        let inputs = match sp.get("inputs") {
+            None | Some(Value::Null) => serde_json::Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => return Err(format!("spawn `inputs` is a mapping, got {other}")),
+        };
+        return Ok(Action::Spawn {
+            directive: directive.into(),
+            inputs,
+        });
+    }
     if let Some(r) = a.get("run") {
         let argv: Vec<String> = r
             .get("argv")
@@ -300,15 +323,27 @@ fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
                 root.join("knowledge").join(format!("{item_id}.md")),
             ))),
             ("load", "directive") => need_inject(Action::Inject(Inject::Directive(item_id.into()))),
+            ("execute", "directive") => Ok(Action::Spawn {
+                directive: item_id.into(),
+                inputs: a
+                    .get("params")
+                    .and_then(|p| p.get("inputs").or(Some(p)))
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
+            }),
             _ => Err(format!(
-                "Rye action {primary} {item_type} `{item_id}` has no weft equivalent yet (load knowledge|directive map to inject)"
+                "Rye action {primary} {item_type} `{item_id}` has no weft equivalent yet (load knowledge|directive map to inject, execute directive to spawn)"
             )),
         };
     }
-    if a.get("spawn").is_some() || a.get("control").is_some() {
-        return Err("spawn and control actions are not available yet in this build".into());
+    if a.get("control").is_some() {
+        return Err(
+            "control actions (retry, fail, continue, handoff) are not available yet in this build"
+                .into(),
+        );
     }
-    Err(format!("unknown action {a} (inject, run)"))
+    Err(format!("unknown action {a} (inject, spawn, run)"))
 }
 
 /// `{input:k}` (from `inputs`) and `{a.b}` (event paths) replaced in `text`.

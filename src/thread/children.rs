@@ -78,7 +78,7 @@ impl ThreadActor {
         let ctx = json!({ "thread_id": s.doc.id, "child": {
             "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
             "outputs": r.outputs, "error": r.error } });
-        super::hook_run::fire(s, "child_finished", ctx);
+        super::hook_run::fire(me, s, "child_finished", ctx);
         let entry = s.children.entry(id.clone()).or_insert(Child {
             actor: None,
             report: None,

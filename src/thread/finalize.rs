@@ -57,7 +57,7 @@ impl ThreadActor {
         s.log("error", json!({ "message": error }));
         let ctx = json!({ "thread_id": s.doc.id, "error": { "message": error },
                           "classification": { "category": "permanent", "retryable": false } });
-        super::hook_run::fire(s, "error", ctx);
+        super::hook_run::fire(me, s, "error", ctx);
         let e = Ending {
             status: Status::Error,
             result: None,
@@ -169,7 +169,7 @@ impl ThreadActor {
             "cost": { "turns": s.doc.cost.turns, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens,
                       "cache_read_tokens": s.usage.cache_read_tokens, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos },
         });
-        super::hook_run::fire(s, "after_complete", done);
+        super::hook_run::fire(me, s, "after_complete", done);
         s.log("thread_finished", fin);
 
         crate::core::failpoint::hit("finalize.line");

@@ -4,14 +4,21 @@
 //! record. A failing hook is a `hook_failed` transcript event and never changes the thread.
 
 use super::state::ThreadState;
+use super::{SpawnRequest, ThreadMsg};
 use crate::hooks::{Action, Inject};
 use crate::provider::Block;
+use ractor::ActorRef;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// Fires `event` with context `ctx`; returns the context injected (for `thread_started` and
 /// `thread_continued`), in hook order.
-pub(super) fn fire(s: &mut ThreadState, event: &str, mut ctx: Value) -> Vec<String> {
+pub(super) fn fire(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    event: &str,
+    mut ctx: Value,
+) -> Vec<String> {
     let hooks = s.hooks.clone();
     let firing = crate::hooks::firing(&hooks, event, &ctx);
     if firing.is_empty() {
@@ -32,6 +39,24 @@ pub(super) fn fire(s: &mut ThreadState, event: &str, mut ctx: Value) -> Vec<Stri
                 Ok("run")
             }
             Action::UsageRecord => usage_record(s, &ctx).map(|()| "usage_record"),
+            Action::Spawn { directive, inputs } => {
+                let inputs = inputs
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = match v {
+                            Value::String(t) => Value::String(crate::hooks::interpolate(t, &ctx)),
+                            other => other.clone(),
+                        };
+                        (k.clone(), v)
+                    })
+                    .collect();
+                spawn(me, s, &h.id, directive, inputs, event == "after_complete");
+                Ok(if event == "after_complete" {
+                    "spawn_root"
+                } else {
+                    "spawn"
+                })
+            }
         };
         match done {
             Ok(kind) => s.log(
@@ -94,6 +119,48 @@ fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration,
         .await;
         if r.is_error {
             tracing::warn!(thread = %thread, hook = %id, "hook command failed: {}", r.content);
+        }
+    });
+    if let Ok(mut t) = s.ctx.hook_tasks.lock() {
+        t.retain(|h| !h.is_finished());
+        t.push(task);
+    }
+}
+
+/// A hook's `spawn`: a child of the hooked thread (reported back like any child); on
+/// `after_complete`, when the thread is ending, a new root with its directive's own limits — its
+/// budget is its own, not drawn from the ended thread — tracked so the process waits for it.
+fn spawn(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    id: &str,
+    directive: &str,
+    inputs: serde_json::Map<String, Value>,
+    as_root: bool,
+) {
+    let req = SpawnRequest {
+        directive: directive.to_string(),
+        inputs,
+        overrides: Default::default(),
+        reserve: crate::core::money::Nanos::ZERO,
+        parent: None,
+        continuation: None,
+        attach: Vec::new(),
+    };
+    if !as_root {
+        return super::manage::start_child(me, s, format!("hook:{id}"), req, false);
+    }
+    let ctx = s.ctx.clone();
+    let (thread, hook) = (s.doc.id.clone(), id.to_string());
+    let task = tokio::spawn(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match super::spawn(&ctx, req, Some(tx)).await {
+            Ok(_) => {
+                let _ = rx.await;
+            }
+            Err(e) => {
+                tracing::warn!(thread = %thread, hook = %hook, "after_complete spawn refused: {e}")
+            }
         }
     });
     if let Ok(mut t) = s.ctx.hook_tasks.lock() {

@@ -190,27 +190,41 @@ pub(super) fn spawn_thread(
             return Some(ToolOutcome::err(format!("`files`: {e}")));
         }
     }
-    s.spawning.insert(call.id.clone());
+    let req = SpawnRequest {
+        directive,
+        inputs,
+        overrides,
+        reserve,
+        parent: None,
+        continuation: None,
+        attach,
+    };
+    start_child(me, s, call.id, req, wait);
+    None
+}
+
+/// Starts a child of this thread as a task (`spawn_thread`, a hook's `spawn`); it reports back
+/// as [`ThreadMsg::ChildSpawned`] or [`ThreadMsg::SpawnRefused`] under `call_id`, and the thread
+/// does not end while it is under way.
+pub(super) fn start_child(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call_id: String,
+    mut req: SpawnRequest,
+    wait: bool,
+) {
+    s.spawning.insert(call_id.clone());
     let ctx = s.ctx.clone();
-    let parent = ParentLink {
+    req.parent = Some(ParentLink {
         id: s.doc.id.clone(),
         actor: me.clone(),
-    };
+    });
     let me = me.clone();
     tokio::spawn(async move {
-        let req = SpawnRequest {
-            directive,
-            inputs,
-            overrides,
-            reserve,
-            parent: Some(parent),
-            continuation: None,
-            attach,
-        };
         match super::spawn(&ctx, req, None).await {
             Ok((child, actor)) => {
                 let msg = ThreadMsg::ChildSpawned {
-                    call_id: call.id,
+                    call_id,
                     child,
                     actor: actor.clone(),
                     wait,
@@ -225,13 +239,12 @@ pub(super) fn spawn_thread(
             }
             Err(e) => {
                 let _ = me.cast(ThreadMsg::SpawnRefused {
-                    call_id: call.id,
+                    call_id,
                     error: format!("spawn refused: {e}"),
                 });
             }
         }
     });
-    None
 }
 
 /// `files: [paths]` of a tool input (absent: none).

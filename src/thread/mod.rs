@@ -155,6 +155,9 @@ impl Actor for ThreadActor {
             }
             ThreadMsg::SpawnRefused { call_id, error } => {
                 s.spawning.remove(&call_id);
+                if let Some(hook) = call_id.strip_prefix("hook:") {
+                    s.log("hook_failed", json!({ "id": hook, "error": error }));
+                }
                 s.doomed.remove(&call_id);
                 if !self.drained(&me, s).await {
                     self.tool_done(&me, s, call_id, ToolOutcome::err(error))

@@ -30,7 +30,7 @@ impl ThreadActor {
             "thread_id": s.doc.id, "directive": s.doc.directive, "directive_body": s.directive.body,
             "model": s.doc.model, "limits": s.limits, "inputs": s.inputs, "previous_thread_id": continued,
         });
-        let injected = super::hook_run::fire(s, event, ctx);
+        let injected = super::hook_run::fire(me, s, event, ctx);
         super::hook_run::inject_into_conversation(s, injected);
         // A continuation records the conversation it inherits, so it can be continued in turn.
         if let Some((last, inherited)) = s.messages.split_last() {
@@ -106,7 +106,7 @@ impl ThreadActor {
             json!({ "limit": limit, "used": used, "max": max }),
         );
         let ctx = json!({ "thread_id": s.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
-        super::hook_run::fire(s, "limit", ctx);
+        super::hook_run::fire(me, s, "limit", ctx);
         let e = Ending {
             status: Status::Error,
             result: None,
@@ -306,7 +306,7 @@ impl ThreadActor {
             "thread_id": s.doc.id, "turn": s.calls_made,
             "cost": { "spend_nanos": s.own_spend, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens },
         });
-        super::hook_run::fire(s, "after_step", step);
+        super::hook_run::fire(me, s, "after_step", step);
         let overrun = call
             .as_ref()
             .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));

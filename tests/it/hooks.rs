@@ -215,3 +215,155 @@ async fn the_built_in_usage_record_is_written_and_can_be_switched_off() {
     assert_eq!(report.status, Status::Completed);
     assert!(!off.root().join(".weft/usage.jsonl").exists());
 }
+
+fn rye_hooks(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/rye/config/hooks_examples")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Rye's hook files load and behave as their documents describe: conventions injected into every
+/// thread, API types only into API directives, and learnings recorded (a `project/record-learnings`
+/// thread started) after threads of three turns or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rye_hook_files_load_and_behave_as_documented() {
+    let api = directive("limits: { turns: 5 }", "Build the api.");
+    let quick = directive("", "Quick.");
+    let learn = directive("", "Record what was learned.");
+    let script = r#"
+api/handler:
+  - tool_calls: [ { name: thread_status, input: { id: "nobody-1" } } ]
+  - tool_calls: [ { name: thread_status, input: { id: "nobody-2" } } ]
+  - text: api done
+quick:
+  - text: quick done
+project/record-learnings:
+  - text: learned
+"#;
+    let fx = Fixture::new(
+        &[
+            ("api/handler", &api),
+            ("quick", &quick),
+            ("project/record-learnings", &learn),
+        ],
+        script,
+        "",
+    );
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        rye_hooks("project_hooks.from_thread-lifecycle_doc.yaml"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(fx.root().join("knowledge/project")).unwrap();
+    std::fs::write(
+        fx.root().join("knowledge/project/conventions.md"),
+        "CONVENTIONS",
+    )
+    .unwrap();
+    std::fs::write(
+        fx.root().join("knowledge/project/api-types.md"),
+        "API TYPES",
+    )
+    .unwrap();
+
+    let (report, rt) = fx.run("api/handler", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.turns, 3);
+    rt.drain_hooks().await;
+    let text = first_user_message(&fx, report.thread_id.as_str());
+    assert_eq!(text, "CONVENTIONS\n\nAPI TYPES\nBuild the api.");
+    let learned: Vec<_> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "project/record-learnings")
+        .collect();
+    assert_eq!(
+        learned.len(),
+        1,
+        "learnings recorded once after a 3-turn thread"
+    );
+    assert_eq!(learned[0].status, "completed");
+
+    let (report, rt) = fx.run("quick", json!({})).await;
+    rt.drain_hooks().await;
+    assert_eq!(
+        first_user_message(&fx, report.thread_id.as_str()),
+        "CONVENTIONS\nQuick."
+    );
+    let learned = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "project/record-learnings")
+        .count();
+    assert_eq!(learned, 1, "a 1-turn thread records nothing");
+
+    // The other Rye hook files load too.
+    for f in [
+        "project_hooks.from_test_hooks_loader.yaml",
+        "project_hooks.additive.from_context-injection_doc.yaml",
+    ] {
+        std::fs::write(fx.root().join(".weft/hooks.yaml"), rye_hooks(f)).unwrap();
+        weft::Runtime::open(fx.project())
+            .await
+            .unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+}
+
+/// A hook's `spawn` starts a child of the hooked thread under the usual rules: with the
+/// capability it runs as a child; without it the hook fails, recorded, and the thread goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawn_hook_starts_a_child_under_the_capability_rules() {
+    let hooks = "hooks:\n  - { id: helper, event: thread_started, action: { spawn: { directive: helper, inputs: { about: \"{directive}\" } } } }";
+    let allowed = directive(
+        &format!("permissions: [\"thread.spawn.helper\"]\n{hooks}"),
+        "Main.",
+    );
+    let denied = directive(&format!("permissions: []\n{hooks}"), "Main.");
+    let helper = directive(
+        "inputs:\n  about: { type: string, required: true }",
+        "Help with {input:about}.",
+    );
+    let script = "allowed:\n  - text: main done\n    delay: 100ms\ndenied:\n  - text: main done\nhelper:\n  - text: helped\n";
+    let fx = Fixture::new(
+        &[
+            ("allowed", &allowed),
+            ("denied", &denied),
+            ("helper", &helper),
+        ],
+        script,
+        "",
+    );
+    let (report, _rt) = fx.run("allowed", json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    let helper_row = fx
+        .rows()
+        .into_iter()
+        .find(|r| r.directive == "helper")
+        .unwrap();
+    assert_eq!(
+        helper_row.parent_id.as_deref(),
+        Some(report.thread_id.as_str())
+    );
+    assert_eq!(
+        first_user_message(&fx, &helper_row.id),
+        "Help with allowed."
+    );
+
+    let (report, _rt) = fx.run("denied", json!({})).await;
+    assert_eq!(report.status, Status::Completed);
+    let failed = fx
+        .events(report.thread_id.as_str())
+        .into_iter()
+        .find(|e| e["type"] == "hook_failed")
+        .expect("the refused spawn is recorded");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("thread.spawn.helper"),
+        "{failed}"
+    );
+}
