@@ -46,9 +46,25 @@ pub(crate) enum Action {
         /// Its inputs (strings interpolate the event).
         inputs: serde_json::Map<String, Value>,
     },
+    /// Decide what an `error` or `limit` does (observers of layer 4 never decide).
+    Control(Control),
     /// Built in: append the usage record of a completed thread to `.weft/usage.jsonl`.
     UsageRecord,
 }
+
+/// A control decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// `error`: take the failed turn again (at most [`MAX_HOOK_RETRIES`] times per thread).
+    Retry,
+    /// End the thread (what happens anyway without a hook).
+    Fail,
+    /// `limit`: ignore this limit once (never spend or duration: money and time are not lifted).
+    Continue,
+}
+
+/// Retries `control: retry` may order per thread.
+pub(crate) const MAX_HOOK_RETRIES: u32 = 3;
 
 /// Where injected context comes from.
 #[derive(Debug, Clone)]
@@ -323,6 +339,14 @@ fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
                 root.join("knowledge").join(format!("{item_id}.md")),
             ))),
             ("load", "directive") => need_inject(Action::Inject(Inject::Directive(item_id.into()))),
+            ("execute", "tool") if item_id.ends_with("/control") => parse_control(
+                match a.get("params").and_then(|p| p.get("action")).and_then(Value::as_str) {
+                    Some("abort") => "fail",
+                    Some(other) => other,
+                    None => "",
+                },
+                event,
+            ),
             ("execute", "directive") => Ok(Action::Spawn {
                 directive: item_id.into(),
                 inputs: a
@@ -337,13 +361,29 @@ fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
             )),
         };
     }
-    if a.get("control").is_some() {
-        return Err(
-            "control actions (retry, fail, continue, handoff) are not available yet in this build"
-                .into(),
-        );
+    if let Some(c) = a.get("control") {
+        return parse_control(c.as_str().unwrap_or_default(), event);
     }
     Err(format!("unknown action {a} (inject, spawn, run)"))
+}
+
+fn parse_control(what: &str, event: &str) -> Result<Action, String> {
+    if !matches!(event, "error" | "limit") {
+        return Err(format!(
+            "control works on error and limit events, not {event}"
+        ));
+    }
+    match (what, event) {
+        ("retry", "error") => Ok(Action::Control(Control::Retry)),
+        ("fail", _) => Ok(Action::Control(Control::Fail)),
+        ("continue", "limit") => Ok(Action::Control(Control::Continue)),
+        ("handoff", _) => Err(
+            "control: handoff (continue in a new thread) is not available yet in this build".into(),
+        ),
+        (other, _) => Err(format!(
+            "control `{other}` on {event} (error: retry or fail; limit: continue or fail)"
+        )),
+    }
 }
 
 /// `{input:k}` (from `inputs`) and `{a.b}` (event paths) replaced in `text`.

@@ -54,10 +54,34 @@ impl ThreadActor {
     }
 
     pub(super) async fn fail(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState, error: String) {
+        let class = json!({ "category": "permanent", "retryable": false });
+        self.fail_classified(me, s, error, class).await;
+    }
+
+    /// Ends the thread with `error` unless an `error` hook orders a retry (bounded).
+    pub(super) async fn fail_classified(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        error: String,
+        classification: serde_json::Value,
+    ) {
         s.log("error", json!({ "message": error }));
-        let ctx = json!({ "thread_id": s.doc.id, "error": { "message": error },
-                          "classification": { "category": "permanent", "retryable": false } });
-        super::hook_run::fire(me, s, "error", ctx);
+        let ctx = json!({ "thread_id": s.doc.id, "error": { "message": error }, "classification": classification });
+        let fired = super::hook_run::fire(me, s, "error", ctx);
+        let may_retry = matches!(s.phase, Phase::Idle | Phase::Thinking)
+            && s.call.is_none()
+            && s.hook_retries < crate::hooks::MAX_HOOK_RETRIES;
+        if fired.control == Some(crate::hooks::Control::Retry) && may_retry {
+            s.hook_retries += 1;
+            s.log(
+                "hook_control",
+                json!({ "action": "retry", "retry": s.hook_retries }),
+            );
+            s.phase = Phase::Idle;
+            let _ = me.cast(ThreadMsg::NextTurn);
+            return;
+        }
         let e = Ending {
             status: Status::Error,
             result: None,

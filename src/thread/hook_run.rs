@@ -11,29 +11,45 @@ use ractor::ActorRef;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// Fires `event` with context `ctx`; returns the context injected (for `thread_started` and
-/// `thread_continued`), in hook order.
+/// What the hooks of one event decided.
+#[derive(Default)]
+pub(super) struct Fired {
+    /// Context injected (for `thread_started` and `thread_continued`), in hook order.
+    pub injected: Vec<String>,
+    /// The first control decision of a hook that may decide (layers 0–3).
+    pub control: Option<crate::hooks::Control>,
+}
+
+/// Fires `event` with context `ctx`.
 pub(super) fn fire(
     me: &ActorRef<ThreadMsg>,
     s: &mut ThreadState,
     event: &str,
     mut ctx: Value,
-) -> Vec<String> {
+) -> Fired {
     let hooks = s.hooks.clone();
     let firing = crate::hooks::firing(&hooks, event, &ctx);
+    let mut fired = Fired::default();
     if firing.is_empty() {
-        return Vec::new();
+        return fired;
     }
     if let Some(o) = ctx.as_object_mut() {
         o.insert("event".into(), json!(event));
     }
-    let mut injected = Vec::new();
     for h in firing {
         let done: Result<&str, String> = match &h.action {
             Action::Inject(i) => inject_text(s, i, &ctx).map(|t| {
-                injected.push(t);
+                fired.injected.push(t);
                 "inject"
             }),
+            Action::Control(c) => {
+                if h.layer == 4 {
+                    Ok("control_observed")
+                } else {
+                    fired.control.get_or_insert(*c);
+                    Ok("control")
+                }
+            }
             Action::Run { argv, timeout } => {
                 run(s, &h.id, argv, *timeout, &ctx);
                 Ok("run")
@@ -69,7 +85,7 @@ pub(super) fn fire(
             ),
         }
     }
-    injected
+    fired
 }
 
 /// Adds injected context to the last user message (the first one, at the start).

@@ -107,6 +107,8 @@ impl Actor for ThreadActor {
             inbox: Vec::new(),
             hooks: Arc::new(a.hooks),
             inputs: a.inputs,
+            hook_retries: 0,
+            lifted: Vec::new(),
             status_text: None,
             doomed: Default::default(),
             attempt: 0,

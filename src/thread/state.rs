@@ -122,6 +122,10 @@ pub(crate) struct ThreadState {
     pub(super) files_lock: Arc<std::sync::Mutex<()>>,
     /// The hooks this thread runs, in order.
     pub(super) hooks: Arc<Vec<crate::hooks::Hook>>,
+    /// Retries ordered by `error` hooks so far.
+    pub(super) hook_retries: u32,
+    /// Limits a `limit` hook has lifted once already.
+    pub(super) lifted: Vec<String>,
     /// The inputs it was started with.
     pub(super) inputs: serde_json::Value,
     /// Messages waiting for the next turn: (from — "person" or a child's id, text).

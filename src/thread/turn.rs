@@ -30,8 +30,8 @@ impl ThreadActor {
             "thread_id": s.doc.id, "directive": s.doc.directive, "directive_body": s.directive.body,
             "model": s.doc.model, "limits": s.limits, "inputs": s.inputs, "previous_thread_id": continued,
         });
-        let injected = super::hook_run::fire(me, s, event, ctx);
-        super::hook_run::inject_into_conversation(s, injected);
+        let fired = super::hook_run::fire(me, s, event, ctx);
+        super::hook_run::inject_into_conversation(s, fired.injected);
         // A continuation records the conversation it inherits, so it can be continued in turn.
         if let Some((last, inherited)) = s.messages.split_last() {
             if !inherited.is_empty() {
@@ -106,7 +106,11 @@ impl ThreadActor {
             json!({ "limit": limit, "used": used, "max": max }),
         );
         let ctx = json!({ "thread_id": s.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
-        super::hook_run::fire(me, s, "limit", ctx);
+        let fired = super::hook_run::fire(me, s, "limit", ctx);
+        if fired.control == Some(crate::hooks::Control::Continue) && lift_once(s, limit) {
+            let _ = me.cast(ThreadMsg::NextTurn);
+            return;
+        }
         let e = Ending {
             status: Status::Error,
             result: None,
@@ -352,7 +356,9 @@ impl ThreadActor {
                     s.attempt + 1,
                     e.message
                 );
-                return self.fail(me, s, msg).await;
+                let class =
+                    json!({ "category": "llm", "kind": e.kind, "retryable": e.kind.retryable() });
+                return self.fail_classified(me, s, msg, class).await;
             }
         };
         s.attempt = 0;
@@ -517,4 +523,30 @@ fn prompt_bound(s: &ThreadState, req: &LlmRequest, prompt_bytes: u64) -> u64 {
     let grown = prompt_bytes.saturating_sub(b.prompt_bytes)
         + crate::provider::PER_MESSAGE_TOKENS * new_messages;
     bound.min(b.prompt_tokens + grown + overhead)
+}
+
+/// `control: continue` on a limit: lifts `limit` once (a turn or a tenth more tokens); spend,
+/// duration and depth are never lifted (money and time are not a hook's to give).
+fn lift_once(s: &mut ThreadState, limit: &str) -> bool {
+    if s.lifted.iter().any(|l| l == limit) {
+        s.log(
+            "hook_control",
+            json!({ "action": "continue", "limit": limit, "refused": "already lifted once" }),
+        );
+        return false;
+    }
+    match limit {
+        "turns" => s.limits.turns += 1,
+        "tokens" => s.limits.tokens += (s.limits.tokens / 10).max(1),
+        other => {
+            s.log("hook_control", json!({ "action": "continue", "limit": other, "refused": "this limit is never lifted" }));
+            return false;
+        }
+    }
+    s.lifted.push(limit.to_string());
+    s.log(
+        "hook_control",
+        json!({ "action": "continue", "limit": limit }),
+    );
+    true
 }

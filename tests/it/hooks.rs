@@ -367,3 +367,68 @@ async fn a_spawn_hook_starts_a_child_under_the_capability_rules() {
         "{failed}"
     );
 }
+
+fn with_hooks(fx: &Fixture, yaml: &str) {
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), yaml).unwrap();
+}
+
+/// `control: retry` on `error` takes the failed turn again, at most three times per thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_hook_retries_a_failed_call_a_bounded_number_of_times() {
+    let hooks = "hooks:\n  - { id: retry_llm, event: error, condition: { path: classification.category, op: eq, value: llm }, action: { control: retry } }\n";
+    let d = directive("", "Go.");
+    let once = "d:\n  - error: { kind: invalid_request, message: bad }\n  - text: recovered\n";
+    let fx = Fixture::new(&[("d", &d)], once, "");
+    with_hooks(&fx, hooks);
+    let (report, _rt) = fx.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("recovered"));
+    let retries = fx
+        .events(report.thread_id.as_str())
+        .iter()
+        .filter(|e| e["type"] == "hook_control" && e["action"] == "retry")
+        .count();
+    assert_eq!(retries, 1);
+
+    let always = "d:\n  - error: { kind: invalid_request }\n  - error: { kind: invalid_request }\n  - error: { kind: invalid_request }\n  - error: { kind: invalid_request }\n  - text: never\n";
+    let fx = Fixture::new(&[("d", &d)], always, "");
+    with_hooks(&fx, hooks);
+    let (report, _rt) = fx.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Error, "{report:?}");
+    let calls = fx
+        .events(report.thread_id.as_str())
+        .iter()
+        .filter(|e| e["type"] == "llm_call")
+        .count();
+    assert_eq!(calls, 4, "the first call and three retries");
+}
+
+/// `control: continue` on `limit` lifts a turns limit once; spend is never lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_hook_lifts_a_turns_limit_once_and_never_spend() {
+    let hooks = "hooks:\n  - { id: one_more, event: limit, action: { control: continue } }\n";
+    let d = directive("limits: { turns: 1 }", "Go.");
+    let script = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: done in two\n";
+    let fx = Fixture::new(&[("d", &d)], script, "");
+    with_hooks(&fx, hooks);
+    let (report, _rt) = fx.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.turns, 2);
+
+    let three = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - tool_calls: [ { name: thread_status, input: { id: nobody-2 } } ]\n  - text: never\n";
+    let fx = Fixture::new(&[("d", &d)], three, "");
+    with_hooks(&fx, hooks);
+    let (report, _rt) = fx.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Error, "lifted once only: {report:?}");
+    assert!(report.error.as_deref().unwrap().contains("turns"));
+
+    let poor = directive("limits: { spend: 0.0000001 }", "Go.");
+    let fx = Fixture::new(&[("poor", &poor)], "poor:\n  - text: never\n", "");
+    with_hooks(&fx, hooks);
+    let (report, _rt) = fx.run("poor", json!({})).await;
+    assert_eq!(report.status, Status::Error, "{report:?}");
+    assert!(fx
+        .events(report.thread_id.as_str())
+        .iter()
+        .any(|e| e["type"] == "hook_control" && e["refused"] == "this limit is never lifted"));
+}
