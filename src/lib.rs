@@ -61,7 +61,9 @@ pub use crate::directive::{
 };
 pub use crate::hooks::HookError;
 pub use crate::ledger::Account;
-pub use crate::project::config::{Config, ConfigError, Durability, ProviderConfig};
+pub use crate::project::config::{
+    BuiltinHooks, Config, ConfigError, Durability, FileLimits, McpServerConfig, ProviderConfig,
+};
 pub use crate::project::Project;
 pub use crate::provider::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,

@@ -61,6 +61,8 @@ pub(crate) enum Control {
     Fail,
     /// `limit`: ignore this limit once (never spend or duration: money and time are not lifted).
     Continue,
+    /// `limit`: continue in a new thread (turns, tokens and duration afresh; money never).
+    Handoff,
 }
 
 /// Retries `control: retry` may order per thread.
@@ -377,11 +379,9 @@ fn parse_control(what: &str, event: &str) -> Result<Action, String> {
         ("retry", "error") => Ok(Action::Control(Control::Retry)),
         ("fail", _) => Ok(Action::Control(Control::Fail)),
         ("continue", "limit") => Ok(Action::Control(Control::Continue)),
-        ("handoff", _) => Err(
-            "control: handoff (continue in a new thread) is not available yet in this build".into(),
-        ),
+        ("handoff", "limit") => Ok(Action::Control(Control::Handoff)),
         (other, _) => Err(format!(
-            "control `{other}` on {event} (error: retry or fail; limit: continue or fail)"
+            "control `{other}` on {event} (error: retry or fail; limit: continue, handoff or fail)"
         )),
     }
 }

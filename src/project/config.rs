@@ -144,6 +144,8 @@ struct RawConfig {
     mcp_servers: BTreeMap<String, McpServerConfig>,
     #[serde(default)]
     builtin_hooks: Option<BuiltinHooks>,
+    #[serde(default)]
+    continuation_threshold: Option<f64>,
 }
 
 /// The effective configuration.
@@ -178,113 +180,12 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// Which built-in hooks run.
     pub builtin_hooks: BuiltinHooks,
+    /// Share of the context window past which a thread continues in a new thread.
+    pub continuation_threshold: f64,
 }
 
-/// Built-in hooks (config `builtin_hooks:`), each switchable off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BuiltinHooks {
-    /// `after_complete` usage record appended to `.weft/usage.jsonl`.
-    pub usage_record: bool,
-}
-
-impl Default for BuiltinHooks {
-    fn default() -> Self {
-        BuiltinHooks { usage_record: true }
-    }
-}
-
-/// Size limits of a thread's file area (config `files:`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileLimits {
-    /// Largest file `file_write` may create (`files.max_file_bytes`).
-    pub max_file_bytes: u64,
-    /// Largest total size of one thread's file area (`files.max_area_bytes`).
-    pub max_area_bytes: u64,
-}
-
-impl Default for FileLimits {
-    fn default() -> Self {
-        FileLimits {
-            max_file_bytes: 10 * 1024 * 1024,
-            max_area_bytes: 100 * 1024 * 1024,
-        }
-    }
-}
-
-/// One MCP tool server (config `mcp_servers.<name>`): a command run over stdio, or a streamable
-/// HTTP endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpServerConfig {
-    /// stdio: the program.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// stdio: its arguments.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// stdio: environment variables passed through (names; nothing else is inherited but PATH
-    /// and HOME, which servers started by npx or uvx need).
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// HTTP: the endpoint, e.g. `http://127.0.0.1:3001/mcp`.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// HTTP: headers; values may name environment variables as `${NAME}`, and a header that
-    /// carries a credential (authorization, cookie, *key*, *token*, *secret*) must.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-}
-
-impl McpServerConfig {
-    /// Why this server's entry cannot be used, if it cannot.
-    fn problem(&self, name: &str) -> Option<String> {
-        let name_ok = !name.is_empty()
-            && !name.contains("__")
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-        if !name_ok {
-            return Some(format!(
-                "mcp_servers.{name}: use lowercase letters, digits, `-` and single `_` (tools become `mcp__{name}__<tool>`)"
-            ));
-        }
-        match (&self.command, &self.url) {
-            (Some(_), Some(_)) => {
-                return Some(format!(
-                    "mcp_servers.{name}: give `command` (stdio) or `url` (HTTP), not both"
-                ))
-            }
-            (None, None) => {
-                return Some(format!(
-                    "mcp_servers.{name}: give `command` (stdio) or `url` (HTTP)"
-                ))
-            }
-            _ => {}
-        }
-        for (h, v) in &self.headers {
-            let lower = h.to_ascii_lowercase();
-            let secret = ["authorization", "cookie", "key", "token", "secret"]
-                .iter()
-                .any(|w| lower.contains(w));
-            if secret && !v.contains("${") {
-                return Some(format!(
-                    "mcp_servers.{name}.headers.{h}: a credential is never written in the file; name the environment variable holding it, e.g. \"Bearer ${{MY_TOKEN}}\""
-                ));
-            }
-        }
-        None
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawFiles {
-    #[serde(default)]
-    max_file_bytes: Option<u64>,
-    #[serde(default)]
-    max_area_bytes: Option<u64>,
-}
+use super::sections::RawFiles;
+pub use super::sections::{BuiltinHooks, FileLimits, McpServerConfig};
 
 /// Template overhead tokens per call when config sets none.
 pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
@@ -330,7 +231,10 @@ prompt_overhead_tokens: 256
 #   everything: { command: npx, args: ["-y", "@modelcontextprotocol/server-everything"] }
 #   remote:     { url: "https://example.com/mcp", headers: { Authorization: "Bearer ${REMOTE_TOKEN}" } }
 # Built-in hooks (hooks/ of weft itself); switch any off here.
-builtin_hooks: { usage_record: true }   # after_complete: a line per thread in .weft/usage.jsonl
+# usage_record: after_complete, a line per thread in .weft/usage.jsonl; continuation: a thread
+# whose prompt passes continuation_threshold of its model's context window continues in a new one.
+builtin_hooks: { usage_record: true, continuation: true }
+continuation_threshold: 0.9
 # Each thread's private file area (.weft/threads/<id>/files/, tools file_* with fs.read/fs.write).
 files: { max_file_bytes: 10485760, max_area_bytes: 104857600 }
 # normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
@@ -377,6 +281,7 @@ impl Default for Config {
             files: FileLimits::default(),
             mcp_servers: BTreeMap::new(),
             builtin_hooks: BuiltinHooks::default(),
+            continuation_threshold: 0.9,
         }
     }
 }
@@ -511,6 +416,15 @@ impl Config {
         }
         if let Some(b) = raw.builtin_hooks {
             self.builtin_hooks = b;
+        }
+        if let Some(t) = raw.continuation_threshold {
+            if !(0.1..=1.0).contains(&t) {
+                return Err(err(
+                    find_line(text, "continuation_threshold"),
+                    format!("continuation_threshold {t}: a share of the context window between 0.1 and 1.0"),
+                ));
+            }
+            self.continuation_threshold = t;
         }
         for (name, server) in raw.mcp_servers {
             if let Some(problem) = server.problem(&name) {

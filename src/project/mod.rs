@@ -4,6 +4,7 @@
 
 pub(crate) mod config;
 pub(crate) mod models;
+mod sections;
 pub(crate) mod yaml;
 
 use crate::core::ids::ThreadId;

@@ -164,17 +164,21 @@ impl Store {
                     "it was already continued by {by}; resume that one"
                 )));
             }
-            let live: Option<String> = tx
-                .prepare_cached("SELECT id FROM threads WHERE root=?1 AND id<>?2 AND status IN ('created','running') LIMIT 1")
-                .map_err(st)?
-                .query_row([&row.root_id, &row.id], |r| r.get(0))
-                .optional()
-                .map_err(st)?;
-            if let Some(live) = live {
-                return Err(refuse(format!(
-                    "thread {live} of its tree {} is still running; its tree draws on one budget, so wait for it or cancel it first",
-                    row.root_id
-                )));
+            // A resumed thread must not run beside its live tree; a handoff (it has a live
+            // parent) is the tree itself going on.
+            if row.parent_id.is_none() {
+                let live: Option<String> = tx
+                    .prepare_cached("SELECT id FROM threads WHERE root=?1 AND id<>?2 AND status IN ('created','running') LIMIT 1")
+                    .map_err(st)?
+                    .query_row([&row.root_id, &row.id], |r| r.get(0))
+                    .optional()
+                    .map_err(st)?;
+                if let Some(live) = live {
+                    return Err(refuse(format!(
+                        "thread {live} of its tree {} is still running; its tree draws on one budget, so wait for it or cancel it first",
+                        row.root_id
+                    )));
+                }
             }
         }
         tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22)"))

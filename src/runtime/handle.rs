@@ -57,11 +57,14 @@ impl ThreadHandle {
 
     /// Cancels the thread and its subtree. False when it has already ended.
     pub fn cancel(&self, reason: &str) -> bool {
-        self.actor
-            .cast(ThreadMsg::Cancel {
-                reason: reason.into(),
-            })
-            .is_ok()
+        let msg = || ThreadMsg::Cancel {
+            reason: reason.into(),
+        };
+        // After a handoff the chain goes on in a continuation: cancel reaches that.
+        match current_actor(&self.ctx, &self.id) {
+            Some(a) => a.cast(msg()).is_ok(),
+            None => self.actor.cast(msg()).is_ok(),
+        }
     }
 
     /// The thread's status while it runs; None once it has ended (its report then comes from
@@ -139,4 +142,21 @@ impl SubtreeEvents {
             }
         }
     }
+}
+
+/// The live actor of `id`'s continuation chain: the thread that took over from it (this
+/// process's handoffs, followed to the last), else `id` itself, if it runs in this process.
+pub(crate) fn current_actor(ctx: &Ctx, id: &ThreadId) -> Option<ActorRef<ThreadMsg>> {
+    let mut id = id.clone();
+    if let Ok(m) = ctx.successors.lock() {
+        let mut hops = 0;
+        while let Some(next) = m.get(&id) {
+            id = next.clone();
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+        }
+    }
+    ractor::registry::where_is(id.to_string()).map(ActorRef::from)
 }

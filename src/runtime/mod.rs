@@ -140,6 +140,7 @@ impl RuntimeBuilder {
             mcp,
             hooks,
             hook_tasks: Default::default(),
+            successors: Default::default(),
             events,
             _owner_lock: Box::new(owner),
             verified: Default::default(),
@@ -282,10 +283,10 @@ impl Runtime {
     /// Cancels a running thread of this runtime (and its subtree). False when no such thread
     /// runs in this process.
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
-        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
+        let Some(actor) = handle::current_actor(&self.ctx, id) else {
             return false;
         };
-        ActorRef::<ThreadMsg>::from(cell)
+        actor
             .cast(ThreadMsg::Cancel {
                 reason: reason.into(),
             })

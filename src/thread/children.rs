@@ -21,6 +21,14 @@ impl ThreadActor {
         wait: bool,
     ) {
         s.spawning.remove(&call_id);
+        // The child may have handed off before its spawn was reported: act on its continuation.
+        let (mut child, mut actor) = (child, actor);
+        while let Some(next) = s.continued_children.get(&child).cloned() {
+            if let Some(a) = s.children.get(&next).and_then(|c| c.actor.clone()) {
+                actor = a;
+            }
+            child = next;
+        }
         let doomed = s.doomed.remove(&call_id);
         let entry = s.children.entry(child.clone()).or_insert(Child {
             actor: None,

@@ -84,6 +84,9 @@ pub(crate) struct Ctx {
     pub mcp: crate::tools::McpHub,
     /// Hooks of layers 0, 2 and 3 (a directive's own join per thread).
     pub hooks: crate::hooks::Hooks,
+    /// Thread → the continuation that took over from it (this process's handoffs), so a cancel
+    /// naming the first thread of a chain reaches the one running.
+    pub successors: std::sync::Mutex<std::collections::HashMap<ThreadId, ThreadId>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).
     pub hook_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread

@@ -182,6 +182,25 @@ impl ThreadActor {
         s.doc.outputs = e.outputs;
         s.doc.error = e.error;
         s.doc.transition(e.status);
+        // A handoff: the continuation starts now (it needs this thread's final spend) and takes
+        // over the parent link or the root's waiter.
+        if let (Status::Continued, Some(messages)) = (e.status, s.handoff.take()) {
+            match super::handoff::start(s, messages).await {
+                Ok(next) => {
+                    s.log("continued_by", json!({ "id": next }));
+                    s.doc.continued_by = Some(next);
+                }
+                Err(err) => {
+                    s.log(
+                        "error",
+                        json!({ "message": format!("the continuation could not start: {err}") }),
+                    );
+                    s.doc.error = Some(format!(
+                        "continued, but the continuation could not start: {err}"
+                    ));
+                }
+            }
+        }
         let fin = json!({
             "status": e.status, "result": s.doc.result, "outputs": s.doc.outputs, "error": s.doc.error,
             "turns": s.doc.cost.turns, "usage": s.usage, "own_spend_nanos": s.own_spend, "spend_nanos": s.doc.cost.spend_nanos, "overrun_nanos": s.doc.cost.overrun_nanos,
@@ -222,6 +241,9 @@ impl ThreadActor {
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
         if let Some((_, parent)) = &s.parent {
             let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
+        }
+        if let Some(ended) = s.ended.take() {
+            let _ = ended.send(());
         }
         s.ctx.forget(s.id());
         if let Some(tx) = s.on_finish.take() {

@@ -22,6 +22,7 @@ mod conversation;
 mod ctx;
 mod dead;
 mod finalize;
+mod handoff;
 mod hook_run;
 mod manage;
 mod messages;
@@ -108,6 +109,9 @@ impl Actor for ThreadActor {
             hooks: Arc::new(a.hooks),
             inputs: a.inputs,
             hook_retries: 0,
+            handoff: None,
+            ended: None,
+            continued_children: HashMap::new(),
             lifted: Vec::new(),
             status_text: None,
             doomed: Default::default(),
@@ -194,6 +198,7 @@ impl Actor for ThreadActor {
                     let _ = r.send(queued);
                 }
             }
+            ThreadMsg::ChildContinued { old, new, actor } => handoff::rekey(s, &old, new, actor),
             ThreadMsg::ChildFinished(r) => self.child_finished(&me, s, *r).await,
             ThreadMsg::WaitTimeout { call_id } => self.wait_timeout(&me, s, call_id).await,
             ThreadMsg::Cancel { reason } => {

@@ -122,6 +122,15 @@ pub(crate) enum ThreadMsg {
         /// Whether it was queued (None: a child's notification, nobody waits).
         reply: Option<RpcReplyPort<Result<(), String>>>,
     },
+    /// A child handed off to its continuation, which takes its place.
+    ChildContinued {
+        /// The child that ended `continued`.
+        old: ThreadId,
+        /// Its continuation.
+        new: ThreadId,
+        /// The continuation's actor.
+        actor: ActorRef<ThreadMsg>,
+    },
     /// A child ended.
     ChildFinished(Box<ThreadReport>),
     /// A `wait_threads` timeout fired.

@@ -264,8 +264,10 @@ pub(crate) async fn spawn(
         chain_root: chain_root.as_ref().map(ToString::to_string),
         ..Default::default()
     };
+    // A continuation takes its predecessor's place: it is not a new spawn of the parent.
     let admit = parent_doc
         .as_ref()
+        .filter(|_| req.continuation.is_none())
         .zip(parent_id.as_ref())
         .map(|(d, pid)| Admission {
             parent: pid.clone(),

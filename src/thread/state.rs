@@ -122,6 +122,12 @@ pub(crate) struct ThreadState {
     pub(super) files_lock: Arc<std::sync::Mutex<()>>,
     /// The hooks this thread runs, in order.
     pub(super) hooks: Arc<Vec<crate::hooks::Hook>>,
+    /// Children that handed off, to the continuation that took each one's place.
+    pub(super) continued_children: HashMap<ThreadId, ThreadId>,
+    /// Signalled once this thread has finished ending, when its continuation holds its waiter.
+    pub(super) ended: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Set when the thread ends `continued`: the conversation its continuation starts from.
+    pub(super) handoff: Option<Vec<crate::provider::Message>>,
     /// Retries ordered by `error` hooks so far.
     pub(super) hook_retries: u32,
     /// Limits a `limit` hook has lifted once already.

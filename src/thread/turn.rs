@@ -111,11 +111,42 @@ impl ThreadActor {
             let _ = me.cast(ThreadMsg::NextTurn);
             return;
         }
+        let money = matches!(limit, "spend");
+        if fired.control == Some(crate::hooks::Control::Handoff)
+            && !money
+            && super::handoff::possible(s)
+        {
+            s.log(
+                "hook_control",
+                json!({ "action": "handoff", "limit": limit }),
+            );
+            let window = s.ctx.config.context_window_of(&s.doc.model);
+            return self.hand_off(me, s, window).await;
+        }
         let e = Ending {
             status: Status::Error,
             result: None,
             outputs: None,
             error: Some(format!("limit exceeded: {limit} {used}/{max}")),
+        };
+        self.finalize(me, s, e).await;
+    }
+
+    /// Ends this thread `continued`; its continuation starts from the trimmed conversation
+    /// (half the window, when there is one).
+    pub(super) async fn hand_off(
+        &self,
+        me: &ActorRef<ThreadMsg>,
+        s: &mut ThreadState,
+        window: Option<u64>,
+    ) {
+        let budget = window.map_or(usize::MAX, |w| (w / 2) as usize);
+        s.handoff = Some(super::handoff::trimmed(&s.messages, budget, s.id()));
+        let e = Ending {
+            status: Status::Continued,
+            result: None,
+            outputs: None,
+            error: None,
         };
         self.finalize(me, s, e).await;
     }
@@ -177,6 +208,17 @@ impl ThreadActor {
             .max_output_tokens
             .min(token_room - prompt_tokens);
         if let Some(window) = s.ctx.config.context_window_of(&s.doc.model) {
+            let threshold = (window as f64 * s.ctx.config.continuation_threshold) as u64;
+            if prompt_tokens > threshold
+                && s.ctx.config.builtin_hooks.continuation
+                && super::handoff::possible(s)
+            {
+                s.log(
+                    "context_filling",
+                    json!({ "prompt_tokens": prompt_tokens, "window": window, "threshold": threshold }),
+                );
+                return self.hand_off(me, s, Some(window)).await;
+            }
             if prompt_tokens >= window {
                 let msg = format!(
                     "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",

@@ -2,6 +2,7 @@
 
 mod budget;
 mod cli;
+mod continuation;
 mod crash;
 mod directives;
 mod e2e_llm;

@@ -1,0 +1,183 @@
+//! Continuation (SPEC §7): a thread hands off to a continuation when its context fills or a
+//! `limit` hook says `control: handoff`; the chain draws on one budget.
+
+use crate::support::{directive, Fixture};
+use serde_json::json;
+use weft::Status;
+
+const HANDOFF: &str =
+    "hooks:\n  - { id: go_on, event: limit, condition: { path: limit_code, op: eq, value: turns }, action: { control: handoff } }\n";
+
+fn chain_of(fx: &Fixture, first: &str) -> Vec<weft::internals::ThreadRow> {
+    let rows = fx.rows();
+    let mut chain = vec![rows.iter().find(|r| r.id == first).unwrap().clone()];
+    while let Some(next) = rows
+        .iter()
+        .find(|r| r.continuation_of.as_deref() == Some(chain.last().unwrap().id.as_str()))
+    {
+        chain.push(next.clone());
+    }
+    chain
+}
+
+/// A chain of three on a turns limit: each thread takes two turns, the last completes; the run's
+/// report is the last thread's; the chain's spend is the sum of its threads and within the
+/// first thread's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_limit_hands_off_down_a_chain_of_three() {
+    let d = directive(
+        "limits: { turns: 2, spend: 0.05 }",
+        "Work through the list.",
+    );
+    let step = "  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n    usage: { input_tokens: 1000, output_tokens: 100 }\n";
+    let script = format!(
+        "d:\n{}  - text: all done\n    usage: {{ input_tokens: 1000, output_tokens: 100 }}\n",
+        step.repeat(5)
+    );
+    let fx = Fixture::new(&[("d", &d)], &script, "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let first = handle.id().to_string();
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(report.result.as_deref(), Some("all done"));
+    let chain = chain_of(&fx, &first);
+    let statuses: Vec<&str> = chain.iter().map(|r| r.status.as_str()).collect();
+    assert_eq!(statuses, ["continued", "continued", "completed"]);
+    assert_eq!(report.thread_id.as_str(), chain[2].id);
+    let per_call = 1000 * 1_000 + 100 * 4_000;
+    let total: i64 = chain.iter().map(|r| r.own_spend_nanos).sum();
+    assert_eq!(total, 6 * per_call, "six calls over the chain");
+    assert!(total <= 50_000_000);
+    let docs: Vec<_> = chain.iter().map(|r| fx.doc(&r.id)).collect();
+    assert_eq!(
+        docs[0].continued_by.as_ref().map(|i| i.to_string()),
+        Some(chain[1].id.clone())
+    );
+    // Money never starts afresh: each continuation's cap is what the chain has left.
+    assert_eq!(docs[1].limits.spend.0, 50_000_000 - 2 * per_call);
+    assert_eq!(docs[2].limits.spend.0, 50_000_000 - 4 * per_call);
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}
+
+/// A thread whose prompt passes 0.9 of its model's window continues with its conversation
+/// trimmed instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filling_context_continues_in_a_new_thread() {
+    let d = directive("limits: { turns: 20 }", "Chat.");
+    let long = "x".repeat(1500);
+    let step = format!("  - text: \"{long}\"\n    tool_calls: [ {{ name: thread_status, input: {{ id: nobody-1 }} }} ]\n");
+    let script = format!("d:\n{}  - text: finished\n", step.repeat(12));
+    let fx = Fixture::new(
+        &[("d", &d)],
+        &script,
+        "context_window: { scripted: 4000 }\n",
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let first = handle.id().to_string();
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let chain = chain_of(&fx, &first);
+    assert!(chain.len() >= 2, "{chain:?}");
+    assert_eq!(chain[0].status, "continued");
+    let filling = fx
+        .events(&first)
+        .into_iter()
+        .find(|e| e["type"] == "context_filling")
+        .expect("recorded why it continued");
+    assert!(filling["prompt_tokens"].as_u64().unwrap() > 3600);
+    // The continuation starts from a trimmed conversation that says so.
+    let cont = &chain[1].id;
+    let events = fx.events(cont);
+    let inherited: String = events
+        .iter()
+        .filter(|e| e["type"] == "conversation" || e["type"] == "message")
+        .take(2)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        inherited.contains("were left out to fit the context window"),
+        "{inherited}"
+    );
+    assert!(
+        inherited.len() < 6000,
+        "trimmed to about half the window: {}",
+        inherited.len()
+    );
+}
+
+/// A child's continuation takes its place: the parent's waiting spawn gets the continuation's
+/// result, not "continued".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_continuation_answers_its_parent() {
+    let root = directive("permissions: [\"thread.spawn.**\"]", "Delegate.");
+    let kid = directive("limits: { turns: 1 }", "Work.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+  - text: root done
+kid:
+  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]
+  - text: kid finished after a handoff
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let events = fx.events(report.thread_id.as_str());
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["id"] == "call_0_0")
+        .unwrap();
+    let child: serde_json::Value =
+        serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(child["status"], "completed", "{child}");
+    assert_eq!(child["result"], "kid finished after a handoff");
+    let kids: Vec<_> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "kid")
+        .collect();
+    assert_eq!(kids.len(), 2);
+    assert!(kids
+        .iter()
+        .all(|k| k.parent_id.as_deref() == Some(report.thread_id.as_str())));
+    assert!(events.iter().any(|e| e["type"] == "child_continued"));
+}
+
+/// Cancelling the chain after a handoff reaches the continuation (a handle, like Ctrl-C in
+/// `weft run`, names the first thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_a_handoff_reaches_the_continuation() {
+    let d = directive("limits: { turns: 1 }", "Work.");
+    let script = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: slow\n    delay: 30s\n";
+    let fx = Fixture::new(&[("d", &d)], script, "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let first = handle.id().clone();
+    crate::support::wait_until("the first thread handed off", || {
+        fx.rows()
+            .iter()
+            .any(|r| r.id == first.as_str() && r.status == "continued")
+    })
+    .await;
+    assert!(rt.cancel(&first, "stop the chain"));
+    let report = tokio::time::timeout(std::time::Duration::from_secs(10), handle.wait())
+        .await
+        .expect("the continuation was cancelled, not left to its 30 s call")
+        .unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    assert_ne!(report.thread_id, first);
+}
