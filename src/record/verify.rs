@@ -69,10 +69,56 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
             }
         }
     }
+    if let Some(doc) = &doc {
+        check_links(project, trust, doc, &doc_path, &mut problems);
+    }
     Verdict {
         id: id.to_string(),
         ok: problems.is_empty(),
         problems,
         torn_last_line: torn,
+    }
+}
+
+/// A continuation chain's links hold both ways: the thread a document continues names it as its
+/// continuation, and the thread it names as its continuation continues it (both signed).
+fn check_links(
+    project: &Project,
+    trust: &Trust,
+    doc: &ThreadDoc,
+    doc_path: &std::path::Path,
+    problems: &mut Vec<String>,
+) {
+    let other = |id: &ThreadId| {
+        ThreadDoc::read_verified(&project.thread_dir(id).join("thread.json"), trust)
+    };
+    if let Some(prev) = &doc.continuation_of {
+        match other(prev) {
+            Ok(p) if p.continued_by.as_ref() == Some(&doc.id) => {}
+            Ok(p) => problems.push(format!(
+                "{}: continues {prev}, whose thread.json names {} as its continuation",
+                doc_path.display(),
+                p.continued_by
+                    .as_ref()
+                    .map_or("no thread".to_string(), ToString::to_string)
+            )),
+            Err(e) => problems.push(format!(
+                "{}: continues {prev}, whose thread.json does not verify: {e}",
+                doc_path.display()
+            )),
+        }
+    }
+    if let Some(next) = &doc.continued_by {
+        match other(next) {
+            Ok(n) if n.continuation_of.as_ref() == Some(&doc.id) => {}
+            Ok(_) => problems.push(format!(
+                "{}: names {next} as its continuation, which does not continue it",
+                doc_path.display()
+            )),
+            Err(e) => problems.push(format!(
+                "{}: names {next} as its continuation, whose thread.json does not verify: {e}",
+                doc_path.display()
+            )),
+        }
     }
 }

@@ -181,3 +181,39 @@ async fn a_cancel_after_a_handoff_reaches_the_continuation() {
     assert_eq!(report.status, Status::Cancelled);
     assert_ne!(report.thread_id, first);
 }
+
+/// `weft verify` checks every link of a chain: a predecessor whose signed thread.json no longer
+/// names its continuation is reported on the continuation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_the_links_of_a_chain() {
+    let d = directive("limits: { turns: 1 }", "Work.");
+    let script = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: done\n";
+    let fx = Fixture::new(&[("d", &d)], script, "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let first = handle.id().to_string();
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed);
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    // Sign a first thread.json that forgets its continuation (a valid signature, a broken link).
+    let signer = weft::internals::Signer::load_or_create(crate::support::weft_home()).unwrap();
+    let mut doc = fx.doc(&first);
+    doc.continued_by = None;
+    let path = fx
+        .root()
+        .join(".weft/threads")
+        .join(&first)
+        .join("thread.json");
+    doc.write_signed(&path, &signer, false).unwrap();
+    let bad = fx.verify_all();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].id, report.thread_id.as_str());
+    assert!(
+        bad[0].problems[0].contains("names no thread as its continuation"),
+        "{bad:?}"
+    );
+}

@@ -432,3 +432,42 @@ async fn a_limit_hook_lifts_a_turns_limit_once_and_never_spend() {
         .iter()
         .any(|e| e["type"] == "hook_control" && e["refused"] == "this limit is never lifted"));
 }
+
+/// The user's own hooks (`$WEFT_HOME/hooks.yaml`, layer 0) run first, through the real binary.
+#[test]
+fn the_users_hooks_run_before_the_directives_and_the_projects() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("hooks.yaml"),
+        "hooks:\n  - { id: mine, event: thread_started, action: { inject: { text: \"USER LAYER\" } } }\n",
+    )
+    .unwrap();
+    let d = directive(
+        "hooks:\n  - { id: its, event: thread_started, action: { inject: { text: \"DIRECTIVE LAYER\" } } }",
+        "Go.",
+    );
+    let fx = Fixture::new(&[("d", &d)], "d:\n  - text: ok\n", "");
+    with_hooks(
+        &fx,
+        "hooks:\n  - { id: ours, event: thread_started, action: { inject: { text: \"PROJECT LAYER\" } } }\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["run", "d", "--json", "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .arg("--project")
+        .arg(fx.root())
+        .env("WEFT_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = v["thread_id"].as_str().unwrap();
+    assert_eq!(
+        first_user_message(&fx, id),
+        "USER LAYER\n\nDIRECTIVE LAYER\n\nPROJECT LAYER\nGo."
+    );
+}
