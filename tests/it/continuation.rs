@@ -35,7 +35,10 @@ async fn a_turns_limit_hands_off_down_a_chain_of_three() {
         step.repeat(5)
     );
     let fx = Fixture::new(&[("d", &d)], &script, "");
-    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let hooks = format!(
+        "{HANDOFF}  - {{ id: note, event: thread_continued, action: {{ inject: {{ text: \"You continue {{previous_thread_id}}.\" }} }} }}\n"
+    );
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
     let rt = fx.runtime().await;
     let handle = rt
         .start("d", serde_json::Map::new(), weft::LimitSet::default())
@@ -62,6 +65,26 @@ async fn a_turns_limit_hands_off_down_a_chain_of_three() {
     assert_eq!(docs[1].limits.spend.0, 50_000_000 - 2 * per_call);
     assert_eq!(docs[2].limits.spend.0, 50_000_000 - 4 * per_call);
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    // thread_continued fired once in each continuation, with the thread it continues.
+    for (i, r) in chain.iter().enumerate().skip(1) {
+        let events = fx.events(&r.id);
+        let fired: Vec<_> = events
+            .iter()
+            .filter(|e| e["type"] == "hook_fired" && e["event"] == "thread_continued")
+            .collect();
+        assert_eq!(fired.len(), 1, "{}", r.id);
+        let injected = events.iter().filter(|e| e["type"] == "message").any(|e| {
+            e["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("You continue {}.", chain[i - 1].id))
+        });
+        assert!(injected, "{}: {events:?}", r.id);
+    }
+    assert!(!fx
+        .events(&first)
+        .iter()
+        .any(|e| e["event"] == "thread_continued"));
 }
 
 /// A thread whose prompt passes 0.9 of its model's window continues with its conversation
