@@ -83,10 +83,12 @@ impl ThreadActor {
             "child_finished",
             json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }),
         );
-        let ctx = json!({ "thread_id": s.doc.id, "child": {
-            "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
-            "outputs": r.outputs, "error": r.error } });
-        super::hook_run::fire(me, s, "child_finished", ctx);
+        if super::hook_run::wants(s, "child_finished") {
+            let ctx = json!({ "thread_id": s.doc.id, "child": {
+                "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
+                "outputs": r.outputs, "error": r.error } });
+            super::hook_run::fire(me, s, "child_finished", ctx);
+        }
         let entry = s.children.entry(id.clone()).or_insert(Child {
             actor: None,
             report: None,

@@ -20,6 +20,11 @@ pub(super) struct Fired {
     pub control: Option<crate::hooks::Control>,
 }
 
+/// Whether any of this thread's hooks listens to `event` (so its context is built only then).
+pub(super) fn wants(s: &ThreadState, event: &str) -> bool {
+    s.hooks.iter().any(|h| h.event == event)
+}
+
 /// Fires `event` with context `ctx`.
 pub(super) fn fire(
     me: &ActorRef<ThreadMsg>,

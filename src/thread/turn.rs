@@ -26,12 +26,14 @@ impl ThreadActor {
         } else {
             "thread_started"
         };
-        let ctx = json!({
-            "thread_id": s.doc.id, "directive": s.doc.directive, "directive_body": s.directive.body,
-            "model": s.doc.model, "limits": s.limits, "inputs": s.inputs, "previous_thread_id": continued,
-        });
-        let fired = super::hook_run::fire(me, s, event, ctx);
-        super::hook_run::inject_into_conversation(s, fired.injected);
+        if super::hook_run::wants(s, event) {
+            let ctx = json!({
+                "thread_id": s.doc.id, "directive": s.doc.directive, "directive_body": s.directive.body,
+                "model": s.doc.model, "limits": s.limits, "inputs": s.inputs, "previous_thread_id": continued,
+            });
+            let fired = super::hook_run::fire(me, s, event, ctx);
+            super::hook_run::inject_into_conversation(s, fired.injected);
+        }
         // A continuation records the conversation it inherits, so it can be continued in turn.
         if let Some((last, inherited)) = s.messages.split_last() {
             if !inherited.is_empty() {
@@ -348,11 +350,13 @@ impl ThreadActor {
             reply: None,
         });
         crate::core::failpoint::hit("settle.cast");
-        let step = json!({
-            "thread_id": s.doc.id, "turn": s.calls_made,
-            "cost": { "spend_nanos": s.own_spend, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens },
-        });
-        super::hook_run::fire(me, s, "after_step", step);
+        if super::hook_run::wants(s, "after_step") {
+            let step = json!({
+                "thread_id": s.doc.id, "turn": s.calls_made,
+                "cost": { "spend_nanos": s.own_spend, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens },
+            });
+            super::hook_run::fire(me, s, "after_step", step);
+        }
         let overrun = call
             .as_ref()
             .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));
