@@ -141,6 +141,7 @@ impl RuntimeBuilder {
             hooks,
             hook_tasks: Default::default(),
             successors: Default::default(),
+            usage_log: Default::default(),
             events,
             _owner_lock: Box::new(owner),
             verified: Default::default(),

@@ -87,6 +87,8 @@ pub(crate) struct Ctx {
     /// Thread → the continuation that took over from it (this process's handoffs), so a cancel
     /// naming the first thread of a chain reaches the one running.
     pub successors: std::sync::Mutex<std::collections::HashMap<ThreadId, ThreadId>>,
+    /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
+    pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).
     pub hook_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread

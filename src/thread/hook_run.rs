@@ -80,6 +80,8 @@ pub(super) fn fire(
             }
         };
         match done {
+            // The built-in usage record is the usage file's line, not a transcript event.
+            Ok("usage_record") => {}
             Ok(kind) => s.log(
                 "hook_fired",
                 json!({ "id": h.id, "event": event, "action": kind, "layer": h.layer }),
@@ -190,14 +192,27 @@ fn spawn(
     }
 }
 
+/// One line per thread, one `write` each (O_APPEND: lines of concurrent threads and processes
+/// never interleave), on a file kept open by the runtime.
 fn usage_record(s: &ThreadState, ctx: &Value) -> Result<(), String> {
     use std::io::Write;
     let path = s.ctx.project.weft().join("usage.jsonl");
     let line = format!("{}\n", crate::hooks::usage_line(ctx));
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
+    let mut log = s
+        .ctx
+        .usage_log
+        .lock()
+        .map_err(|_| "the usage log lock is poisoned".to_string())?;
+    if log.is_none() {
+        *log = Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+        );
+    }
+    log.as_mut()
+        .map_or(Ok(()), |f| f.write_all(line.as_bytes()))
         .map_err(|e| format!("{}: {e}", path.display()))
 }
