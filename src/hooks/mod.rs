@@ -24,6 +24,9 @@ pub(crate) const EVENTS: &[&str] = &[
     "limit",
     "error",
     "after_complete",
+    // Rye's: before each call when the model's window is known, and on `directive_return`.
+    "context_window_pressure",
+    "directive_return",
 ];
 
 /// What a hook does.
@@ -48,6 +51,14 @@ pub(crate) enum Action {
     },
     /// Decide what an `error` or `limit` does (observers of layer 4 never decide).
     Control(Control),
+    /// Record an event in the transcript (`hook_event`, Rye's emitter): its type and payload,
+    /// interpolated from the event.
+    Emit {
+        /// The event's type.
+        event_type: String,
+        /// Its payload (strings interpolate `${path}`).
+        payload: Value,
+    },
     /// Built in: append the usage record of a completed thread to `.weft/usage.jsonl`.
     UsageRecord,
 }
@@ -194,15 +205,32 @@ fn load_file(path: &Path, layer: u8, root: &Path) -> Result<Vec<Hook>, HookError
         id: "-".into(),
         message: crate::project::yaml::yaml_message(&e),
     })?;
-    match v.get("hooks") {
-        Some(list) => parse_list(list, layer, &source, root),
-        None if v.is_null() => Ok(Vec::new()),
-        None => Err(HookError {
+    if v.is_null() {
+        return Ok(Vec::new());
+    }
+    // `hooks:`, and the sections of Rye's own hook file: `builtin_hooks:` and `context_hooks:`
+    // (taken at this file's layer) and `infra_hooks:` (observers, layer 4).
+    let mut out = Vec::new();
+    let mut found = false;
+    for (key, at) in [
+        ("hooks", layer),
+        ("builtin_hooks", layer),
+        ("context_hooks", layer),
+        ("infra_hooks", 4),
+    ] {
+        if let Some(list) = v.get(key) {
+            found = true;
+            out.extend(parse_list(list, at, &source, root)?);
+        }
+    }
+    if !found {
+        return Err(HookError {
             source_name: source,
             id: "-".into(),
             message: "a hooks file holds `hooks: [ ... ]`".into(),
-        }),
+        });
     }
+    Ok(out)
 }
 
 fn parse_list(v: &Value, layer: u8, source: &str, root: &Path) -> Result<Vec<Hook>, HookError> {
@@ -343,12 +371,28 @@ fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
             ("load", "directive") => need_inject(Action::Inject(Inject::Directive(item_id.into()))),
             ("execute", "tool") if item_id.ends_with("/control") => parse_control(
                 match a.get("params").and_then(|p| p.get("action")).and_then(Value::as_str) {
-                    Some("abort") => "fail",
+                    // weft has no limit approval yet: escalating ends the thread, as a limit does.
+                    Some("abort" | "escalate") => "fail",
                     Some(other) => other,
                     None => "",
                 },
                 event,
             ),
+            ("execute", "tool") if item_id.ends_with("/emitter") => {
+                let mut params = a.get("params").cloned().unwrap_or(json!({}));
+                let event_type = params
+                    .as_object_mut()
+                    .and_then(|p| p.remove("event_type"))
+                    .and_then(|t| t.as_str().map(str::to_string))
+                    .unwrap_or_else(|| event.to_string());
+                Ok(Action::Emit {
+                    event_type,
+                    payload: params,
+                })
+            }
+            ("execute", "knowledge") => need_inject(Action::Inject(Inject::File(
+                root.join("knowledge").join(format!("{item_id}.md")),
+            ))),
             ("execute", "directive") => Ok(Action::Spawn {
                 directive: item_id.into(),
                 inputs: a
@@ -398,6 +442,11 @@ pub(crate) fn interpolate(text: &str, ctx: &Value) -> String {
             return out;
         };
         let key = &after[..j];
+        // Rye writes `${path}` and `${event.path}`: the `$` and `event.` are dropped.
+        if out.ends_with('$') {
+            out.pop();
+        }
+        let key = key.strip_prefix("event.").unwrap_or(key);
         let path = key
             .strip_prefix("input:")
             .map_or_else(|| key.to_string(), |k| format!("inputs.{k}"));
@@ -414,6 +463,30 @@ pub(crate) fn interpolate(text: &str, ctx: &Value) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// `payload` with every string interpolated from the event (a string that is exactly one
+/// `${path}` takes the path's value, whatever its type).
+pub(crate) fn interpolate_value(payload: &Value, ctx: &Value) -> Value {
+    match payload {
+        Value::String(t) => {
+            let whole = t
+                .strip_prefix("${")
+                .and_then(|r| r.strip_suffix('}'))
+                .filter(|k| !k.contains(['{', '}']));
+            match whole.and_then(|k| lookup(ctx, k.strip_prefix("event.").unwrap_or(k))) {
+                Some(v) => v.clone(),
+                None => Value::String(interpolate(t, ctx)),
+            }
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|v| interpolate_value(v, ctx)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), interpolate_value(v, ctx)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// The usage record of a completed thread (nova's shape), one line of `.weft/usage.jsonl`.

@@ -60,6 +60,17 @@ pub(super) fn fire(
                 Ok("run")
             }
             Action::UsageRecord => usage_record(s, &ctx).map(|()| "usage_record"),
+            Action::Emit {
+                event_type,
+                payload,
+            } => {
+                let payload = crate::hooks::interpolate_value(payload, &ctx);
+                s.log(
+                    "hook_event",
+                    json!({ "id": h.id, "event_type": event_type, "payload": payload }),
+                );
+                Ok("emit")
+            }
             Action::Spawn { directive, inputs } => {
                 let inputs = inputs
                     .iter()

@@ -67,6 +67,11 @@ impl ThreadActor {
             content: blocks,
         });
         if let Some(outputs) = returned {
+            if super::hook_run::wants(s, "directive_return") {
+                let ctx = json!({ "thread_id": s.doc.id, "outputs": outputs,
+                                  "cost": { "turns": s.doc.cost.turns, "spend_nanos": s.own_spend } });
+                super::hook_run::fire(me, s, "directive_return", ctx);
+            }
             let e = Ending {
                 status: Status::Completed,
                 result: None,

@@ -210,6 +210,11 @@ impl ThreadActor {
             .max_output_tokens
             .min(token_room - prompt_tokens);
         if let Some(window) = s.ctx.config.context_window_of(&s.doc.model) {
+            if super::hook_run::wants(s, "context_window_pressure") {
+                let ctx = json!({ "thread_id": s.doc.id, "pressure_ratio": prompt_tokens as f64 / window as f64,
+                                  "tokens_used": prompt_tokens, "window": window });
+                super::hook_run::fire(me, s, "context_window_pressure", ctx);
+            }
             let threshold = (window as f64 * s.ctx.config.continuation_threshold) as u64;
             if prompt_tokens > threshold
                 && s.ctx.config.builtin_hooks.continuation

@@ -471,3 +471,41 @@ fn the_users_hooks_run_before_the_directives_and_the_projects() {
         "USER LAYER\n\nDIRECTIVE LAYER\n\nPROJECT LAYER\nGo."
     );
 }
+
+/// Rye's own hook file (its built-in, infrastructure and context hooks) loads too: its context
+/// hook injects the knowledge it names, its emitters record their events in the transcript.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ryes_own_hook_file_loads_and_its_emitters_record() {
+    let d = directive("outputs:\n  n: { type: integer, required: true }", "Count.");
+    let script = "d:\n  - tool_calls: [ { name: directive_return, input: { n: 3 } } ]\n";
+    let fx = Fixture::new(&[("d", &d)], script, "");
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/rye/config/agent/hook_conditions.yaml");
+    std::fs::copy(file, fx.root().join(".weft/hooks.yaml")).unwrap();
+    std::fs::create_dir_all(fx.root().join("knowledge/rye/agent/core")).unwrap();
+    std::fs::write(
+        fx.root()
+            .join("knowledge/rye/agent/core/DirectiveInstruction.md"),
+        "FOLLOW THE DIRECTIVE",
+    )
+    .unwrap();
+    let (report, _rt) = fx.run("d", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let id = report.thread_id.as_str();
+    assert!(first_user_message(&fx, id).starts_with("FOLLOW THE DIRECTIVE"));
+    let emitted: Vec<Value> = fx
+        .events(id)
+        .into_iter()
+        .filter(|e| e["type"] == "hook_event")
+        .collect();
+    let kinds: Vec<&str> = emitted
+        .iter()
+        .map(|e| e["event_type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["checkpoint_saved", "directive_return", "thread_completed"]
+    );
+    assert_eq!(emitted[1]["payload"]["payload"]["outputs"], json!({"n": 3}));
+    assert_eq!(emitted[1]["payload"]["thread_id"], id);
+}
