@@ -1,32 +1,70 @@
-//! `weft cancel`, `weft approve`, `weft deny`: reach the process that owns a thread through its
-//! control endpoint (cancel then waits until the subtree is finalized).
+//! `weft cancel`, `weft approve`, `weft deny`, `weft inject`: reach the process that owns a
+//! thread through its control endpoint (cancel then waits until the subtree is finalized).
 
 use super::{failed, find_project, open_error, open_store, usage, Exit};
 use crate::core::ids::ThreadId;
+use crate::project::Project;
 use crate::registry::ThreadRow;
 use crate::runtime::Runtime;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
+
+/// The project, the thread id and its registry row (a usage error if it has none).
+fn thread_row(explicit: Option<PathBuf>, id: &str) -> Result<(Project, ThreadId, ThreadRow), Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(id).map_err(usage)?;
+    let row = open_store(&project)?
+        .get(id.as_str())
+        .map_err(failed)?
+        .ok_or_else(|| {
+            usage(format!(
+                "no thread {id} in this project (see `weft threads`)"
+            ))
+        })?;
+    Ok((project, id, row))
+}
+
+/// Sends `req` to the control endpoint of the process owning `row`; its refusal is an error.
+async fn ask_owner(project: &Project, row: &ThreadRow, req: Value) -> Result<Value, Exit> {
+    #[cfg(unix)]
+    {
+        let reply = crate::server::control::request(project, row.owner_pid, &req)
+            .await
+            .map_err(|m| Exit {
+                code: 1,
+                message: m,
+            })?;
+        if reply["ok"] != true {
+            return Err(Exit {
+                code: 1,
+                message: reply["error"].as_str().unwrap_or("refused").to_string(),
+            });
+        }
+        Ok(reply)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (project, row, req);
+        Err(Exit {
+            code: 1,
+            message: "this needs the control socket (Unix only)".into(),
+        })
+    }
+}
 
 pub(super) async fn cancel(
     explicit: Option<PathBuf>,
     id: String,
     as_json: bool,
 ) -> Result<i32, Exit> {
-    let project = find_project(explicit)?;
-    let id = ThreadId::parse(&id).map_err(usage)?;
+    let (project, id, row) = thread_row(explicit, &id)?;
     let rt = Runtime::builder(project.clone())
         .without_provider()
         .open()
         .await
         .map_err(open_error)?;
     let store = open_store(&project)?;
-    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
-        usage(format!(
-            "no thread {id} in this project (see `weft threads`)"
-        ))
-    })?;
     let finish = |row: &ThreadRow, note: &str| {
         if as_json {
             out!(
@@ -42,28 +80,7 @@ pub(super) async fn cancel(
         rt.shutdown();
         return Ok(0);
     }
-    #[cfg(unix)]
-    {
-        let reply = crate::server::control::request(
-            &project,
-            row.owner_pid,
-            &json!({ "op": "cancel", "id": id }),
-        )
-        .await
-        .map_err(|m| Exit {
-            code: 1,
-            message: m,
-        })?;
-        if reply["ok"] != true {
-            return Err(Exit {
-                code: 1,
-                message: reply["error"]
-                    .as_str()
-                    .unwrap_or("cancel refused")
-                    .to_string(),
-            });
-        }
-    }
+    ask_owner(&project, &row, json!({ "op": "cancel", "id": id })).await?;
     // Wait until the owner has finalized the subtree.
     let deadline =
         std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);
@@ -94,14 +111,7 @@ pub(super) async fn decide(
     reason: Option<String>,
     as_json: bool,
 ) -> Result<i32, Exit> {
-    let project = find_project(explicit)?;
-    let id = ThreadId::parse(&id).map_err(usage)?;
-    let store = open_store(&project)?;
-    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
-        usage(format!(
-            "no thread {id} in this project (see `weft threads`)"
-        ))
-    })?;
+    let (project, id, row) = thread_row(explicit, &id)?;
     if crate::registry::is_terminal(&row.status) {
         return Err(usage(format!(
             "thread {id} is {}; nothing waits",
@@ -109,43 +119,18 @@ pub(super) async fn decide(
         )));
     }
     let op = if approve { "approve" } else { "deny" };
-    #[cfg(unix)]
-    {
-        let reply = crate::server::control::request(
-            &project,
-            row.owner_pid,
-            &json!({ "op": op, "id": id, "call": call, "reason": reason }),
-        )
-        .await
-        .map_err(|m| Exit {
-            code: 1,
-            message: m,
-        })?;
-        if reply["ok"] != true {
-            return Err(Exit {
-                code: 1,
-                message: reply["error"].as_str().unwrap_or("refused").to_string(),
-            });
-        }
-        if as_json {
-            out!("{reply}");
-        } else {
-            out!(
-                "{id}: call {} {}",
-                reply["call"].as_str().unwrap_or("?"),
-                if approve { "approved" } else { "denied" }
-            );
-        }
-        Ok(0)
+    let req = json!({ "op": op, "id": id, "call": call, "reason": reason });
+    let reply = ask_owner(&project, &row, req).await?;
+    if as_json {
+        out!("{reply}");
+    } else {
+        out!(
+            "{id}: call {} {}",
+            reply["call"].as_str().unwrap_or("?"),
+            if approve { "approved" } else { "denied" }
+        );
     }
-    #[cfg(not(unix))]
-    {
-        let _ = (call, reason, as_json, op);
-        Err(Exit {
-            code: 1,
-            message: "approvals need the control socket (Unix only)".into(),
-        })
-    }
+    Ok(0)
 }
 
 /// `weft inject`: a message for a running thread's next turn.
@@ -155,51 +140,23 @@ pub(super) async fn inject(
     text: String,
     as_json: bool,
 ) -> Result<i32, Exit> {
-    let project = find_project(explicit)?;
-    let id = ThreadId::parse(&id).map_err(usage)?;
-    let store = open_store(&project)?;
-    let row = store.get(id.as_str()).map_err(failed)?.ok_or_else(|| {
-        usage(format!(
-            "no thread {id} in this project (see `weft threads`)"
-        ))
-    })?;
+    let (project, id, row) = thread_row(explicit, &id)?;
     if crate::registry::is_terminal(&row.status) {
         return Err(usage(format!(
             "thread {id} is {}; a message can only reach a running thread (`weft resume {id} -m TEXT` continues it)",
             row.status
         )));
     }
-    #[cfg(unix)]
-    {
-        let reply = crate::server::control::request(
-            &project,
-            row.owner_pid,
-            &json!({ "op": "inject", "id": id, "text": text }),
-        )
-        .await
-        .map_err(|m| Exit {
-            code: 1,
-            message: m,
-        })?;
-        if reply["ok"] != true {
-            return Err(Exit {
-                code: 1,
-                message: reply["error"].as_str().unwrap_or("refused").to_string(),
-            });
-        }
-        if as_json {
-            out!("{reply}");
-        } else {
-            out!("{id}: message queued for its next turn");
-        }
-        Ok(0)
+    let reply = ask_owner(
+        &project,
+        &row,
+        json!({ "op": "inject", "id": id, "text": text }),
+    )
+    .await?;
+    if as_json {
+        out!("{reply}");
+    } else {
+        out!("{id}: message queued for its next turn");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = (text, as_json);
-        Err(Exit {
-            code: 1,
-            message: "messages need the control socket (Unix only)".into(),
-        })
-    }
+    Ok(0)
 }

@@ -294,6 +294,17 @@ impl Runtime {
             .is_ok()
     }
 
+    /// The actor running `id`'s chain in this process (the thread, or the continuation that took
+    /// over from it).
+    fn running(&self, id: &ThreadId) -> Result<ActorRef<ThreadMsg>, String> {
+        handle::current_actor(&self.ctx, id).ok_or_else(|| {
+            format!(
+                "thread {id} is not running in process {}",
+                std::process::id()
+            )
+        })
+    }
+
     /// A person's decision on a call of thread `id` (of this runtime) that waits for approval:
     /// approve runs it, deny gives the model an error result with `reason`. `call` None picks
     /// the only waiting call. Returns the call decided.
@@ -304,13 +315,8 @@ impl Runtime {
         approve: bool,
         reason: Option<&str>,
     ) -> Result<String, String> {
-        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
-            return Err(format!(
-                "thread {id} is not running in process {}",
-                std::process::id()
-            ));
-        };
-        ractor::call!(ActorRef::<ThreadMsg>::from(cell), |reply| {
+        let actor = self.running(id)?;
+        ractor::call!(actor, |reply| {
             ThreadMsg::Decide {
                 call: call.map(str::to_string),
                 approve,
@@ -324,13 +330,8 @@ impl Runtime {
     /// Queues `text` for thread `id` (of this runtime): delivered as a user message before its
     /// next turn.
     pub async fn inject(&self, id: &ThreadId, text: &str) -> Result<(), String> {
-        let Some(cell) = ractor::registry::where_is(id.to_string()) else {
-            return Err(format!(
-                "thread {id} is not running in process {}",
-                std::process::id()
-            ));
-        };
-        ractor::call!(ActorRef::<ThreadMsg>::from(cell), |reply| {
+        let actor = self.running(id)?;
+        ractor::call!(actor, |reply| {
             ThreadMsg::Inject {
                 from: "person".into(),
                 text: text.to_string(),

@@ -31,14 +31,22 @@ impl Drop for ControlEndpoint {
     }
 }
 
+/// The request's `id`, or the error reply.
+fn thread_id(req: &Value) -> Result<ThreadId, Value> {
+    match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
+        Some(Ok(id)) => Ok(id),
+        Some(Err(e)) => Err(json!({ "ok": false, "error": e })),
+        None => Err(json!({ "ok": false, "error": "`id` is required" })),
+    }
+}
+
 /// Answers one request for `rt`.
 pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
     let op = req.get("op").and_then(Value::as_str);
     if op == Some("inject") {
-        let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
-            Some(Ok(id)) => id,
-            Some(Err(e)) => return json!({ "ok": false, "error": e }),
-            None => return json!({ "ok": false, "error": "`id` is required" }),
+        let id = match thread_id(req) {
+            Ok(id) => id,
+            Err(e) => return e,
         };
         let Some(text) = req.get("text").and_then(Value::as_str) else {
             return json!({ "ok": false, "error": "`text` is required" });
@@ -49,10 +57,9 @@ pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
         };
     }
     if let Some(op @ ("approve" | "deny")) = op {
-        let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
-            Some(Ok(id)) => id,
-            Some(Err(e)) => return json!({ "ok": false, "error": e }),
-            None => return json!({ "ok": false, "error": "`id` is required" }),
+        let id = match thread_id(req) {
+            Ok(id) => id,
+            Err(e) => return e,
         };
         let call = req.get("call").and_then(Value::as_str);
         let reason = req.get("reason").and_then(Value::as_str);
@@ -64,10 +71,9 @@ pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
     match op {
         Some("ping") => json!({ "ok": true, "pid": std::process::id() }),
         Some("cancel") => {
-            let id = match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
-                Some(Ok(id)) => id,
-                Some(Err(e)) => return json!({ "ok": false, "error": e }),
-                None => return json!({ "ok": false, "error": "`id` is required" }),
+            let id = match thread_id(req) {
+                Ok(id) => id,
+                Err(e) => return e,
             };
             let reason = req
                 .get("reason")

@@ -155,10 +155,7 @@ fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration,
             tracing::warn!(thread = %thread, hook = %id, "hook command failed: {}", r.content);
         }
     });
-    if let Ok(mut t) = s.ctx.hook_tasks.lock() {
-        t.retain(|h| !h.is_finished());
-        t.push(task);
-    }
+    track(s, task);
 }
 
 /// A hook's `spawn`: a child of the hooked thread (reported back like any child); on
@@ -197,14 +194,19 @@ fn spawn(
             }
         }
     });
+    track(s, task);
+}
+
+/// One line per thread, one `write` each (O_APPEND: lines of concurrent threads and processes
+/// never interleave), on a file kept open by the runtime.
+/// Keeps a hook's task for `Runtime::drain_hooks` (dropping those already finished).
+fn track(s: &ThreadState, task: tokio::task::JoinHandle<()>) {
     if let Ok(mut t) = s.ctx.hook_tasks.lock() {
         t.retain(|h| !h.is_finished());
         t.push(task);
     }
 }
 
-/// One line per thread, one `write` each (O_APPEND: lines of concurrent threads and processes
-/// never interleave), on a file kept open by the runtime.
 fn usage_record(s: &ThreadState, ctx: &Value) -> Result<(), String> {
     use std::io::Write;
     let path = s.ctx.project.weft().join("usage.jsonl");

@@ -1,6 +1,6 @@
 //! Lifecycle guarantees: cancellation reaching the leaves, crash recovery, resume.
 
-use crate::support::{directive, expected_spend, wait_until, weft_home, Fixture};
+use crate::support::{directive, expected_spend, rows_json, wait_until, weft_cmd, Fixture};
 use serde_json::{json, Map, Value};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -215,22 +215,6 @@ slow:
         let (v, open) = rt.audit().await;
         assert!(v.is_empty() && open == 0);
     }
-}
-
-fn weft_cmd(project: &std::path::Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
-    c.env("WEFT_HOME", weft_home())
-        .arg("--project")
-        .arg(project);
-    c
-}
-
-fn rows_json(project: &std::path::Path) -> Vec<Value> {
-    let o = weft_cmd(project)
-        .args(["threads", "--json"])
-        .output()
-        .unwrap();
-    serde_json::from_slice(&o.stdout).unwrap_or_default()
 }
 
 fn wait_rows(project: &std::path::Path, what: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {

@@ -2,7 +2,7 @@
 //! `$WEFT_MCP_DIR` (default `~/.cache/weft-mcp`): `@modelcontextprotocol/server-everything` from
 //! npm over stdio and over streamable HTTP, and `mcp-server-time` from PyPI over stdio.
 
-use crate::support::{directive, wait_until, Fixture};
+use crate::support::{calls_script, directive, tool_results as results, wait_until, Fixture};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use weft::Status;
@@ -44,34 +44,9 @@ fn time_python() -> Option<PathBuf> {
 
 /// A root directive making one turn of `calls` per entry, under `perms`, with `config`.
 fn fixture(perms: &str, turns: &[Vec<(&str, Value)>], config: &str) -> Fixture {
-    let mut script = String::from("root:\n");
-    for calls in turns {
-        script += "  - tool_calls:\n";
-        for (name, input) in calls {
-            script += &format!("      - {{ name: {name}, input: {input} }}\n");
-        }
-    }
-    script += "  - text: done\n";
+    let script = calls_script("root", turns);
     let root = directive(&format!("permissions: {perms}"), "Use MCP tools.");
     Fixture::new(&[("root", &root)], &script, config)
-}
-
-fn results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
-    let events = fx.events(id);
-    events
-        .iter()
-        .filter(|e| e["type"] == "tool_use")
-        .map(|u| {
-            let r = events
-                .iter()
-                .find(|r| r["type"] == "tool_result" && r["id"] == u["id"])
-                .unwrap_or_else(|| panic!("no result for {u}"));
-            (
-                r["content"].as_str().unwrap_or_default().to_string(),
-                r["is_error"] == true,
-            )
-        })
-        .collect()
 }
 
 fn stdio_config(js: &std::path::Path, marker: &str) -> String {

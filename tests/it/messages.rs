@@ -1,26 +1,9 @@
 //! Messages into live threads: `weft inject` from another terminal, a child's `notify_parent`
 //! and `set_status`.
 
-use crate::support::{directive, Fixture};
-use serde_json::{json, Value};
-use std::path::Path;
+use crate::support::{directive, rows_json as rows, weft_cmd, Fixture};
+use serde_json::json;
 use weft::Status;
-
-fn weft_cmd(project: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
-    c.env("WEFT_HOME", crate::support::weft_home())
-        .arg("--project")
-        .arg(project);
-    c
-}
-
-fn rows(project: &Path) -> Vec<Value> {
-    let o = weft_cmd(project)
-        .args(["threads", "--json"])
-        .output()
-        .unwrap();
-    serde_json::from_slice(&o.stdout).unwrap_or_default()
-}
 
 /// A message sent from another process reaches the running thread as a user message before its
 /// next call, and a finished thread refuses one clearly.

@@ -183,3 +183,52 @@ pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// The `weft` binary, with the suite's key home, on `project`.
+pub fn weft_cmd(project: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
+    c.env("WEFT_HOME", weft_home())
+        .arg("--project")
+        .arg(project);
+    c
+}
+
+/// `weft threads --json` of `project` (empty before any run).
+pub fn rows_json(project: &Path) -> Vec<Value> {
+    let o = weft_cmd(project)
+        .args(["threads", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&o.stdout).unwrap_or_default()
+}
+
+/// A script for directive `name` making one turn of `calls` per entry, then ending with text.
+pub fn calls_script(name: &str, turns: &[Vec<(&str, Value)>]) -> String {
+    let mut script = format!("{name}:\n");
+    for calls in turns {
+        script += "  - tool_calls:\n";
+        for (tool, input) in calls {
+            script += &format!("      - {{ name: {tool}, input: {input} }}\n");
+        }
+    }
+    script + "  - text: done\n"
+}
+
+/// The results of a thread's tool calls, in the order they were made: (content, is_error).
+pub fn tool_results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
+    let events = fx.events(id);
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool_use")
+        .map(|u| {
+            let r = events
+                .iter()
+                .find(|r| r["type"] == "tool_result" && r["id"] == u["id"])
+                .unwrap_or_else(|| panic!("no result for {u}"));
+            (
+                r["content"].as_str().unwrap_or_default().to_string(),
+                r["is_error"] == true,
+            )
+        })
+        .collect()
+}

@@ -2,7 +2,10 @@
 //! processes, and the thread's private file area. Every call goes through a real thread with the
 //! scripted provider choosing the calls.
 
-use crate::support::{directive, wait_until, Fixture};
+use crate::support::{
+    calls_script, directive, rows_json as rows, tool_results as results, wait_until, weft_cmd,
+    Fixture,
+};
 use serde_json::{json, Value};
 use std::path::Path;
 use weft::Status;
@@ -16,14 +19,7 @@ fn project(
     turns: &[Vec<(&str, Value)>],
     config: &str,
 ) -> Fixture {
-    let mut script = String::from("root:\n");
-    for calls in turns {
-        script += "  - tool_calls:\n";
-        for (name, input) in calls {
-            script += &format!("      - {{ name: {name}, input: {input} }}\n");
-        }
-    }
-    script += "  - text: done\n";
+    let script = calls_script("root", turns);
     let root = directive(&format!("permissions: {perms}"), "Use tools.");
     let fx = Fixture::new(&[("root", &root)], &script, config);
     for (name, yaml) in tools {
@@ -42,25 +38,6 @@ fn project(
         }
     }
     fx
-}
-
-/// The results of a run's tool calls, in the order they were made: (content, is_error).
-fn results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
-    let events = fx.events(id);
-    events
-        .iter()
-        .filter(|e| e["type"] == "tool_use")
-        .map(|u| {
-            let r = events
-                .iter()
-                .find(|r| r["type"] == "tool_result" && r["id"] == u["id"])
-                .unwrap_or_else(|| panic!("no result for {u}"));
-            (
-                r["content"].as_str().unwrap_or_default().to_string(),
-                r["is_error"] == true,
-            )
-        })
-        .collect()
 }
 
 async fn run(fx: &Fixture) -> (weft::ThreadReport, Vec<(String, bool)>) {
@@ -101,9 +78,13 @@ async fn a_command_tool_gets_its_input_on_stdin_and_placeholders_as_whole_argume
         "nothing went through a shell"
     );
     assert!(r[3].1 && r[3].0.contains("ungranted"), "{:?}", r[3]);
-    // Offered to the model only when granted.
-    let started = &fx.events(report.thread_id.as_str())[0];
-    assert_eq!(started["type"], "thread_started");
+    // Offered to the model only when granted: the refusal lists what this thread was offered.
+    let offered = r[3].0.split("available: ").nth(1).unwrap_or_default();
+    assert!(
+        offered.contains("upper") && offered.contains("say"),
+        "{offered}"
+    );
+    assert!(!offered.contains("hidden"), "{offered}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,22 +498,6 @@ kid:
         std::fs::read_to_string(parent_area.join(&handed)).unwrap(),
         "the result"
     );
-}
-
-fn weft_cmd(project: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
-    c.env("WEFT_HOME", crate::support::weft_home())
-        .arg("--project")
-        .arg(project);
-    c
-}
-
-fn rows(project: &Path) -> Vec<Value> {
-    let o = weft_cmd(project)
-        .args(["threads", "--json"])
-        .output()
-        .unwrap();
-    serde_json::from_slice(&o.stdout).unwrap_or_default()
 }
 
 /// A person answers from another terminal: `weft run` parks two calls (one by the tool's YAML,
