@@ -13,9 +13,14 @@ use crate::provider::{Block, Message, Role};
 use ractor::ActorRef;
 use serde_json::json;
 
-/// Whether this thread may hand off now (nothing of its own under way that would be lost).
+/// Whether this thread may hand off now: it has taken a turn (a thread, or a continuation, whose
+/// very first prompt is already too big would only hand the same prompt on, forever), and
+/// nothing of its own is under way that would be lost.
 pub(super) fn possible(s: &ThreadState) -> bool {
-    s.live_children().is_empty() && s.spawning.is_empty() && s.tool_tasks.is_empty()
+    s.doc.cost.turns > 0
+        && s.live_children().is_empty()
+        && s.spawning.is_empty()
+        && s.tool_tasks.is_empty()
 }
 
 /// The conversation a continuation starts from, within `budget_bytes` (≈ tokens, one per byte).

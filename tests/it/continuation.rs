@@ -240,3 +240,26 @@ async fn verify_checks_the_links_of_a_chain() {
         "{bad:?}"
     );
 }
+
+/// A prompt too big from the very first call is not handed on (its continuation would start from
+/// the same prompt, and so on without end): the thread fails with a context overflow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_prompt_past_the_window_fails_instead_of_handing_off_forever() {
+    let d = directive("", &"y".repeat(15000));
+    let fx = Fixture::new(
+        &[("d", &d)],
+        "d:\n  - text: never\n",
+        "context_window: { scripted: 4000 }\n",
+    );
+    let (report, _rt) =
+        tokio::time::timeout(std::time::Duration::from_secs(20), fx.run("d", json!({})))
+            .await
+            .expect("no endless chain of continuations");
+    assert_eq!(report.status, Status::Error, "{report:?}");
+    assert!(report
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("context overflow"));
+    assert_eq!(fx.rows().len(), 1, "no continuation started");
+}
