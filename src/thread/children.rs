@@ -83,6 +83,18 @@ impl ThreadActor {
             "child_finished",
             json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }),
         );
+        if r.status == Status::Continued && r.error.is_none() {
+            // Handed off: its continuation answers in its place (`ChildContinued` re-keys the
+            // waits, whichever of the two messages comes first); this report is nobody's result.
+            let entry = s.children.entry(id).or_insert(Child {
+                actor: None,
+                report: None,
+                claimed: false,
+            });
+            entry.report = Some(r);
+            self.drained(me, s).await;
+            return;
+        }
         if super::hook_run::wants(s, "child_finished") {
             let ctx = json!({ "thread_id": s.doc.id, "child": {
                 "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,

@@ -125,13 +125,9 @@ pub(super) async fn start(s: &mut ThreadState, messages: Vec<Message>) -> Result
     if let Ok(mut m) = s.ctx.successors.lock() {
         m.insert(s.doc.id.clone(), id.clone());
     }
-    if let Some((_, parent)) = &s.parent {
-        let _ = parent.cast(ThreadMsg::ChildContinued {
-            old: s.doc.id.clone(),
-            new: id.clone(),
-            actor,
-        });
-    }
+    // The continuation itself tells the parent (`ChildContinued`, as it starts), so the parent
+    // hears of it before its report.
+    let _ = actor;
     Ok(id)
 }
 

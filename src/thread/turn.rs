@@ -21,6 +21,15 @@ impl ThreadActor {
         s.doc.transition(Status::Running);
         s.log("status", json!({ "status": "running" }));
         let continued = s.doc.continuation_of.clone();
+        // A child's continuation tells the parent it takes its predecessor's place before it can
+        // report anything (one sender: the parent sees this before this thread's end).
+        if let (Some(old), Some((_, parent))) = (&continued, &s.parent) {
+            let _ = parent.cast(ThreadMsg::ChildContinued {
+                old: old.clone(),
+                new: s.doc.id.clone(),
+                actor: me.clone(),
+            });
+        }
         let event = if continued.is_some() {
             "thread_continued"
         } else {
