@@ -67,10 +67,12 @@ pub use crate::project::config::{
 pub use crate::project::Project;
 pub use crate::provider::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,
-    ToolCall, ToolSpec,
+    Route, TextSink, ToolCall, ToolSpec,
 };
+pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
     OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
+    ThreadView, TranscriptPage,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;

@@ -25,27 +25,37 @@ fn thread_row(explicit: Option<PathBuf>, id: &str) -> Result<(Project, ThreadId,
     Ok((project, id, row))
 }
 
-/// Sends `req` to the control endpoint of the process owning `row`; its refusal is an error.
-async fn ask_owner(project: &Project, row: &ThreadRow, req: Value) -> Result<Value, Exit> {
+/// Sends `POST /v1/threads/<id>/<op>` with `body` to the control endpoint of the process owning
+/// `row` (the API's handlers answer it there); its refusal is an error.
+async fn ask_owner(
+    project: &Project,
+    row: &ThreadRow,
+    op: &str,
+    body: Value,
+) -> Result<Value, Exit> {
     #[cfg(unix)]
     {
+        let req = json!({ "method": "POST", "path": format!("/v1/threads/{}/{op}", row.id), "body": body });
         let reply = crate::server::control::request(project, row.owner_pid, &req)
             .await
             .map_err(|m| Exit {
                 code: 1,
                 message: m,
             })?;
-        if reply["ok"] != true {
+        if reply["status"].as_u64().is_none_or(|s| s >= 300) {
             return Err(Exit {
                 code: 1,
-                message: reply["error"].as_str().unwrap_or("refused").to_string(),
+                message: reply["body"]["error"]
+                    .as_str()
+                    .unwrap_or("refused")
+                    .to_string(),
             });
         }
-        Ok(reply)
+        Ok(reply["body"].clone())
     }
     #[cfg(not(unix))]
     {
-        let _ = (project, row, req);
+        let _ = (project, row, op, body);
         Err(Exit {
             code: 1,
             message: "this needs the control socket (Unix only)".into(),
@@ -80,7 +90,7 @@ pub(super) async fn cancel(
         rt.shutdown();
         return Ok(0);
     }
-    ask_owner(&project, &row, json!({ "op": "cancel", "id": id })).await?;
+    ask_owner(&project, &row, "cancel", json!({ "reason": "weft cancel" })).await?;
     // Wait until the owner has finalized the subtree.
     let deadline =
         std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);
@@ -119,8 +129,13 @@ pub(super) async fn decide(
         )));
     }
     let op = if approve { "approve" } else { "deny" };
-    let req = json!({ "op": op, "id": id, "call": call, "reason": reason });
-    let reply = ask_owner(&project, &row, req).await?;
+    let reply = ask_owner(
+        &project,
+        &row,
+        op,
+        json!({ "call": call, "reason": reason }),
+    )
+    .await?;
     if as_json {
         out!("{reply}");
     } else {
@@ -147,12 +162,7 @@ pub(super) async fn inject(
             row.status
         )));
     }
-    let reply = ask_owner(
-        &project,
-        &row,
-        json!({ "op": "inject", "id": id, "text": text }),
-    )
-    .await?;
+    let reply = ask_owner(&project, &row, "inject", json!({ "text": text })).await?;
     if as_json {
         out!("{reply}");
     } else {

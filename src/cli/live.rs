@@ -17,7 +17,7 @@ pub(super) fn print_event(ev: &Event) {
             r.turns,
             r.spend_nanos
         ),
-        Event::Turn { .. } => {}
+        Event::Turn { .. } | Event::Line { .. } | Event::Token { .. } => {}
         Event::Status { id, text } => out!("status   {id} — {text}"),
         Event::Waiting { id, waiting } => match waiting {
             Some(w) => {
@@ -60,7 +60,7 @@ impl LiveTree {
                     r.4 = *spend;
                 }
             }
-            Event::Status { .. } => {}
+            Event::Status { .. } | Event::Line { .. } | Event::Token { .. } => {}
             Event::Waiting { id, waiting } => {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
                     r.2 = match waiting {

@@ -28,6 +28,7 @@ mod init;
 mod live;
 mod recover;
 mod run;
+mod serve;
 mod show;
 mod threads;
 mod verify;
@@ -165,6 +166,24 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP API, live events (SSE) and the web page of the live tree.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7474")]
+        addr: String,
+        /// Allow an address other machines can reach.
+        #[arg(long)]
+        public: bool,
+        /// Scripted provider file (every thread started here plays it).
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Provider (a name under `providers:` in config) for every thread.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Model id for every thread.
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// Verify signatures and transcript chains.
     Verify {
         /// Thread ids (default with --all: every thread).
@@ -265,6 +284,20 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => run::resume(cli.project, id, message, script, limits, json).await,
         Cmd::Show { id, json } => show::show(cli.project, id, json),
+        Cmd::Serve {
+            addr,
+            public,
+            script,
+            provider,
+            model,
+        } => {
+            let choice = crate::provider::Choice {
+                script,
+                provider,
+                model,
+            };
+            serve::serve(cli.project, addr, public, choice).await
+        }
         Cmd::Verify { ids, all, json } => verify::verify(cli.project, ids, all, json),
     };
     match res {

@@ -59,7 +59,9 @@ pub(super) async fn run(
 
 /// Opens the runtime and its control endpoint (so `weft cancel` from another terminal reaches
 /// this process). Without the endpoint the run still works; a warning says what is lost.
-async fn open_serving(builder: RuntimeBuilder) -> Result<(Runtime, Option<ControlEndpoint>), Exit> {
+pub(super) async fn open_serving(
+    builder: RuntimeBuilder,
+) -> Result<(Runtime, Option<ControlEndpoint>), Exit> {
     let rt = builder.open().await.map_err(open_error)?;
     #[cfg(unix)]
     let control = match crate::server::control::listen(&rt) {

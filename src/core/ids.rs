@@ -104,6 +104,12 @@ pub(crate) fn now_ts() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
+/// The stored form (as [`now_ts`]) of `ms` milliseconds since the epoch.
+pub(crate) fn ts_of_ms(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 /// Decodes lower- or upper-case hex.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {

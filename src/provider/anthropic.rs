@@ -86,6 +86,8 @@ pub(crate) struct Assembler {
     stop: Option<String>,
     /// Text and tool-input deltas received.
     pub deltas: u64,
+    /// Text not yet handed to the request's sink.
+    fresh: String,
 }
 
 impl Assembler {
@@ -134,9 +136,11 @@ impl Assembler {
                 let entry = self.blocks.entry(i).or_default();
                 let d = v.get("delta").cloned().unwrap_or(Value::Null);
                 match d.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => entry
-                        .3
-                        .push_str(d.get("text").and_then(Value::as_str).unwrap_or_default()),
+                    Some("text_delta") => {
+                        let t = d.get("text").and_then(Value::as_str).unwrap_or_default();
+                        entry.3.push_str(t);
+                        self.fresh.push_str(t);
+                    }
                     Some("input_json_delta") => entry.3.push_str(
                         d.get("partial_json")
                             .and_then(Value::as_str)
@@ -264,6 +268,7 @@ impl Provider for Anthropic {
             http::Auth::Header("x-api-key"),
             &version,
             &body(&req),
+            req.on_text.clone(),
             cancel,
         )
     }
@@ -281,6 +286,9 @@ impl http::StreamAssembler for Assembler {
     }
     fn finish(self) -> Result<LlmResponse, ProviderError> {
         Assembler::finish(self)
+    }
+    fn take_text(&mut self) -> String {
+        std::mem::take(&mut self.fresh)
     }
 }
 

@@ -214,6 +214,8 @@ pub(crate) trait StreamAssembler: Default + Send + 'static {
     fn usage_final(&self) -> bool;
     /// The finished response.
     fn finish(self) -> Result<LlmResponse, ProviderError>;
+    /// Text received since the last call (for live clients).
+    fn take_text(&mut self) -> String;
 }
 
 /// How a provider presents its key.
@@ -226,7 +228,8 @@ pub(crate) enum Auth {
 
 /// POSTs `body` to `base_url + path` with the provider's key and headers, streams the response
 /// through assembler `A`, and stops at once when `cancel` fires. A failure mid-stream carries the
-/// usage billed so far.
+/// usage billed so far. Streamed text goes to `on_text` as it arrives.
+#[allow(clippy::too_many_arguments)] // two callers, one per wire format; each argument differs
 pub(crate) fn post_stream<A: StreamAssembler>(
     client: &reqwest::Client,
     settings: &HttpSettings,
@@ -234,6 +237,7 @@ pub(crate) fn post_stream<A: StreamAssembler>(
     auth: Auth,
     extra_headers: &[(&str, &str)],
     body: &serde_json::Value,
+    on_text: Option<super::TextSink>,
     cancel: CancellationToken,
 ) -> BoxFuture<Result<LlmResponse, ProviderError>> {
     let url = format!("{}{path}", settings.base_url.trim_end_matches('/'));
@@ -256,7 +260,14 @@ pub(crate) fn post_stream<A: StreamAssembler>(
     Box::pin(async move {
         let resp = send(builder, &cancel).await?;
         let mut asm = A::default();
-        match read_sse(resp, &cancel, |ev| asm.feed(&ev)).await {
+        let fed = read_sse(resp, &cancel, |ev| {
+            let done = asm.feed(&ev);
+            if let Some(sink) = &on_text {
+                sink.send(&asm.take_text());
+            }
+            done
+        });
+        match fed.await {
             Ok(()) => asm.finish(),
             Err(mut e) => {
                 e.usage = asm.partial_usage();

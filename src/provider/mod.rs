@@ -11,6 +11,7 @@ pub(crate) mod openai;
 pub(crate) mod scripted;
 mod select;
 
+pub use select::Route;
 pub(crate) use select::{Choice, Providers};
 
 use crate::core::ids::ThreadId;
@@ -109,6 +110,27 @@ pub struct LlmRequest {
     pub thread_id: ThreadId,
     /// How many calls (attempts included) this thread made before this one.
     pub call_index: u64,
+    /// Where streamed text goes as it arrives (live clients' `token` events); None: nowhere.
+    pub on_text: Option<TextSink>,
+}
+
+/// A receiver of streamed text deltas. Called on the provider's task: it must not block.
+#[derive(Clone)]
+pub struct TextSink(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for TextSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TextSink")
+    }
+}
+
+impl TextSink {
+    /// Hands `text` on (nothing for an empty delta).
+    pub fn send(&self, text: &str) {
+        if !text.is_empty() {
+            (self.0)(text);
+        }
+    }
 }
 
 /// A tool call the model asked for.

@@ -147,6 +147,8 @@ fn wire_messages(m: &Message) -> Vec<Value> {
 #[derive(Default)]
 pub(crate) struct Assembler {
     text: String,
+    /// Text not yet handed to the request's sink.
+    fresh: String,
     calls: BTreeMap<u64, (String, String, String)>,
     usage: Option<Usage>,
     finish: Option<String>,
@@ -205,6 +207,7 @@ impl Assembler {
             if let Some(t) = delta.get("content").and_then(Value::as_str) {
                 if !t.is_empty() {
                     self.text.push_str(t);
+                    self.fresh.push_str(t);
                     self.deltas += 1;
                 }
             }
@@ -306,6 +309,7 @@ impl Provider for OpenAi {
                     .as_deref()
                     .unwrap_or_else(|| max_tokens_field(&req.model)),
             ),
+            req.on_text.clone(),
             cancel,
         )
     }
@@ -323,6 +327,9 @@ impl http::StreamAssembler for Assembler {
     }
     fn finish(self) -> Result<LlmResponse, ProviderError> {
         Assembler::finish(self)
+    }
+    fn take_text(&mut self) -> String {
+        std::mem::take(&mut self.fresh)
     }
 }
 
@@ -407,6 +414,7 @@ mod tests {
             directive: "d".into(),
             thread_id: crate::core::ids::ThreadId::generate("d"),
             call_index: 0,
+            on_text: None,
         };
         let b = body(&req, max_tokens_field(&req.model));
         assert_eq!(b["max_completion_tokens"], 77);

@@ -255,6 +255,9 @@ impl Provider for Scripted {
             } else {
                 "tool_use"
             };
+            if let Some(sink) = &req.on_text {
+                sink.send(&turn.text);
+            }
             Ok(LlmResponse {
                 text: turn.text,
                 tool_calls: calls,

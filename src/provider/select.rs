@@ -15,6 +15,16 @@ pub(crate) struct Providers {
     model: Option<String>,
 }
 
+/// A provider and model for every thread of one tree (`POST /v1/threads`' `provider`, `model`),
+/// over the runtime's: like `--provider` and `--model`, but for one tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Route {
+    /// Provider name (under `providers:` in config).
+    pub provider: Option<String>,
+    /// Model id.
+    pub model: Option<String>,
+}
+
 /// What the runtime was asked for on the command line.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Choice {
@@ -103,10 +113,12 @@ impl Providers {
         &self,
         config: &crate::project::config::Config,
         d: &crate::directive::Directive,
+        route: Option<&Route>,
     ) -> Result<(std::sync::Arc<dyn Provider>, String, String), String> {
-        let name = self
-            .force
-            .clone()
+        let forced_model = route.and_then(|r| r.model.clone()).or(self.model.clone());
+        let name = route
+            .and_then(|r| r.provider.clone())
+            .or_else(|| self.force.clone())
             .or_else(|| d.model.provider.clone())
             .unwrap_or_else(|| config.default_provider.clone());
         if let Some(why) = self.broken.get(&name) {
@@ -122,7 +134,7 @@ impl Providers {
             return Ok((prov, name, "scripted".into()));
         }
         let tiers = pc.map(|p| &p.tiers);
-        let model = match (&self.model, &d.model.id, &d.model.tier) {
+        let model = match (&forced_model, &d.model.id, &d.model.tier) {
             (Some(m), _, _) => m.clone(),
             (None, Some(id), _) => id.clone(),
             (None, None, Some(t)) => tiers

@@ -110,6 +110,23 @@ pub struct ThreadRow {
     pub status_text: Option<String>,
 }
 
+/// Which rows [`Store::query`] returns (every field optional; all given must hold).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadFilter {
+    /// Any of these statuses.
+    #[serde(default)]
+    pub status: Vec<String>,
+    /// This directive.
+    pub directive: Option<String>,
+    /// This tree (root id).
+    pub root: Option<String>,
+    /// Rows updated at or after this time (RFC 3339, as stored).
+    pub updated_since: Option<String>,
+    /// At most this many (default 1,000).
+    pub limit: Option<usize>,
+}
+
 /// Is `status` terminal?
 pub fn is_terminal(status: &str) -> bool {
     matches!(status, "completed" | "error" | "cancelled" | "continued")

@@ -1,6 +1,6 @@
 //! registry.db: schema, queries, and spawn admission inside the batch transaction.
 
-use super::{st, Admission, RegistryError, ThreadRow};
+use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
@@ -250,6 +250,69 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// Rows matching `f`, newest first.
+    pub fn query(&self, f: &ThreadFilter) -> Result<Vec<ThreadRow>, RegistryError> {
+        let mut clauses = Vec::new();
+        let mut args: Vec<String> = Vec::new();
+        if !f.status.is_empty() {
+            let marks: Vec<String> = f
+                .status
+                .iter()
+                .map(|s| {
+                    args.push(s.clone());
+                    format!("?{}", args.len())
+                })
+                .collect();
+            clauses.push(format!("status IN ({})", marks.join(",")));
+        }
+        for (col, v) in [("directive", &f.directive), ("root", &f.root)] {
+            if let Some(v) = v {
+                args.push(v.clone());
+                clauses.push(format!("{col}=?{}", args.len()));
+            }
+        }
+        if let Some(t) = &f.updated_since {
+            args.push(t.clone());
+            clauses.push(format!("updated_at>=?{}", args.len()));
+        }
+        let filter = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
+        args.push(f.limit.unwrap_or(1000).to_string());
+        let mut stmt = self
+            .db
+            .prepare(&format!(
+                "SELECT {COLS} FROM threads {filter} ORDER BY created_at DESC, id DESC LIMIT CAST(?{} AS INTEGER)",
+                args.len()
+            ))
+            .map_err(st)?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args.iter()), row_of)
+            .map_err(st)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+    }
+
+    /// `id`'s subtree, itself included, parents before children.
+    pub fn subtree(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        let cols: String = COLS
+            .split(',')
+            .map(|c| format!("t.{c}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut stmt = self
+            .db
+            .prepare_cached(&format!(
+                "WITH RECURSIVE sub(id, depth) AS (SELECT ?1, 0
+                   UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
+                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id ORDER BY sub.depth, t.created_at, t.id"
+            ))
+            .map_err(st)?;
+        let rows = stmt.query_map([id], row_of).map_err(st)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 

@@ -127,17 +127,17 @@ impl SubtreeEvents {
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,
             };
-            let id = match &ev {
-                Event::Started { id, parent, .. } => {
-                    if parent.as_ref().is_some_and(|p| self.members.contains(p)) {
-                        self.members.insert(id.clone());
-                    }
-                    id
+            if let Event::Started {
+                id,
+                parent: Some(p),
+                ..
+            } = &ev
+            {
+                if self.members.contains(p) {
+                    self.members.insert(id.clone());
                 }
-                Event::Turn { id, .. } | Event::Waiting { id, .. } | Event::Status { id, .. } => id,
-                Event::Finished(r) => &r.thread_id,
-            };
-            if self.members.contains(id) {
+            }
+            if self.members.contains(ev.thread_id()) {
                 return Some(ev);
             }
         }

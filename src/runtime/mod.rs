@@ -8,11 +8,13 @@
 
 mod handle;
 pub(crate) mod owner;
+mod query;
 pub(crate) mod recovery;
 mod resume;
 
 pub use crate::thread::Recovered;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
+pub use query::{ThreadView, TranscriptPage};
 
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
@@ -150,6 +152,7 @@ impl RuntimeBuilder {
         Ok(Runtime {
             ctx,
             recovered: recovered.into(),
+            reader: Default::default(),
         })
     }
 }
@@ -159,6 +162,8 @@ impl RuntimeBuilder {
 pub struct Runtime {
     ctx: Arc<Ctx>,
     recovered: Arc<[Recovered]>,
+    /// A read-only registry connection for [`Runtime::list`] and the other queries.
+    reader: Arc<std::sync::Mutex<Option<Store>>>,
 }
 
 /// The provider of a runtime opened `without_provider`: refuses every call.
@@ -259,6 +264,29 @@ impl Runtime {
             parent: None,
             continuation: None,
             attach: Vec::new(),
+            route: None,
+        })
+        .await
+    }
+
+    /// Starts a root thread like [`Runtime::start`], its whole tree on `route`'s provider and
+    /// model instead of the runtime's (what `POST /v1/threads` does with `provider`, `model`).
+    pub async fn start_on(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        overrides: LimitSet,
+        route: crate::provider::Route,
+    ) -> Result<ThreadHandle, SpawnError> {
+        self.spawn_root(SpawnRequest {
+            directive: directive.into(),
+            inputs,
+            overrides,
+            reserve: Nanos::ZERO,
+            parent: None,
+            continuation: None,
+            attach: Vec::new(),
+            route: Some(Arc::new(route)),
         })
         .await
     }
@@ -292,6 +320,11 @@ impl Runtime {
                 reason: reason.into(),
             })
             .is_ok()
+    }
+
+    /// Whether this runtime runs `id` (or the continuation that took over from it).
+    pub fn runs(&self, id: &ThreadId) -> bool {
+        handle::current_actor(&self.ctx, id).is_some()
     }
 
     /// The actor running `id`'s chain in this process (the thread, or the continuation that took

@@ -61,6 +61,7 @@ impl Runtime {
             reserve: Nanos::ZERO,
             parent: None,
             attach: Vec::new(),
+            route: None,
             continuation: Some(Continuation {
                 of: of.clone(),
                 messages,

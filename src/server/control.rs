@@ -2,12 +2,12 @@
 //! `.weft/run/<pid>.sock` (removed on exit) so `weft cancel` from another terminal reaches the
 //! process that owns a thread (found through the registry's `owner_pid`).
 //!
-//! Protocol: one JSON object per line each way. Requests: `{"op":"cancel","id":…}`,
-//! `{"op":"approve"|"deny","id":…,"call"?:…,"reason"?:…}`, `{"op":"inject","id":…,"text":…}`,
-//! `{"op":"ping"}`. Replies: `{"ok":true,…}` or `{"ok":false,"error":…}`. It only forwards
-//! messages to actors; it never touches thread state itself.
+//! Protocol: one JSON object per line each way. A request is an API call,
+//! `{"method":"POST","path":"/v1/threads/<id>/cancel","query"?:…,"body"?:{…}}`, answered by the
+//! same handlers as `weft serve`'s HTTP ([`super::api`]) as `{"status":…,"body":…}`; or
+//! `{"op":"ping"}`. It only forwards messages to actors; it never touches thread state itself.
 
-use crate::core::ids::ThreadId;
+use super::api;
 use crate::project::Project;
 use crate::runtime::Runtime;
 use serde_json::{json, Value};
@@ -31,65 +31,23 @@ impl Drop for ControlEndpoint {
     }
 }
 
-/// The request's `id`, or the error reply.
-fn thread_id(req: &Value) -> Result<ThreadId, Value> {
-    match req.get("id").and_then(Value::as_str).map(ThreadId::parse) {
-        Some(Ok(id)) => Ok(id),
-        Some(Err(e)) => Err(json!({ "ok": false, "error": e })),
-        None => Err(json!({ "ok": false, "error": "`id` is required" })),
-    }
-}
-
-/// Answers one request for `rt`.
+/// Answers one request line for `rt`: an API request (see [`super::api`]) or a ping.
 pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
-    let op = req.get("op").and_then(Value::as_str);
-    if op == Some("inject") {
-        let id = match thread_id(req) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        let Some(text) = req.get("text").and_then(Value::as_str) else {
-            return json!({ "ok": false, "error": "`text` is required" });
-        };
-        return match rt.inject(&id, text).await {
-            Ok(()) => json!({ "ok": true, "thread_id": id, "queued": true }),
-            Err(e) => json!({ "ok": false, "error": e }),
-        };
+    if req.get("op").and_then(Value::as_str) == Some("ping") {
+        return json!({ "status": 200, "body": { "pid": std::process::id() } });
     }
-    if let Some(op @ ("approve" | "deny")) = op {
-        let id = match thread_id(req) {
-            Ok(id) => id,
-            Err(e) => return e,
-        };
-        let call = req.get("call").and_then(Value::as_str);
-        let reason = req.get("reason").and_then(Value::as_str);
-        return match rt.decide(&id, call, op == "approve", reason).await {
-            Ok(call) => json!({ "ok": true, "thread_id": id, "call": call, "decision": op }),
-            Err(e) => json!({ "ok": false, "error": e }),
-        };
-    }
-    match op {
-        Some("ping") => json!({ "ok": true, "pid": std::process::id() }),
-        Some("cancel") => {
-            let id = match thread_id(req) {
-                Ok(id) => id,
-                Err(e) => return e,
-            };
-            let reason = req
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("weft cancel")
-                .to_string();
-            if rt.cancel(&id, &reason) {
-                json!({ "ok": true, "status": "cancelling", "thread_id": id })
-            } else {
-                json!({ "ok": false, "error": format!("thread {id} is not running in process {}", std::process::id()) })
-            }
-        }
-        _ => {
-            json!({ "ok": false, "error": "unknown op (expected cancel, approve, deny, inject or ping)" })
-        }
-    }
+    let (Some(method), Some(path)) = (
+        req.get("method").and_then(Value::as_str),
+        req.get("path").and_then(Value::as_str),
+    ) else {
+        return json!({ "status": 400, "body": { "error": "expected {\"method\", \"path\", \"query\"?, \"body\"?} or {\"op\": \"ping\"}" } });
+    };
+    let query = req.get("query").and_then(Value::as_str).unwrap_or_default();
+    let body = req.get("body").map(Value::to_string).unwrap_or_default();
+    // A request that reached this process over its socket is answered here: forwarding it on
+    // could only loop back.
+    let reply = api::call(rt, method, path, query, body.as_bytes(), api::Reach::Local).await;
+    json!({ "status": reply.status, "body": reply.body })
 }
 
 /// Removes the sockets of processes that are gone.

@@ -1,5 +1,9 @@
-//! Surfaces that serve a running runtime to other processes: the local control endpoint today
-//! (`control`), the HTTP API later. Started by whoever serves (the CLI); the runtime never
-//! imports this room.
+//! Surfaces that serve a running runtime to other processes: one API handler set (`api`) on two
+//! transports — every runtime's local control socket (`control`) and `weft serve`'s HTTP with
+//! Server-Sent Events and the web page (`http`, `events`). Started by whoever serves (the CLI);
+//! the runtime never imports this room.
 
+pub(crate) mod api;
 pub(crate) mod control;
+mod events;
+pub(crate) mod http;

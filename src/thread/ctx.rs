@@ -52,6 +52,41 @@ pub enum Event {
     },
     /// A thread reached a terminal state.
     Finished(Box<ThreadReport>),
+    /// A line was appended to a thread's transcript (checkpoints aside): a message, a tool call
+    /// (`tool_use`) or result, an LLM call's usage and cost (`llm_call`), … — as stored.
+    Line {
+        /// Thread.
+        id: ThreadId,
+        /// The line's seq in the transcript.
+        seq: i64,
+        /// Its `type`.
+        kind: String,
+        /// Its payload (without seq, ts, type and prev).
+        data: Arc<serde_json::Value>,
+    },
+    /// Streamed text of a thread's LLM call as it arrives (not stored: the whole text is in the
+    /// transcript's `assistant_text` line once the call ends).
+    Token {
+        /// Thread.
+        id: ThreadId,
+        /// The new text.
+        text: String,
+    },
+}
+
+impl Event {
+    /// The thread the event is about.
+    pub fn thread_id(&self) -> &ThreadId {
+        match self {
+            Event::Started { id, .. }
+            | Event::Turn { id, .. }
+            | Event::Waiting { id, .. }
+            | Event::Status { id, .. }
+            | Event::Line { id, .. }
+            | Event::Token { id, .. } => id,
+            Event::Finished(r) => &r.thread_id,
+        }
+    }
 }
 
 /// Attempts of a terminal registry update. Each waits out registry.db's busy timeout (measured:

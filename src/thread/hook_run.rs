@@ -177,6 +177,7 @@ fn spawn(
         parent: None,
         continuation: None,
         attach: Vec::new(),
+        route: s.route.clone(),
     };
     if !as_root {
         return super::manage::start_child(me, s, format!("hook:{id}"), req, false);

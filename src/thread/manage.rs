@@ -198,6 +198,7 @@ pub(super) fn spawn_thread(
         parent: None,
         continuation: None,
         attach,
+        route: s.route.clone(),
     };
     start_child(me, s, call.id, req, wait);
     None

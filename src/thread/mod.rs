@@ -108,6 +108,7 @@ impl Actor for ThreadActor {
             inbox: Vec::new(),
             hooks: Arc::new(a.hooks),
             inputs: a.inputs,
+            route: a.route,
             hook_retries: 0,
             handoff: None,
             ended: None,

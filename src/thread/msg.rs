@@ -179,4 +179,6 @@ pub(crate) struct ThreadArgs {
     pub hooks: Vec<crate::hooks::Hook>,
     /// The inputs it was started with (hooks interpolate `{input:k}`).
     pub inputs: Value,
+    /// The tree's provider and model, if it was started with its own.
+    pub route: Option<Arc<crate::provider::Route>>,
 }

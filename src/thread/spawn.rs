@@ -85,6 +85,8 @@ pub(crate) struct SpawnRequest {
     pub continuation: Option<Continuation>,
     /// Paths in the parent's file area copied into the child's at the same paths.
     pub attach: Vec<String>,
+    /// The tree's provider and model, over the runtime's (children inherit it).
+    pub route: Option<Arc<crate::provider::Route>>,
 }
 
 /// What a continuation starts from (see [`Runtime::resume`]).
@@ -166,7 +168,7 @@ pub(crate) async fn spawn(
     };
     let (provider, provider_name, selected) = ctx
         .providers
-        .select(&ctx.config, &directive)
+        .select(&ctx.config, &directive, req.route.as_deref())
         .map_err(SpawnError::Config)?;
     // A continuation keeps its chain's model unless the runtime was told another.
     let model = match model {
@@ -404,6 +406,7 @@ pub(crate) async fn spawn(
         on_finish,
         hooks,
         inputs: Value::Object(inputs.clone()),
+        route: req.route.clone(),
     };
     let spawned = match &req.parent {
         Some(p) => {

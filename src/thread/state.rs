@@ -134,6 +134,8 @@ pub(crate) struct ThreadState {
     pub(super) lifted: Vec<String>,
     /// The inputs it was started with.
     pub(super) inputs: serde_json::Value,
+    /// The tree's provider and model, passed on to children.
+    pub(super) route: Option<Arc<crate::provider::Route>>,
     /// Messages waiting for the next turn: (from — "person" or a child's id, text).
     pub(super) inbox: Vec<(String, String)>,
     /// The thread's own status line (`set_status`).
@@ -149,9 +151,21 @@ impl ThreadState {
         &self.doc.id
     }
 
+    /// Appends a line to the transcript and, when anyone listens, publishes it as an event.
     pub(super) fn log(&mut self, kind: &str, payload: Value) {
+        let seq = self.transcript.head().seq + 1;
+        let copy = (self.ctx.events.receiver_count() > 0).then(|| payload.clone());
         if let Err(e) = self.transcript.append(kind, payload) {
             tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
+            return;
+        }
+        if let Some(data) = copy {
+            let _ = self.ctx.events.send(super::Event::Line {
+                id: self.doc.id.clone(),
+                seq,
+                kind: kind.to_string(),
+                data: std::sync::Arc::new(data),
+            });
         }
     }
 

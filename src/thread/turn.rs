@@ -18,6 +18,12 @@ use std::time::Duration;
 
 impl ThreadActor {
     pub(super) async fn start(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
+        // Announced before anything else of the thread, so a subtree's watchers know it as theirs.
+        let _ = s.ctx.events.send(Event::Started {
+            id: s.id().clone(),
+            parent: s.doc.parent_id.clone(),
+            directive: s.doc.directive.clone(),
+        });
         s.doc.transition(Status::Running);
         s.log("status", json!({ "status": "running" }));
         let continued = s.doc.continuation_of.clone();
@@ -64,11 +70,6 @@ impl ThreadActor {
         let _ = s.ctx.registry.cast(RegistryMsg::Update {
             row: Box::new(row),
             reply: None,
-        });
-        let _ = s.ctx.events.send(Event::Started {
-            id: s.id().clone(),
-            parent: s.doc.parent_id.clone(),
-            directive: s.doc.directive.clone(),
         });
         let me2 = me.clone();
         let d = s.limits.duration();
@@ -197,6 +198,16 @@ impl ThreadActor {
             directive: s.directive.name.clone(),
             thread_id: s.id().clone(),
             call_index: s.calls_made,
+            on_text: (s.ctx.events.receiver_count() > 0).then(|| {
+                let events = s.ctx.events.clone();
+                let id = s.id().clone();
+                crate::provider::TextSink(Arc::new(move |text: &str| {
+                    let _ = events.send(Event::Token {
+                        id: id.clone(),
+                        text: text.to_string(),
+                    });
+                }))
+            }),
         };
         let prompt_bytes = crate::provider::prompt_bytes(&req);
         let prompt_tokens = prompt_bound(s, &req, prompt_bytes);

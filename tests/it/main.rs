@@ -14,6 +14,7 @@ mod lifecycle;
 mod mcp;
 mod messages;
 mod providers;
+mod serve;
 mod support;
 mod tools;
 mod tree;

@@ -1,0 +1,358 @@
+//! Live events for SSE clients: one pump turns the runtime's [`Event`]s into numbered items kept
+//! in a bounded journal and fanned out to every client. An item's SSE id is
+//! `<boot>.<n>.<ms>` (this server's start, its number, its time): a client reconnecting with
+//! `Last-Event-ID` gets the journal's items after `n`, or — when the journal no longer holds
+//! them or the id is from an earlier server — every transcript line of the threads in its scope
+//! since `ms`, so it misses nothing that is still in the transcripts (it may see some twice).
+//!
+//! Slow clients never slow threads: the pump never waits on a client; a client that falls
+//! behind the fan-out channel catches up from the journal.
+
+use crate::core::ids::ThreadId;
+use crate::runtime::Runtime;
+use crate::thread::Event;
+use serde_json::{json, Value};
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// Items the journal keeps for reconnecting and lagging clients.
+const JOURNAL: usize = 65_536;
+
+/// One event as clients get it.
+#[derive(Debug)]
+pub(crate) struct Item {
+    /// Its number (0 for an item replayed from a transcript).
+    pub n: u64,
+    /// Its SSE id.
+    pub id: String,
+    /// The SSE event name (`thread_started`, `turn`, `tool_call`, …).
+    pub name: &'static str,
+    /// The thread it is about.
+    pub thread: ThreadId,
+    /// For `thread_started`: the parent (subtree streams follow new children through it).
+    pub parent: Option<ThreadId>,
+    /// The JSON data line.
+    pub data: String,
+}
+
+/// The journal and the fan-out of one server.
+pub(crate) struct Hub {
+    boot: u64,
+    journal: Mutex<VecDeque<Arc<Item>>>,
+    tx: broadcast::Sender<Arc<Item>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The SSE name and data of a transcript line of `thread` (None for lines clients do not get:
+/// checkpoints, and the status lines that `thread_started`/`thread_finished` already tell).
+pub(crate) fn line_item(
+    thread: &ThreadId,
+    seq: i64,
+    kind: &str,
+    data: &Value,
+) -> Option<(&'static str, Value)> {
+    let t = thread.as_str();
+    Some(match kind {
+        "checkpoint" | "status" => return None,
+        "thread_started" => (
+            "thread_started",
+            json!({ "thread_id": t, "parent_id": data["parent"], "directive": data["directive"], "seq": seq }),
+        ),
+        "thread_finished" => {
+            let mut d = data.clone();
+            d["thread_id"] = json!(t);
+            d["seq"] = json!(seq);
+            ("thread_finished", d)
+        }
+        "tool_use" => (
+            "tool_call",
+            json!({ "thread_id": t, "seq": seq, "call_id": data["id"], "name": data["name"], "input": data["input"] }),
+        ),
+        "tool_result" => (
+            "tool_result",
+            json!({ "thread_id": t, "seq": seq, "call_id": data["id"], "is_error": data["is_error"], "content": data["content"] }),
+        ),
+        "llm_call" => (
+            "cost",
+            json!({ "thread_id": t, "seq": seq, "model": data["model"], "usage": data["usage"],
+                    "cost_nanos": data["cost_nanos"], "error": data.get("error") }),
+        ),
+        other => (
+            "record",
+            json!({ "thread_id": t, "seq": seq, "type": other, "data": data }),
+        ),
+    })
+}
+
+/// The SSE name, data and (for a start) parent of a live event.
+fn event_item(ev: &Event) -> Option<(&'static str, Value, Option<ThreadId>)> {
+    Some(match ev {
+        Event::Started {
+            id,
+            parent,
+            directive,
+        } => (
+            "thread_started",
+            json!({ "thread_id": id, "parent_id": parent, "directive": directive }),
+            parent.clone(),
+        ),
+        Event::Turn { id, turns, spend } => (
+            "turn",
+            json!({ "thread_id": id, "turns": turns, "own_spend_nanos": spend.0 }),
+            None,
+        ),
+        Event::Waiting { id, waiting } => (
+            "waiting",
+            json!({ "thread_id": id, "waiting": waiting }),
+            None,
+        ),
+        Event::Status { id, text } => ("status", json!({ "thread_id": id, "text": text }), None),
+        Event::Finished(r) => {
+            let mut d = serde_json::to_value(r).unwrap_or_default();
+            d["thread_id"] = json!(r.thread_id);
+            ("thread_finished", d, None)
+        }
+        Event::Line {
+            id,
+            seq,
+            kind,
+            data,
+        } => {
+            // The start and the end come as their own events.
+            if kind == "thread_finished" {
+                return None;
+            }
+            let (name, d) = line_item(id, *seq, kind, data)?;
+            (name, d, None)
+        }
+        Event::Token { id, text } => ("token", json!({ "thread_id": id, "text": text }), None),
+    })
+}
+
+impl Hub {
+    /// Starts the pump for `rt`'s events.
+    pub(crate) fn start(rt: &Runtime) -> Arc<Hub> {
+        let (tx, _) = broadcast::channel(1024);
+        let hub = Arc::new(Hub {
+            boot: now_ms(),
+            journal: Mutex::new(VecDeque::with_capacity(1024)),
+            tx,
+        });
+        let mut rx = rt.events();
+        let pump = hub.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            loop {
+                let ev = match rx.recv().await {
+                    Ok(ev) => ev,
+                    Err(broadcast::error::RecvError::Lagged(k)) => {
+                        tracing::warn!("the event pump fell {k} events behind the threads; SSE clients miss them (the transcripts have them)");
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let Some((name, data, parent)) = event_item(&ev) else {
+                    continue;
+                };
+                n += 1;
+                let item = Arc::new(Item {
+                    n,
+                    id: format!("{}.{n}.{}", pump.boot, now_ms()),
+                    name,
+                    thread: ev.thread_id().clone(),
+                    parent,
+                    data: data.to_string(),
+                });
+                if let Ok(mut j) = pump.journal.lock() {
+                    if j.len() >= JOURNAL {
+                        j.pop_front();
+                    }
+                    j.push_back(item.clone());
+                }
+                let _ = pump.tx.send(item);
+            }
+        });
+        hub
+    }
+
+    /// Subscribes a client that has seen up to `last_id` (its `Last-Event-ID`), over `scope`.
+    /// Returns what it missed and the live feed after it.
+    pub(crate) fn subscribe(
+        &self,
+        rt: &Runtime,
+        last_id: Option<&str>,
+        scope: &mut Scope,
+    ) -> (Vec<Arc<Item>>, Feed) {
+        // Subscribed before the journal is read: nothing falls between the two.
+        let rx = self.tx.subscribe();
+        let journal: Vec<Arc<Item>> = self
+            .journal
+            .lock()
+            .map(|j| j.iter().cloned().collect())
+            .unwrap_or_default();
+        let newest = journal.last().map_or(0, |i| i.n);
+        let oldest = journal.first().map_or(newest + 1, |i| i.n);
+        let mut missed = Vec::new();
+        match last_id.and_then(parse_id) {
+            Some((boot, n, _)) if boot == self.boot && n + 1 >= oldest => {
+                for i in journal.iter().filter(|i| i.n > n) {
+                    if scope.admits(i) {
+                        missed.push(i.clone());
+                    }
+                }
+            }
+            Some((_, _, ms)) => missed = replay(rt, self.boot, newest, ms, scope),
+            None => {}
+        }
+        // A subtree scope learns of children started before now.
+        if last_id.is_none() {
+            for i in &journal {
+                scope.admits(i);
+            }
+        }
+        (missed, Feed { rx, seen: newest })
+    }
+}
+
+/// A live feed: items after the ones a client was given on subscribing.
+pub(crate) struct Feed {
+    rx: broadcast::Receiver<Arc<Item>>,
+    seen: u64,
+}
+
+impl Feed {
+    /// The next item after those already given; catches up from `hub`'s journal after a lag.
+    pub(crate) async fn next(&mut self, hub: &Hub) -> Option<Vec<Arc<Item>>> {
+        match self.rx.recv().await {
+            Ok(i) if i.n <= self.seen => Some(Vec::new()),
+            Ok(i) => {
+                self.seen = i.n;
+                Some(vec![i])
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let caught: Vec<Arc<Item>> = hub
+                    .journal
+                    .lock()
+                    .map(|j| j.iter().filter(|i| i.n > self.seen).cloned().collect())
+                    .unwrap_or_default();
+                if let Some(last) = caught.last() {
+                    self.seen = last.n;
+                }
+                Some(caught)
+            }
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+/// Which threads a stream carries: all, or one subtree (growing as children start).
+pub(crate) struct Scope {
+    members: Option<HashSet<ThreadId>>,
+}
+
+impl Scope {
+    /// Every thread.
+    pub(crate) fn all() -> Scope {
+        Scope { members: None }
+    }
+
+    /// `root`'s subtree: the threads it has now, and every thread started under them later.
+    pub(crate) fn subtree(rt: &Runtime, root: &ThreadId) -> Scope {
+        let mut members: HashSet<ThreadId> = rt
+            .tree(root)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| ThreadId::parse(&r.id).ok())
+            .collect();
+        members.insert(root.clone());
+        Scope {
+            members: Some(members),
+        }
+    }
+
+    /// Whether `item` belongs to the scope (a start under a member makes its thread one).
+    pub(crate) fn admits(&mut self, item: &Item) -> bool {
+        let Some(m) = &mut self.members else {
+            return true;
+        };
+        if item.parent.as_ref().is_some_and(|p| m.contains(p)) {
+            m.insert(item.thread.clone());
+        }
+        m.contains(&item.thread)
+    }
+}
+
+/// `<boot>.<n>.<ms>` → its parts.
+fn parse_id(id: &str) -> Option<(u64, u64, u64)> {
+    let mut p = id.trim().split('.').map(|x| x.parse::<u64>().ok());
+    Some((p.next()??, p.next()??, p.next()??))
+}
+
+/// Transcript lines since `ms` of the threads in `scope` updated since then, oldest first, as
+/// items numbered `newest` (a client reconnecting after them resumes from the journal there).
+fn replay(rt: &Runtime, boot: u64, newest: u64, ms: u64, scope: &mut Scope) -> Vec<Arc<Item>> {
+    let since = crate::core::ids::ts_of_ms(ms.saturating_sub(1000));
+    let filter = crate::registry::ThreadFilter {
+        updated_since: Some(since.clone()),
+        limit: Some(10_000),
+        ..Default::default()
+    };
+    let mut rows = rt.list(&filter).unwrap_or_default();
+    rows.reverse();
+    let mut lines: Vec<(String, Arc<Item>)> = Vec::new();
+    for row in rows {
+        let Ok(id) = ThreadId::parse(&row.id) else {
+            continue;
+        };
+        let mut after = None;
+        while let Ok(page) = rt.transcript(&id, after, 5_000) {
+            for l in &page.lines {
+                let ts = l["ts"].as_str().unwrap_or_default().to_string();
+                if ts < since {
+                    continue;
+                }
+                let (seq, kind) = (l["seq"].as_i64().unwrap_or(-1), l["type"].as_str());
+                let Some((name, data)) = kind.and_then(|k| line_item(&id, seq, k, l)) else {
+                    continue;
+                };
+                let parent = (name == "thread_started")
+                    .then(|| l["parent"].as_str().and_then(|p| ThreadId::parse(p).ok()))
+                    .flatten();
+                let item = Item {
+                    n: 0,
+                    id: format!("{boot}.{newest}.{}", ms_of_ts(&ts).unwrap_or(ms)),
+                    name,
+                    thread: id.clone(),
+                    parent,
+                    data: data.to_string(),
+                };
+                lines.push((ts, Arc::new(item)));
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+    }
+    lines.sort_by(|a, b| a.0.cmp(&b.0));
+    lines
+        .into_iter()
+        .map(|(_, i)| i)
+        .filter(|i| scope.admits(i))
+        .collect()
+}
+
+/// Milliseconds since the epoch of a stored `ts`.
+fn ms_of_ts(ts: &str) -> Option<u64> {
+    humantime::parse_rfc3339(ts)
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}

@@ -1,0 +1,199 @@
+//! `weft serve`'s HTTP transport (axum): the API handlers under `/v1` behind a bearer token,
+//! Server-Sent Events (`/v1/events`, `/v1/threads/{id}/events`) and the web page at `/`.
+//!
+//! Every `/v1` request needs `Authorization: Bearer <token>`, the token kept in
+//! `.weft/serve.token` (mode 0600, made on first start). Bodies are limited to 1 MiB; what the
+//! handlers answer is in [`super::api`].
+
+use super::api::{self, Reach};
+use super::events::{Hub, Scope};
+use crate::core::ids::ThreadId;
+use crate::project::Project;
+use crate::runtime::Runtime;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::json;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// The page, HTML, CSS and JavaScript in one file, in the binary.
+const PAGE: &str = include_str!("page.html");
+
+/// Request bodies larger than this are refused (413).
+const BODY_LIMIT: usize = 1 << 20;
+
+struct App {
+    rt: Runtime,
+    hub: Arc<Hub>,
+    token: String,
+}
+
+/// The token of `project`'s server, made (random, mode 0600) if there is none yet.
+pub(crate) fn token(project: &Project) -> std::io::Result<String> {
+    let path = project.weft().join("serve.token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 32 => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(format!("no randomness: {e}")))?;
+    let t: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    use std::io::Write;
+    opts.open(&path)?.write_all(t.as_bytes())?;
+    Ok(t)
+}
+
+/// Serves `rt` on `listener` until `shutdown` resolves.
+pub(crate) async fn serve(
+    rt: Runtime,
+    listener: tokio::net::TcpListener,
+    token: String,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let hub = Hub::start(&rt);
+    let app = Arc::new(App { rt, hub, token });
+    let router = Router::new()
+        .route("/", axum::routing::get(page))
+        .route("/v1", axum::routing::any(v1))
+        .route("/v1/{*rest}", axum::routing::any(v1))
+        .fallback(|| async { reply(404, json!({ "error": "not found (the API is under /v1)" })) })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+fn reply(status: u16, body: serde_json::Value) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Whether `headers` carry the bearer token (compared in constant time).
+fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .trim();
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+async fn v1(
+    State(app): State<Arc<App>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&headers, &app.token) {
+        return reply(
+            401,
+            json!({ "error": "missing or wrong bearer token (send `Authorization: Bearer <.weft/serve.token>`)" }),
+        );
+    }
+    let path = uri.path();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let last_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    match (&method, segs.as_slice()) {
+        (&Method::GET, ["v1", "events"]) => events(app, last_id, Scope::all()),
+        (&Method::GET, ["v1", "threads", id, "events"]) => match ThreadId::parse(id) {
+            Ok(id) => match app.rt.get(&id) {
+                Ok(Some(_)) => {
+                    let scope = Scope::subtree(&app.rt, &id);
+                    events(app, last_id, scope)
+                }
+                Ok(None) => reply(
+                    404,
+                    json!({ "error": format!("no thread {id} in this project") }),
+                ),
+                Err(e) => reply(500, json!({ "error": e })),
+            },
+            Err(e) => reply(400, json!({ "error": e })),
+        },
+        _ => {
+            let r = api::call(
+                &app.rt,
+                method.as_str(),
+                path,
+                uri.query().unwrap_or_default(),
+                &body,
+                Reach::Anywhere,
+            )
+            .await;
+            reply(r.status, r.body)
+        }
+    }
+}
+
+/// An SSE stream of `scope`, after what `last_id` saw.
+fn events(app: Arc<App>, last_id: Option<String>, mut scope: Scope) -> Response {
+    let (missed, mut feed) = app.hub.subscribe(&app.rt, last_id.as_deref(), &mut scope);
+    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(256);
+    let sse = |i: &super::events::Item| {
+        SseEvent::default()
+            .event(i.name)
+            .id(i.id.clone())
+            .data(i.data.clone())
+    };
+    tokio::spawn(async move {
+        for i in &missed {
+            if tx.send(sse(i)).await.is_err() {
+                return;
+            }
+        }
+        while let Some(batch) = feed.next(&app.hub).await {
+            for i in batch.iter().filter(|i| scope.admits(i)) {
+                if tx.send(sse(i)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    let mut resp = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    resp
+}

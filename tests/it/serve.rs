@@ -1,0 +1,425 @@
+//! `weft serve`: the HTTP API, its bearer token and limits, Server-Sent Events with
+//! `Last-Event-ID`, and one API on two transports (a cancel over HTTP reaching a `weft run` in
+//! another process). Every test runs the real binary and talks real HTTP on loopback.
+
+use super::support::{directive, weft_cmd, Fixture};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::time::Duration;
+
+/// A plain HTTP client (rustls needs its crypto provider chosen first, as weft's own does).
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+/// A running `weft serve` (killed on drop).
+pub struct Server {
+    child: std::process::Child,
+    pub base: String,
+    pub token: String,
+    http: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts `weft serve` on a free loopback port of `fx`'s project, with `extra` arguments.
+    pub fn start(fx: &Fixture, extra: &[&str]) -> Server {
+        let mut child = weft_cmd(fx.root())
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("weft serve: ")
+            .unwrap_or_else(|| panic!("serve printed {line:?}"));
+        let (base, token) = url.split_once("/#token=").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(fx.root().join(".weft/serve.token")).unwrap(),
+            token
+        );
+        Server {
+            child,
+            base: base.to_string(),
+            token: token.to_string(),
+            http: client(),
+        }
+    }
+
+    /// `method path` with the token and `body`: (status, JSON body).
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = self
+            .http
+            .request(m, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.body(b.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Opens an SSE stream at `path`, after `last_id` if given.
+    pub async fn events(
+        &self,
+        path: &str,
+        last_id: Option<&str>,
+    ) -> impl futures_util::Stream<Item = (String, String, Value)> {
+        let mut req = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        if let Some(id) = last_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.bytes_stream()
+            .eventsource()
+            .filter_map(|e| async move {
+                let e = e.ok()?;
+                let data = serde_json::from_str(&e.data).ok()?;
+                Some((e.event, e.id, data))
+            })
+    }
+}
+
+/// Reads `stream` until the root `root`'s `thread_finished` (30 s bound).
+async fn until_root_finishes(
+    stream: &mut (impl futures_util::Stream<Item = (String, String, Value)> + Unpin),
+    root: impl Fn(&Value) -> bool,
+) -> Vec<(String, String, Value)> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("no end of the root within 30 s; got {got:?}"))
+            .expect("the stream ended early");
+        let end = ev.0 == "thread_finished" && root(&ev.2);
+        got.push(ev);
+        if end {
+            return got;
+        }
+    }
+}
+
+const RESEARCH: &str = r#"
+fan:
+  - text: "splitting"
+    tool_calls:
+      - { name: spawn_thread, input: { directive: leaf, inputs: { n: 1 }, wait: false } }
+      - { name: spawn_thread, input: { directive: leaf, inputs: { n: 2 }, wait: false } }
+  - tool_calls:
+      - { name: wait_threads, input: {} }
+  - text: all done
+leaf:
+  - text: leaf answer
+"#;
+
+fn research() -> Fixture {
+    let fan = directive(
+        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spend: 1.0 }",
+        "Fan out.",
+    );
+    let leaf = directive("inputs: { n: { type: integer } }", "Answer {input:n}.");
+    Fixture::new(&[("fan", &fan), ("leaf", &leaf)], RESEARCH, "")
+}
+
+/// The API refuses what it must (no token, bad JSON, unknown ids, huge bodies) with a clear
+/// error, starts a tree at once, and its SSE stream carries the whole tree: every thread's start
+/// and end, tool calls and results, streamed text, and costs that add up to the tree's spend.
+#[tokio::test]
+async fn the_api_starts_a_tree_and_its_events_tell_all_of_it() {
+    let fx = research();
+    let script = fx.root().join("script.yaml");
+    let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    let http = client();
+    // No token, a wrong one: 401.
+    let r = http
+        .get(format!("{}/v1/threads", srv.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http
+        .get(format!("{}/v1/threads", srv.base))
+        .bearer_auth("0".repeat(64))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    // Bad input: named.
+    let bad = |body: &str| {
+        http.post(format!("{}/v1/threads", srv.base))
+            .bearer_auth(&srv.token)
+            .body(body.to_string())
+            .send()
+    };
+    let r = bad("{not json").await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("not JSON"));
+    let (s, b) = srv
+        .call(
+            "POST",
+            "/v1/threads",
+            Some(json!({ "directive": "fan", "budget": 1 })),
+        )
+        .await;
+    assert_eq!(
+        (s, b["error"].as_str().unwrap().contains("`budget`")),
+        (400, true),
+        "{b}"
+    );
+    let (s, b) = srv
+        .call(
+            "POST",
+            "/v1/threads",
+            Some(json!({ "directive": "../../etc/passwd" })),
+        )
+        .await;
+    assert_eq!(s, 400, "{b}");
+    let (s, b) = srv
+        .call(
+            "POST",
+            "/v1/threads",
+            Some(json!({ "directive": "fan", "limits": { "turns": "many" } })),
+        )
+        .await;
+    assert!(
+        s == 400 && b["error"].as_str().unwrap().contains("limits.turns"),
+        "{b}"
+    );
+    let (s, b) = srv.call("GET", "/v1/threads/not..an-id", None).await;
+    assert_eq!(s, 400, "{b}");
+    let (s, _) = srv
+        .call(
+            "GET",
+            "/v1/threads/fan-1795423813747-07704aff0000/colour",
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, _) = srv
+        .call("GET", "/v1/threads/fan-1795423813747-07704aff0000", None)
+        .await;
+    assert_eq!(s, 404);
+    let huge = format!(
+        "{{\"directive\":\"fan\",\"inputs\":{{\"x\":\"{}\"}}}}",
+        "a".repeat(2 << 20)
+    );
+    let r = bad(&huge).await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let (s, b) = srv.call("GET", "/v1/threads?colour=red", None).await;
+    assert!(
+        s == 400 && b["error"].as_str().unwrap().contains("colour"),
+        "{b}"
+    );
+
+    // A tree, watched from before it starts.
+    let mut all = Box::pin(srv.events("/v1/events", None).await);
+    let (s, b) = srv
+        .call("POST", "/v1/threads", Some(json!({ "directive": "fan" })))
+        .await;
+    assert_eq!(s, 201, "{b}");
+    let root = b["thread_id"].as_str().unwrap().to_string();
+    let got = until_root_finishes(&mut all, |d| d["thread_id"] == root.as_str()).await;
+    let (s, tree) = srv
+        .call("GET", &format!("/v1/threads/{root}/tree"), None)
+        .await;
+    assert_eq!(s, 200);
+    let threads = tree["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 3, "{tree}");
+    for t in threads {
+        let id = t["id"].as_str().unwrap();
+        let of = |name: &str| {
+            got.iter()
+                .filter(|(n, _, d)| n == name && d["thread_id"] == id)
+                .count()
+        };
+        assert_eq!(
+            (of("thread_started"), of("thread_finished")),
+            (1, 1),
+            "{id}"
+        );
+        assert_eq!(t["status"], "completed");
+        assert!(of("token") >= 1, "no streamed text of {id}");
+        assert!(of("cost") >= 1 && of("turn") >= 1, "{id}");
+    }
+    let named = |name: &str| got.iter().filter(|(n, _, _)| n == name).count();
+    assert_eq!((named("tool_call"), named("tool_result")), (3, 3));
+    let cost: i64 = got
+        .iter()
+        .filter(|(n, _, _)| n == "cost")
+        .map(|(_, _, d)| d["cost_nanos"].as_i64().unwrap())
+        .sum();
+    let (s, one) = srv.call("GET", &format!("/v1/threads/{root}"), None).await;
+    assert_eq!(s, 200);
+    assert_eq!(one["verified"], true, "{one}");
+    assert_eq!(one["cost"]["spend_nanos"].as_i64().unwrap(), cost, "{one}");
+    assert!(cost > 0);
+    // Ids are unique and increasing.
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|(_, id, _)| id.split('.').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(ns.windows(2).all(|w| w[0] < w[1]), "{ns:?}");
+
+    // The transcript, paged, is the file.
+    let lines = std::fs::read_to_string(
+        fx.root()
+            .join(format!(".weft/threads/{root}/transcript.jsonl")),
+    )
+    .unwrap()
+    .lines()
+    .count();
+    let (mut after, mut seen) = (None::<i64>, 0usize);
+    loop {
+        let q = after.map_or("limit=4".to_string(), |a| format!("limit=4&after={a}"));
+        let (s, page) = srv
+            .call("GET", &format!("/v1/threads/{root}/transcript?{q}"), None)
+            .await;
+        assert_eq!(s, 200, "{page}");
+        seen += page["lines"].as_array().unwrap().len();
+        match page["next"].as_i64() {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen, lines);
+    let (s, list) = srv
+        .call(
+            "GET",
+            &format!("/v1/threads?root={root}&status=completed&limit=2"),
+            None,
+        )
+        .await;
+    assert_eq!((s, list["threads"].as_array().unwrap().len()), (200, 2));
+
+    // Reconnecting after the fifth event gets exactly the rest, in order.
+    let fifth = got[4].1.clone();
+    let mut again = Box::pin(srv.events("/v1/events", Some(&fifth)).await);
+    let rest = until_root_finishes(&mut again, |d| d["thread_id"] == root.as_str()).await;
+    let want: Vec<&String> = got[5..].iter().map(|e| &e.1).collect();
+    assert_eq!(rest.iter().map(|e| &e.1).collect::<Vec<_>>(), want);
+    // An id from an earlier server: the transcripts since then, every thread's start and end.
+    let before = format!("1.1.{}", now_ms() - 60_000);
+    let mut sub = Box::pin(
+        srv.events(&format!("/v1/threads/{root}/events"), Some(&before))
+            .await,
+    );
+    let replayed = until_root_finishes(&mut sub, |d| d["thread_id"] == root.as_str()).await;
+    for t in threads {
+        let id = t["id"].as_str().unwrap();
+        assert!(
+            replayed
+                .iter()
+                .any(|(n, _, d)| n == "thread_started" && d["thread_id"] == id),
+            "{id} not replayed: {replayed:?}"
+        );
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// One API, two transports: a cancel and an inject sent to `weft serve` reach a thread that a
+/// `weft run` in another process runs (through that process's control socket); the run ends
+/// `cancelled` (exit 130) within its grace, and a thread that has ended refuses steering (409).
+#[tokio::test]
+async fn the_api_steers_a_thread_that_another_process_runs() {
+    let slow = directive("", "Think slowly.");
+    let fx = Fixture::new(
+        &[("slow", &slow)],
+        "slow:\n  - text: thinking\n    delay: 60s\n",
+        "",
+    );
+    let script = fx.root().join("script.yaml");
+    let mut run = weft_cmd(fx.root())
+        .args(["run", "slow", "--json", "--script"])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let srv = Server::start(&fx, &[]);
+    let id = loop {
+        let (_, b) = srv.call("GET", "/v1/threads?status=running", None).await;
+        if let Some(id) = b["threads"][0]["id"].as_str() {
+            break id.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (s, b) = srv
+        .call(
+            "POST",
+            &format!("/v1/threads/{id}/inject"),
+            Some(json!({ "text": "hurry" })),
+        )
+        .await;
+    assert_eq!((s, &b["queued"]), (200, &json!(true)), "{b}");
+    let (s, b) = srv
+        .call("POST", &format!("/v1/threads/{id}/inject"), Some(json!({})))
+        .await;
+    assert!(
+        s == 400 && b["error"].as_str().unwrap().contains("`text`"),
+        "{b}"
+    );
+    let t0 = std::time::Instant::now();
+    let (s, b) = srv
+        .call(
+            "POST",
+            &format!("/v1/threads/{id}/cancel"),
+            Some(json!({ "reason": "from the page" })),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
+    assert_eq!(one["row"]["status"], "cancelled", "{one}");
+    let (s, b) = srv
+        .call("POST", &format!("/v1/threads/{id}/cancel"), None)
+        .await;
+    assert!(
+        s == 409 && b["error"].as_str().unwrap().contains("cancelled"),
+        "{b}"
+    );
+}
+
+/// A non-loopback address needs `--public`.
+#[test]
+fn serving_beyond_loopback_needs_public() {
+    let fx = research();
+    let o = weft_cmd(fx.root())
+        .args(["serve", "--addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--public"));
+}
