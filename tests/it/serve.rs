@@ -423,3 +423,145 @@ fn serving_beyond_loopback_needs_public() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--public"));
 }
+
+/// A browser to drive: `WEFT_CHROMIUM`, else `chromium` or `chromium-browser` on PATH.
+fn chromium() -> Option<String> {
+    if let Ok(p) = std::env::var("WEFT_CHROMIUM") {
+        return Some(p);
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|n| {
+            path.split(':')
+                .map(move |d| std::path::Path::new(d).join(n))
+        })
+        .find(|p| p.is_file())
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// Runs the DevTools driver (`tests/fixtures/web/cdp.py`) on `url` with `steps`; its step lines.
+fn browse(chrome: &str, url: &str, steps: Value) -> Vec<Value> {
+    let driver = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/web/cdp.py");
+    let o = std::process::Command::new("python3")
+        .arg(driver)
+        .arg(chrome)
+        .arg(url)
+        .arg(steps.to_string())
+        .output()
+        .unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        o.status.success(),
+        "the browser step failed: {lines:?} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    lines
+}
+
+/// The web page in a real headless Chromium: every thread of a finished tree appears with its
+/// final status, and the cancel button of a live tree's root cancels its whole subtree.
+#[tokio::test]
+async fn the_web_page_shows_the_live_tree_and_cancels_a_subtree() {
+    let Some(chrome) = chromium() else {
+        eprintln!("SKIPPED the_web_page_shows_the_live_tree_and_cancels_a_subtree: no chromium (CI installs Debian's; set WEFT_CHROMIUM to a browser)");
+        return;
+    };
+    let hold = directive(
+        "permissions: [\"thread.spawn.*\"]\nlimits: { spend: 1.0 }",
+        "Hold on.",
+    );
+    let slow = directive("", "Think slowly.");
+    let script = format!(
+        "{RESEARCH}hold:\n  - tool_calls:\n      - {{ name: spawn_thread, input: {{ directive: slow, wait: false }} }}\n      - {{ name: spawn_thread, input: {{ directive: leaf, inputs: {{ n: 3 }}, wait: false }} }}\n  - tool_calls:\n      - {{ name: wait_threads, input: {{}} }}\n  - text: never\nslow:\n  - text: thinking\n    delay: 60s\n"
+    );
+    let fan = directive(
+        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spend: 1.0 }",
+        "Fan out.",
+    );
+    let leaf = directive("inputs: { n: { type: integer } }", "Answer {input:n}.");
+    let fx = Fixture::new(
+        &[
+            ("fan", &fan),
+            ("leaf", &leaf),
+            ("hold", &hold),
+            ("slow", &slow),
+        ],
+        &script,
+        "",
+    );
+    let path = fx.root().join("script.yaml");
+    let srv = Server::start(&fx, &["--script", path.to_str().unwrap()]);
+    let (_, b) = srv
+        .call("POST", "/v1/threads", Some(json!({ "directive": "fan" })))
+        .await;
+    let done = b["thread_id"].as_str().unwrap().to_string();
+    let (_, b) = srv
+        .call("POST", "/v1/threads", Some(json!({ "directive": "hold" })))
+        .await;
+    let live = b["thread_id"].as_str().unwrap().to_string();
+    // The finished tree, as the registry has it.
+    super::support::wait_until("the fan tree to end", || {
+        fx.rows()
+            .iter()
+            .filter(|r| r.root_id == done)
+            .all(|r| r.status == "completed")
+    })
+    .await;
+    let want: Vec<(String, String)> = fx
+        .rows()
+        .iter()
+        .filter(|r| r.root_id == done)
+        .map(|r| (r.id.clone(), r.status.clone()))
+        .collect();
+    assert_eq!(want.len(), 3);
+    let shot = fx.root().join("page.png");
+    let row_status =
+        "[...document.querySelectorAll('.row')].map(r => [r.dataset.threadId, r.dataset.status])";
+    let has = |id: &str, status: &str| {
+        format!(
+            "!!document.querySelector('.row[data-thread-id=\"{id}\"][data-status=\"{status}\"]')"
+        )
+    };
+    let mut steps = vec![];
+    for (id, status) in &want {
+        steps.push(json!({ "wait": has(id, status) }));
+    }
+    steps.extend([
+        json!({ "wait": format!("document.querySelectorAll('.row').length >= 6 && {}", has(&live, "running")) }),
+        json!({ "eval": format!("document.querySelector('.row[data-thread-id=\"{live}\"]').click(); true") }),
+        json!({ "wait": "document.querySelectorAll('#lines .line').length >= 3" }),
+        json!({ "screenshot": shot.to_str().unwrap() }),
+        json!({ "eval": format!("document.querySelector('.row[data-thread-id=\"{live}\"] button.cancel').click(); true") }),
+        json!({ "wait": has(&live, "cancelled"), "timeout": 20 }),
+        json!({ "eval": row_status }),
+    ]);
+    let url = format!("{}/#token={}", srv.base, srv.token);
+    let out = browse(&chrome, &url, Value::Array(steps));
+    // The page's last view: every thread of the cancelled tree shows its end.
+    let seen = out.last().unwrap()["eval"].as_array().unwrap().clone();
+    let rows = fx.rows();
+    for r in rows.iter().filter(|r| r.root_id == live) {
+        assert!(
+            ["cancelled", "completed"].contains(&r.status.as_str()),
+            "{} is {} after the page's cancel",
+            r.id,
+            r.status
+        );
+        if r.directive == "slow" {
+            assert_eq!(r.status, "cancelled");
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|p| p[0] == live.as_str() && p[1] == "cancelled"),
+        "{seen:?}"
+    );
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "no screenshot"
+    );
+}
