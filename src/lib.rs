@@ -69,6 +69,7 @@ pub use crate::provider::{
     Block, BoxFuture, ErrorKind, LlmRequest, LlmResponse, Message, Provider, ProviderError, Role,
     Route, TextSink, ToolCall, ToolSpec,
 };
+pub use crate::record::render::{describe as describe_line, human_duration};
 pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
     OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,

@@ -11,10 +11,10 @@ pub(super) fn print_event(ev: &Event) {
     match ev {
         Event::Started { id, directive, .. } => out!("started  {id} ({directive})"),
         Event::Finished(r) => out!(
-            "{:<8} {} — {} turns, {}",
+            "{:<8} {} — {}, {}",
             r.status.as_str(),
             r.thread_id,
-            r.turns,
+            crate::record::render::plural(r.turns, "turn"),
             r.spend_nanos
         ),
         Event::Turn { .. } | Event::Line { .. } | Event::Token { .. } => {}
@@ -29,10 +29,29 @@ pub(super) fn print_event(ev: &Event) {
     let _ = std::io::stdout().flush();
 }
 
+/// The live tree on a terminal, redrawn in place, with the streamed text of the thread in focus
+/// (the root) and a spend meter against the root's cap.
 #[derive(Default)]
 pub(super) struct LiveTree {
-    rows: BTreeMap<String, (Option<String>, String, String, u64, Nanos)>,
+    rows: BTreeMap<String, Live>,
     drawn: usize,
+    /// The thread whose streamed text is shown.
+    pub(super) focus: Option<String>,
+    /// The root's spend cap, once known.
+    pub(super) cap: Option<Nanos>,
+    /// The focus's latest text.
+    text: String,
+}
+
+struct Live {
+    parent: Option<String>,
+    directive: String,
+    status: String,
+    turns: u64,
+    own: Nanos,
+    tree_spend: Option<Nanos>,
+    started: String,
+    ended: Option<String>,
 }
 
 impl LiveTree {
@@ -45,25 +64,42 @@ impl LiveTree {
             } => {
                 self.rows.insert(
                     id.to_string(),
-                    (
-                        parent.as_ref().map(ToString::to_string),
-                        directive.clone(),
-                        "running".into(),
-                        0,
-                        Nanos::ZERO,
-                    ),
+                    Live {
+                        parent: parent.as_ref().map(ToString::to_string),
+                        directive: directive.clone(),
+                        status: "running".into(),
+                        turns: 0,
+                        own: Nanos::ZERO,
+                        tree_spend: None,
+                        started: crate::core::ids::now_ts(),
+                        ended: None,
+                    },
                 );
             }
             Event::Turn { id, turns, spend } => {
+                // One call's text per line.
+                if self.focus.as_deref() == Some(id.as_str()) && !self.text.ends_with('\n') {
+                    self.text.push('\n');
+                }
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
-                    r.3 = *turns;
-                    r.4 = *spend;
+                    r.turns = *turns;
+                    r.own = *spend;
+                }
+            }
+            Event::Token { id, text } if self.focus.as_deref() == Some(id.as_str()) => {
+                self.text.push_str(text);
+                if self.text.len() > 4096 {
+                    let cut = self.text.len() - 2048;
+                    let cut = (cut..self.text.len())
+                        .find(|i| self.text.is_char_boundary(*i))
+                        .unwrap_or(0);
+                    self.text.drain(..cut);
                 }
             }
             Event::Status { .. } | Event::Line { .. } | Event::Token { .. } => {}
             Event::Waiting { id, waiting } => {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
-                    r.2 = match waiting {
+                    r.status = match waiting {
                         Some(_) => "waiting".into(),
                         None => "running".into(),
                     };
@@ -71,9 +107,11 @@ impl LiveTree {
             }
             Event::Finished(rep) => {
                 if let Some(r) = self.rows.get_mut(rep.thread_id.as_str()) {
-                    r.2 = rep.status.as_str().into();
-                    r.3 = rep.turns;
-                    r.4 = rep.spend_nanos;
+                    r.status = rep.status.as_str().into();
+                    r.turns = rep.turns;
+                    r.own = rep.own_spend_nanos;
+                    r.tree_spend = Some(rep.spend_nanos);
+                    r.ended = Some(crate::core::ids::now_ts());
                 }
             }
         }
@@ -88,21 +126,33 @@ impl LiveTree {
         }
     }
 
+    /// The tree's spend so far: every thread's own spend.
+    fn spent(&self) -> Nanos {
+        Nanos(self.rows.values().map(|r| r.own.0).sum())
+    }
+
     pub(super) fn draw(&mut self) {
         let rows: Vec<ThreadRow> = self
             .rows
             .iter()
-            .map(|(id, (p, d, s, t, sp))| ThreadRow {
+            .map(|(id, r)| ThreadRow {
                 id: id.clone(),
-                parent_id: p.clone(),
-                directive: d.clone(),
-                status: s.clone(),
-                turns: *t,
-                spend_nanos: sp.0,
+                parent_id: r.parent.clone(),
+                directive: r.directive.clone(),
+                status: r.status.clone(),
+                turns: r.turns,
+                spend_nanos: r.tree_spend.unwrap_or(r.own).0,
+                created_at: r.started.clone(),
+                updated_at: r.ended.clone().unwrap_or_else(crate::core::ids::now_ts),
                 ..Default::default()
             })
             .collect();
-        let lines = tree_lines(&rows);
+        let mut lines = tree_lines(&rows);
+        if let Some(last) = self.text.lines().rev().find(|l| !l.trim().is_empty()) {
+            let shown: String = last.chars().take(110).collect();
+            lines.push(format!("  » {shown}"));
+        }
+        lines.push(meter(self.spent(), self.cap));
         let mut out = std::io::stdout().lock();
         if self.drawn > 0 {
             let _ = write!(out, "\x1b[{}A", self.drawn);
@@ -112,5 +162,21 @@ impl LiveTree {
         }
         let _ = out.flush();
         self.drawn = lines.len();
+    }
+}
+
+/// `spend $0.0123 of $0.25 [███░░░░░░░░░░░░░░░░░] 5%`, or the spend alone without a cap.
+pub(super) fn meter(spent: Nanos, cap: Option<Nanos>) -> String {
+    match cap.filter(|c| c.0 > 0) {
+        Some(c) => {
+            let pct = (spent.0 as f64 / c.0 as f64 * 100.0).clamp(0.0, 100.0);
+            let full = (pct / 5.0).round() as usize;
+            format!(
+                "  spend {spent} of {c} [{}{}] {pct:.0}%",
+                "█".repeat(full),
+                "░".repeat(20 - full)
+            )
+        }
+        None => format!("  spend {spent}"),
     }
 }

@@ -26,6 +26,7 @@ macro_rules! out {
 mod cancel;
 mod init;
 mod live;
+mod log;
 mod recover;
 mod run;
 mod serve;
@@ -87,6 +88,20 @@ pub enum Cmd {
         /// JSON array.
         #[arg(long)]
         json: bool,
+    },
+    /// A thread's transcript, readable (`--follow` tails it live from any terminal).
+    Log {
+        /// Thread id.
+        id: String,
+        /// Keep printing new lines until the thread (with --tree: its subtree) has ended.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// The lines as stored, one JSON object each (with `thread_id`).
+        #[arg(long)]
+        json: bool,
+        /// Interleave the thread's whole subtree, each line tagged with its thread.
+        #[arg(long)]
+        tree: bool,
     },
     /// Show one thread.
     Show {
@@ -284,6 +299,12 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => run::resume(cli.project, id, message, script, limits, json).await,
         Cmd::Show { id, json } => show::show(cli.project, id, json),
+        Cmd::Log {
+            id,
+            follow,
+            json,
+            tree,
+        } => log::log(cli.project, id, follow, json, tree).await,
         Cmd::Serve {
             addr,
             public,

@@ -97,11 +97,22 @@ async fn follow(
     let live = !as_json && std::io::stdout().is_terminal();
     let show_lines = !as_json;
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (focus, reader) = (handle.id().clone(), rt.clone());
     let printer = tokio::spawn(async move {
         let mut tree = LiveTree::default();
+        tree.focus = Some(focus.to_string());
         let show = |ev: &Event, tree: &mut LiveTree| {
             if live {
                 tree.apply(ev);
+                // The root's cap, from its signed thread.json (there once it has started).
+                if tree.cap.is_none() && matches!(ev, Event::Turn { id, .. } if *id == focus) {
+                    tree.cap = reader
+                        .get(&focus)
+                        .ok()
+                        .flatten()
+                        .and_then(|v| v.thread?["limits"]["spend"].as_i64())
+                        .map(crate::core::money::Nanos);
+                }
                 tree.draw();
             } else if show_lines {
                 print_event(ev);
@@ -167,10 +178,10 @@ async fn follow(
         print_tree(&rows);
         out!();
         out!(
-            "{} {} — {} turns, {} in / {} out tokens, {} spent by the tree",
+            "{} {} — {}, {} in / {} out tokens, {} spent by the tree",
             report.thread_id,
             report.status.as_str(),
-            report.turns,
+            crate::record::render::plural(report.turns, "turn"),
             report.input_tokens,
             report.output_tokens,
             report.spend_nanos

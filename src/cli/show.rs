@@ -50,7 +50,7 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
     );
     out!("  children   {}", row.spawn_count);
     match &doc {
-        Ok(d) => out!("  limits     turns {} tokens {} spend {} duration {}ms depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, d.limits.duration_ms, d.limits.depth, d.limits.spawns, d.limits.concurrency),
+        Ok(d) => out!("  limits     turns {} tokens {} spend {} duration {} depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, crate::record::render::human_duration(d.limits.duration_ms), d.limits.depth, d.limits.spawns, d.limits.concurrency),
         Err(e) => out!("  thread.json NOT VERIFIED: {e}"),
     }
     if let Some(o) = &row.outputs {

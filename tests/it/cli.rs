@@ -257,3 +257,72 @@ fn a_thread_error_exits_1() {
     let out: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(out["error"], "limit exceeded: turns 1/1");
 }
+
+/// `weft log --follow` from another process tails a live thread and its subtree (`--tree`, each
+/// line tagged) and exits once every thread of it has ended; `--json` is the stored lines.
+#[test]
+fn log_follows_a_live_tree_from_another_process_until_it_ends() {
+    let top = directive("permissions: [\"thread.spawn.kid\"]", "Go.");
+    let kid = directive("", "Kid.");
+    let script = r#"
+top:
+  - text: "spawning"
+    delay: 300ms
+    tool_calls:
+      - { name: spawn_thread, input: { directive: kid, wait: true } }
+  - text: top done
+kid:
+  - text: kid done
+    delay: 700ms
+"#;
+    let fx = Fixture::new(&[("top", &top), ("kid", &kid)], script, "");
+    let mut run = crate::support::weft_cmd(fx.root())
+        .args(["run", "top", "--json", "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let id = loop {
+        if let Some(r) = crate::support::rows_json(fx.root()).first() {
+            break r["id"].as_str().unwrap().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let t0 = std::time::Instant::now();
+    let follow = weft(fx.root(), &["log", &id, "--follow", "--tree"]);
+    let took = t0.elapsed();
+    assert!(run.wait().unwrap().success());
+    assert!(follow.status.success(), "{}", text(&follow));
+    let out = text(&follow);
+    // It was live: it waited for the kid's 700 ms turn, and saw both ends.
+    assert!(took >= std::time::Duration::from_millis(700), "{took:?}");
+    let kid_tag = out
+        .lines()
+        .find(|l| l.contains("started") && l.contains("kid on"))
+        .unwrap_or_else(|| panic!("no kid start: {out}"));
+    assert!(kid_tag.contains("[kid·"), "{kid_tag}");
+    assert_eq!(out.matches("finished").count(), 2, "{out}");
+    assert!(
+        out.contains("kid done") && out.contains("top done"),
+        "{out}"
+    );
+    assert!(!out.contains("checkpoint"), "{out}");
+    // The last line printed is the root's end.
+    let last = out.lines().rev().find(|l| !l.starts_with(' ')).unwrap();
+    assert!(
+        last.contains("[top·") && last.contains("finished") && last.contains("completed"),
+        "{last}"
+    );
+    // --json: every stored line of the thread, as stored.
+    let json = weft(fx.root(), &["log", &id, "--json"]);
+    let lines: Vec<Value> = text(&json)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stored = std::fs::read_to_string(transcript(fx.root(), &id)).unwrap();
+    assert_eq!(lines.len(), stored.lines().count());
+    assert!(lines.iter().all(|l| l["thread_id"] == id.as_str()));
+    // An unknown thread: a usage error naming it.
+    let o = weft(fx.root(), &["log", "top-1795423435448-d886b9ff0000"]);
+    assert_eq!(o.status.code(), Some(2));
+}
