@@ -80,6 +80,8 @@ pub use crate::tools::ToolFileError;
 /// The cancellation token a [`Provider`] receives with every call (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 
+#[doc(hidden)]
+pub use crate::cli::telemetry::{init as init_telemetry, Telemetry};
 /// The `weft` binary's glue (its argument type and entry point); not part of the library API.
 #[doc(hidden)]
 pub use crate::cli::{main as cli_main, Cli};

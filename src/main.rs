@@ -2,14 +2,6 @@
 use clap::Parser;
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = weft::Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -20,7 +12,11 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let telemetry = weft::init_telemetry(rt.handle().clone());
+    let cli = weft::Cli::parse();
     let code = rt.block_on(weft::cli_main(cli));
+    // The span exporter posts on this runtime: flush before it stops.
+    telemetry.shutdown();
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     std::process::exit(code);
 }

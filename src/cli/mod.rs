@@ -31,6 +31,7 @@ mod recover;
 mod run;
 mod serve;
 mod show;
+pub(crate) mod telemetry;
 mod threads;
 mod verify;
 

@@ -265,6 +265,7 @@ impl Runtime {
             continuation: None,
             attach: Vec::new(),
             route: None,
+            parent_span: None,
         })
         .await
     }
@@ -287,6 +288,7 @@ impl Runtime {
             continuation: None,
             attach: Vec::new(),
             route: Some(Arc::new(route)),
+            parent_span: None,
         })
         .await
     }

@@ -62,6 +62,7 @@ impl Runtime {
             parent: None,
             attach: Vec::new(),
             route: None,
+            parent_span: None,
             continuation: Some(Continuation {
                 of: of.clone(),
                 messages,

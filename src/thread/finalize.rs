@@ -238,6 +238,7 @@ impl ThreadActor {
         s.ctx.store_row(s.row()).await;
         crate::core::failpoint::hit("finalize.row");
         let report = s.report();
+        end_span(s, &report);
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));
         if let Some((_, parent)) = &s.parent {
             let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
@@ -251,4 +252,19 @@ impl ThreadActor {
         }
         me.stop(None);
     }
+}
+
+/// Records the thread's end on its `invoke_agent` span and closes it (with any call spans left).
+fn end_span(s: &mut ThreadState, report: &super::ThreadReport) {
+    let span = std::mem::replace(&mut s.span, tracing::Span::none());
+    span.record("weft.status", report.status.as_str());
+    span.record("weft.spend_nanos", report.own_spend_nanos.0);
+    span.record("weft.tree_spend_nanos", report.spend_nanos.0);
+    span.record("gen_ai.usage.input_tokens", report.input_tokens as i64);
+    span.record("gen_ai.usage.output_tokens", report.output_tokens as i64);
+    if report.status != crate::core::status::Status::Completed {
+        span.record("error.type", report.status.as_str());
+    }
+    s.chat_span = None;
+    s.tool_spans.clear();
 }

@@ -101,6 +101,7 @@ pub(super) async fn start(s: &mut ThreadState, messages: Vec<Message>) -> Result
         }),
         attach: Vec::new(),
         route: s.route.clone(),
+        parent_span: None,
     };
     // A root's waiter gets the continuation's report, but only once this thread has finished
     // ending (its registry row and thread.json): a process that exits on that report leaves

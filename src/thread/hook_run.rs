@@ -178,6 +178,7 @@ fn spawn(
         continuation: None,
         attach: Vec::new(),
         route: s.route.clone(),
+        parent_span: None,
     };
     if !as_root {
         return super::manage::start_child(me, s, format!("hook:{id}"), req, false);

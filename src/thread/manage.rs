@@ -199,6 +199,7 @@ pub(super) fn spawn_thread(
         continuation: None,
         attach,
         route: s.route.clone(),
+        parent_span: None,
     };
     start_child(me, s, call.id, req, wait);
     None
@@ -215,6 +216,7 @@ pub(super) fn start_child(
     wait: bool,
 ) {
     s.spawning.insert(call_id.clone());
+    req.parent_span = s.tool_spans.get(&call_id).cloned();
     let ctx = s.ctx.clone();
     req.parent = Some(ParentLink {
         id: s.doc.id.clone(),

@@ -27,6 +27,7 @@ mod hook_run;
 mod manage;
 mod messages;
 mod msg;
+mod spans;
 mod spawn;
 mod state;
 mod tool_phase;
@@ -39,6 +40,7 @@ pub use dead::Recovered;
 pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd};
 pub use msg::ThreadReport;
 pub(crate) use msg::{StatusSnapshot, ThreadArgs, ThreadMsg};
+pub(crate) use spans::TARGET as SPAN_TARGET;
 pub use spawn::SpawnError;
 pub(crate) use spawn::{spawn, Continuation, ParentLink, SpawnRequest, MIN_OUTPUT_TOKENS};
 
@@ -109,6 +111,9 @@ impl Actor for ThreadActor {
             hooks: Arc::new(a.hooks),
             inputs: a.inputs,
             route: a.route,
+            span: a.span,
+            chat_span: None,
+            tool_spans: HashMap::new(),
             hook_retries: 0,
             handoff: None,
             ended: None,

@@ -181,4 +181,6 @@ pub(crate) struct ThreadArgs {
     pub inputs: Value,
     /// The tree's provider and model, if it was started with its own.
     pub route: Option<Arc<crate::provider::Route>>,
+    /// Its `invoke_agent` span.
+    pub span: tracing::Span,
 }

@@ -87,6 +87,8 @@ pub(crate) struct SpawnRequest {
     pub attach: Vec<String>,
     /// The tree's provider and model, over the runtime's (children inherit it).
     pub route: Option<Arc<crate::provider::Route>>,
+    /// The span the thread's span goes under (the parent's `spawn_thread` call).
+    pub parent_span: Option<tracing::Span>,
 }
 
 /// What a continuation starts from (see [`Runtime::resume`]).
@@ -392,6 +394,14 @@ pub(crate) async fn spawn(
         Some(c) => (c.messages, c.calls_made),
         None => (vec![crate::provider::Message::user(prompt)], 0),
     };
+    let span = super::spans::thread(
+        req.parent_span.as_ref(),
+        &id,
+        &directive.name,
+        req.parent.as_ref().map(|p| &p.id),
+        &provider_name,
+        &model,
+    );
     let args = ThreadArgs {
         ctx: ctx.clone(),
         provider,
@@ -407,6 +417,7 @@ pub(crate) async fn spawn(
         hooks,
         inputs: Value::Object(inputs.clone()),
         route: req.route.clone(),
+        span,
     };
     let spawned = match &req.parent {
         Some(p) => {

@@ -136,6 +136,12 @@ pub(crate) struct ThreadState {
     pub(super) inputs: serde_json::Value,
     /// The tree's provider and model, passed on to children.
     pub(super) route: Option<Arc<crate::provider::Route>>,
+    /// Its `invoke_agent` span (ended when it finishes).
+    pub(super) span: tracing::Span,
+    /// The `chat` span of the LLM call under way.
+    pub(super) chat_span: Option<tracing::Span>,
+    /// The `execute_tool` spans of calls not yet answered, by call id.
+    pub(super) tool_spans: std::collections::HashMap<String, tracing::Span>,
     /// Messages waiting for the next turn: (from — "person" or a child's id, text).
     pub(super) inbox: Vec<(String, String)>,
     /// The thread's own status line (`set_status`).

@@ -36,6 +36,11 @@ impl ThreadActor {
         }
         results.insert(call_id.clone(), outcome.clone());
         let done = results.len() == order.len();
+        if let Some(span) = s.tool_spans.remove(&call_id) {
+            if outcome.is_error {
+                span.record("error.type", "tool_error");
+            }
+        }
         s.log(
             "tool_result",
             json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
@@ -107,6 +112,8 @@ pub(super) async fn dispatch(
     call: ToolCall,
 ) -> Option<ToolOutcome> {
     crate::core::failpoint::hit("tool.dispatch");
+    let span = super::spans::tool(&s.span, &call.name, &call.id);
+    s.tool_spans.insert(call.id.clone(), span);
     if !s.tools.iter().any(|t| t.name == call.name) {
         let names: Vec<&str> = s.tools.iter().map(|t| t.name.as_str()).collect();
         return Some(ToolOutcome::err(format!(

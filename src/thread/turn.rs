@@ -117,6 +117,7 @@ impl ThreadActor {
             "limit_hit",
             json!({ "limit": limit, "used": used, "max": max }),
         );
+        s.span.record("weft.limit", limit);
         let ctx = json!({ "thread_id": s.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
         let fired = super::hook_run::fire(me, s, "limit", ctx);
         if fired.control == Some(crate::hooks::Control::Continue) && lift_once(s, limit) {
@@ -297,6 +298,13 @@ impl ThreadActor {
             max_output: grant.max_output_tokens,
         });
         s.phase = Phase::Thinking;
+        s.chat_span = Some(super::spans::chat(
+            &s.span,
+            &s.doc.provider,
+            &req.model,
+            req.max_tokens,
+            grant.amount.0,
+        ));
         let provider = s.provider.clone();
         let token = s.cancel.child_token();
         let me2 = me.clone();
@@ -368,6 +376,9 @@ impl ThreadActor {
             ),
         };
         s.log(kind, event);
+        if let Some(span) = s.chat_span.take() {
+            super::spans::chat_done(&span, &model, &outcome, &usage, cost.0);
+        }
         crate::core::failpoint::hit("turn.recorded");
         let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
             reservation,

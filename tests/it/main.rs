@@ -13,6 +13,7 @@ mod layout;
 mod lifecycle;
 mod mcp;
 mod messages;
+mod otel;
 mod providers;
 mod serve;
 mod support;

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use weft::Status;
 
-fn mcp_dir() -> PathBuf {
+pub fn mcp_dir() -> PathBuf {
     std::env::var_os("WEFT_MCP_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
