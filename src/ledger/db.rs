@@ -10,15 +10,17 @@ use std::path::Path;
 pub(crate) fn open_db(path: &Path) -> Result<Connection, LedgerError> {
     let db = Connection::open(path)
         .map_err(|e| LedgerError::Storage(format!("{}: {e}", path.display())))?;
-    db.execute_batch(
-        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
+    crate::record::batch::setup_with_retry(&db, |db| {
+        db.execute_batch(
+        "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
          CREATE TABLE IF NOT EXISTS accounts(
            id TEXT PRIMARY KEY, parent TEXT, max INTEGER NOT NULL, spent INTEGER NOT NULL,
            own_spent INTEGER NOT NULL, inflight INTEGER NOT NULL, guaranteed INTEGER NOT NULL,
            pool_left INTEGER NOT NULL, closed INTEGER NOT NULL, owner INTEGER NOT NULL);
          CREATE TABLE IF NOT EXISTS reservations(
            id INTEGER NOT NULL, thread TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY(thread, id));",
-    )
+        )
+    })
     .map_err(|e| LedgerError::Storage(e.to_string()))?;
     Ok(db)
 }

@@ -99,3 +99,26 @@ pub(crate) fn off_workers<R>(work: impl FnOnce() -> R) -> R {
         _ => work(),
     }
 }
+
+/// Runs `setup` (a new connection's pragmas and schema), again while another process holds the
+/// database (up to 10 s): switching a fresh database to WAL can answer "locked" at once, without
+/// waiting out the busy timeout, when another process is creating it at the same moment.
+pub(crate) fn setup_with_retry(
+    db: &rusqlite::Connection,
+    setup: impl Fn(&rusqlite::Connection) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match setup(db) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}

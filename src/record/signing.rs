@@ -107,7 +107,11 @@ impl Signer {
             .map_err(|e| err(format!("cannot encode: {e}")))?;
         std::fs::create_dir_all(trust_dir)
             .map_err(|e| err(format!("cannot create trust dir: {e}")))?;
-        std::fs::write(&path, pem).map_err(|e| err(format!("cannot write: {e}")))
+        // Written aside and renamed in: a process starting at the same moment never reads half
+        // a key (it would distrust this user's signatures).
+        let tmp = trust_dir.join(format!(".{}.pub.{}", self.key_id, std::process::id()));
+        std::fs::write(&tmp, pem).map_err(|e| err(format!("cannot write: {e}")))?;
+        std::fs::rename(&tmp, &path).map_err(|e| err(format!("cannot write: {e}")))
     }
 
     /// Signs `domain ‖ JCS(doc)`; `doc` must not contain its own signature.

@@ -21,35 +21,36 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store, RegistryError> {
         let db = Connection::open(path)
             .map_err(|e| RegistryError::Storage(format!("{}: {e}", path.display())))?;
-        db.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;
-             CREATE TABLE IF NOT EXISTS threads(
-               id TEXT PRIMARY KEY, directive TEXT NOT NULL, parent TEXT, root TEXT NOT NULL,
-               status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
-               model TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0, tokens_in INTEGER NOT NULL DEFAULT 0,
-               tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
-               spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
-               result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
-               continuation_of TEXT, chain_root TEXT, waiting TEXT, status_text TEXT);
-             CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
-             CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
-        )
-        .map_err(st)?;
-        // Registries made before these columns existed gain them.
-        for column in ["waiting", "status_text"] {
-            let has: bool = db
-                .query_row(
-                    "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name=?1",
-                    [column],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map_err(st)?
-                > 0;
-            if !has {
-                db.execute_batch(&format!("ALTER TABLE threads ADD COLUMN {column} TEXT"))
-                    .map_err(st)?;
+        crate::record::batch::setup_with_retry(&db, |db| {
+            db.execute_batch(
+                "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
+                 CREATE TABLE IF NOT EXISTS threads(
+                   id TEXT PRIMARY KEY, directive TEXT NOT NULL, parent TEXT, root TEXT NOT NULL,
+                   status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,
+                   model TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0, tokens_in INTEGER NOT NULL DEFAULT 0,
+                   tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
+                   spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
+                   result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
+                   continuation_of TEXT, chain_root TEXT, waiting TEXT, status_text TEXT);
+                 CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
+                 CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
+            )?;
+            // Registries made before these columns existed gain them.
+            for column in ["waiting", "status_text"] {
+                let has: bool = db
+                    .query_row(
+                        "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name=?1",
+                        [column],
+                        |r| r.get::<_, i64>(0),
+                    )?
+                    > 0;
+                if !has {
+                    db.execute_batch(&format!("ALTER TABLE threads ADD COLUMN {column} TEXT"))?;
+                }
             }
-        }
+            Ok(())
+        })
+        .map_err(st)?;
         Ok(Store {
             db,
             in_batch: false,

@@ -326,3 +326,44 @@ kid:
     let o = weft(fx.root(), &["log", "top-1795423435448-d886b9ff0000"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// Processes opening a fresh project at the same moment (a `weft serve` and a `weft run` started
+/// together) both get its databases and its trust store: neither fails with "database is
+/// locked" while the other creates them, nor reads the user's public key half-written.
+#[test]
+fn a_run_and_a_serve_opening_a_fresh_project_together_both_start() {
+    use std::io::BufRead;
+    for round in 0..8 {
+        let fx = Fixture::new(
+            &[("solo", &directive("", "Answer."))],
+            "solo:\n  - text: ok\n    delay: 200ms\n",
+            "",
+        );
+        let run = crate::support::weft_cmd(fx.root())
+            .args(["run", "solo", "--json", "--script"])
+            .arg(fx.root().join("script.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut serve = crate::support::weft_cmd(fx.root())
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line);
+        let _ = serve.kill();
+        let served = serve.wait_with_output().unwrap();
+        let o = run.wait_with_output().unwrap();
+        let errs = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&served.stderr)
+        );
+        assert!(o.status.success(), "round {round}: {errs}");
+        assert!(line.starts_with("weft serve: http://"), "round {round}: {line:?} {errs}");
+        assert!(!errs.contains("not an ed25519"), "round {round}: {errs}");
+    }
+}

@@ -367,11 +367,16 @@ async fn the_api_steers_a_thread_that_another_process_runs() {
         .spawn()
         .unwrap();
     let srv = Server::start(&fx, &[]);
+    let t0 = std::time::Instant::now();
     let id = loop {
         let (_, b) = srv.call("GET", "/v1/threads?status=running", None).await;
         if let Some(id) = b["threads"][0]["id"].as_str() {
             break id.to_string();
         }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no running thread: {b}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let (s, b) = srv
@@ -398,7 +403,17 @@ async fn the_api_steers_a_thread_that_another_process_runs() {
         )
         .await;
     assert_eq!(s, 202, "{b}");
-    let status = run.wait().unwrap();
+    let status = loop {
+        if let Some(st) = run.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = run.kill();
+            let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
+            panic!("weft run did not end after the cancel: {one}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(status.code(), Some(130));
     assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
