@@ -191,6 +191,113 @@ async fn bench_tree(w: usize, d: usize, strict: bool) -> Value {
     })
 }
 
+/// The `w`×`d` tree with the HTTP server up, without clients and then with `clients` SSE
+/// clients on `/v1/events` (each in this process, reading and parsing every event): the wall
+/// times, their ratio, and the events delivered per second to all clients together.
+async fn bench_sse(w: usize, d: usize, clients: usize) -> Value {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let n = tree_size(w, d);
+    let mut walls = Vec::new();
+    let mut delivered = 0u64;
+    let mut emitted = 0u64;
+    let mut deliver_s = 0.0;
+    let mut pump_lost = 0u64;
+    for k in [0, clients] {
+        let p = tree_project(w, d, false, None);
+        let rt = open(&p).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(weft::internals::serve_http(
+            rt.clone(),
+            listener,
+            "t".repeat(64),
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        // Each client counts events until the root's `thread_finished` (the tree's last event;
+        // its number is how many the server sent), or 5 s of quiet (a client that lagged past
+        // the journal lost events, counted as missing).
+        let (root_tx, root_rx) = tokio::sync::watch::channel(String::new());
+        let http = reqwest::Client::new();
+        let mut tasks = Vec::new();
+        for _ in 0..k {
+            let resp = http
+                .get(format!("{base}/v1/events"))
+                .bearer_auth("t".repeat(64))
+                .send()
+                .await
+                .unwrap();
+            let root_rx = root_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                use eventsource_stream::Eventsource;
+                use futures_util::StreamExt;
+                let mut s = resp.bytes_stream().eventsource();
+                let (mut got, mut total, mut lost) = (0u64, 0u64, 0u64);
+                loop {
+                    let next =
+                        tokio::time::timeout(std::time::Duration::from_secs(5), s.next()).await;
+                    let Ok(Some(Ok(ev))) = next else { break };
+                    got += 1;
+                    if ev.event == "lagged" {
+                        lost += ev
+                            .data
+                            .trim_start_matches("{\"missed\":")
+                            .trim_end_matches('}')
+                            .parse::<u64>()
+                            .unwrap_or(1);
+                    }
+                    if ev.event == "thread_finished" {
+                        let root = root_rx.borrow().clone();
+                        if !root.is_empty()
+                            && ev.data.contains(&format!("\"thread_id\":\"{root}\""))
+                        {
+                            total = ev
+                                .id
+                                .split('.')
+                                .nth(1)
+                                .and_then(|x| x.parse().ok())
+                                .unwrap_or(0);
+                            break;
+                        }
+                    }
+                }
+                (got, total, lost, Instant::now())
+            }));
+        }
+        let t0 = Instant::now();
+        let handle = rt
+            .start("l0", Map::new(), LimitSet::default())
+            .await
+            .unwrap();
+        let _ = root_tx.send(handle.id().to_string());
+        let report = handle.wait().await.unwrap();
+        walls.push(t0.elapsed().as_secs_f64());
+        assert_eq!(report.status, weft::Status::Completed);
+        let mut end = t0;
+        for t in tasks {
+            let (got, total, lost, at) = t.await.unwrap();
+            delivered += got;
+            pump_lost = pump_lost.max(lost);
+            emitted = emitted.max(total);
+            end = end.max(at);
+        }
+        deliver_s = end.duration_since(t0).as_secs_f64();
+        let _ = stop_tx.send(());
+        let _ = server.await;
+        rt.shutdown();
+    }
+    json!({
+        "threads": n, "clients": clients,
+        "wall_without_clients_s": walls[0], "wall_with_clients_s": walls[1],
+        "slowdown": walls[1] / walls[0],
+        "events_delivered": delivered, "events_expected": emitted * clients as u64,
+        "events_lost_by_the_pump": pump_lost,
+        "events_per_s": delivered as f64 / deliver_s,
+    })
+}
+
 async fn bench_turns(turns: usize, strict: bool) -> Value {
     let mut script = String::from("looper:\n");
     for _ in 0..turns {
@@ -680,6 +787,7 @@ async fn main() {
         "cancel",
         "ledger",
         "langgraph",
+        "sse",
     ];
     if a.what == "all" {
         // Each scenario in a fresh process, so memory figures are not polluted by the others.
@@ -728,6 +836,7 @@ async fn main() {
                 }
             }
             "langgraph" => bench_langgraph(w, d),
+            "sse" => bench_sse(w, d, if a.tiny { 10 } else { 100 }).await,
             other => {
                 eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
                 std::process::exit(2);
@@ -857,6 +966,32 @@ async fn main() {
                 "",
             );
         }
+    }
+    if let Some(e) = v.get("sse") {
+        row(
+            &format!("tree with {} SSE clients: wall", e["clients"]),
+            format!(
+                "{:.2} s / {:.2} s",
+                f(e, "wall_with_clients_s"),
+                f(e, "wall_without_clients_s")
+            ),
+            "with / without",
+        );
+        row(
+            "  slowdown with clients",
+            format!("{:.2}×", f(e, "slowdown")),
+            "",
+        );
+        row(
+            "  events delivered to all clients",
+            format!(
+                "{:.0}/s ({} of {})",
+                f(e, "events_per_s"),
+                e["events_delivered"],
+                e["events_expected"]
+            ),
+            "",
+        );
     }
     if let Some(lg) = v.get("langgraph") {
         if let Some(e) = lg.get("error") {

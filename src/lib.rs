@@ -101,6 +101,7 @@ pub mod internals {
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
     pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
+    pub use crate::server::http::serve as serve_http;
 
     /// The registry and ledger actors of a runtime (for benchmarks that drive them directly).
     pub fn actors(

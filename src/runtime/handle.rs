@@ -81,6 +81,9 @@ impl ThreadHandle {
     /// The live events of this thread's subtree. The first call sees every event from the
     /// thread's start; later calls see events from the moment they are made.
     pub fn events(&mut self) -> SubtreeEvents {
+        self.ctx
+            .wants_lines
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let rx = self
             .first_events
             .take()

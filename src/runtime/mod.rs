@@ -119,7 +119,9 @@ impl RuntimeBuilder {
             .map_err(|e| st(e.to_string()))?;
         let owner = owner::acquire(&project.state_dir()).map_err(st)?;
         let first_owner = owner.first;
-        let (events, _) = broadcast::channel(4096);
+        // Room for bursts of a large tree (every transcript line is an event while someone
+        // listens) before a slow listener lags.
+        let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project)?;
         let mcp = crate::tools::McpHub::new(config.mcp_servers.clone(), project.root.clone());
@@ -145,6 +147,8 @@ impl RuntimeBuilder {
             successors: Default::default(),
             usage_log: Default::default(),
             events,
+            wants_lines: Default::default(),
+            in_spawn: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
         });
@@ -244,8 +248,12 @@ impl Runtime {
         &self.ctx.config
     }
 
-    /// Subscribes to the live events of every thread of this runtime.
+    /// Subscribes to the live events of every thread of this runtime (from then on they include
+    /// every transcript line, [`Event::Line`], and streamed text, [`Event::Token`]).
     pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.ctx
+            .wants_lines
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.ctx.events.subscribe()
     }
 

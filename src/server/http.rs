@@ -13,7 +13,6 @@ use crate::runtime::Runtime;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::json;
@@ -22,6 +21,9 @@ use std::sync::Arc;
 
 /// The page, HTML, CSS and JavaScript in one file, in the binary.
 const PAGE: &str = include_str!("page.html");
+
+/// An idle event stream gets a comment line this often (proxies close silent connections).
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Request bodies larger than this are refused (413).
 const BODY_LIMIT: usize = 1 << 20;
@@ -54,7 +56,7 @@ pub(crate) fn token(project: &Project) -> std::io::Result<String> {
 }
 
 /// Serves `rt` on `listener` until `shutdown` resolves.
-pub(crate) async fn serve(
+pub async fn serve(
     rt: Runtime,
     listener: tokio::net::TcpListener,
     token: String,
@@ -161,39 +163,45 @@ async fn v1(
     }
 }
 
-/// An SSE stream of `scope`, after what `last_id` saw.
+/// An SSE stream of `scope`, after what `last_id` saw. Frames are made once per event by the
+/// hub and written as they are; a comment line keeps an idle connection open.
 fn events(app: Arc<App>, last_id: Option<String>, mut scope: Scope) -> Response {
     let (missed, mut feed) = app.hub.subscribe(&app.rt, last_id.as_deref(), &mut scope);
-    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(256);
-    let sse = |i: &super::events::Item| {
-        SseEvent::default()
-            .event(i.name)
-            .id(i.id.clone())
-            .data(i.data.clone())
-    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     tokio::spawn(async move {
         for i in &missed {
-            if tx.send(sse(i)).await.is_err() {
+            if tx.send(i.frame.clone()).await.is_err() {
                 return;
             }
         }
-        while let Some(batch) = feed.next(&app.hub).await {
+        loop {
+            let next = tokio::time::timeout(KEEP_ALIVE, feed.next(&app.hub)).await;
+            let batch = match next {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return,
+                Err(_) => {
+                    if tx.send(Bytes::from_static(b":\n\n")).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
             for i in batch.iter().filter(|i| scope.admits(i)) {
-                if tx.send(sse(i)).await.is_err() {
+                if tx.send(i.frame.clone()).await.is_err() {
                     return;
                 }
             }
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
-    let mut resp = Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    resp.headers_mut().insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-store"),
-    );
-    resp
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }

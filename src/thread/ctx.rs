@@ -74,6 +74,14 @@ pub enum Event {
     },
 }
 
+impl Ctx {
+    /// Whether transcript lines and streamed text should be published now.
+    pub(crate) fn publish_lines(&self) -> bool {
+        self.wants_lines.load(std::sync::atomic::Ordering::Relaxed)
+            && self.events.receiver_count() > 0
+    }
+}
+
 impl Event {
     /// The thread the event is about.
     pub fn thread_id(&self) -> &ThreadId {
@@ -113,6 +121,14 @@ pub(crate) struct Ctx {
     pub ledger: ActorRef<LedgerMsg>,
     /// Live events.
     pub events: broadcast::Sender<Event>,
+    /// Someone asked for the live events (`Runtime::events`, a handle's `events`):
+    /// only then are transcript lines and streamed text published as events (building them
+    /// costs ~6% of a large tree's CPU).
+    pub wants_lines: std::sync::atomic::AtomicBool,
+    /// Threads between their registry row and their running actor (see `spawn`): ending a
+    /// subtree without its actors waits for them (a kill must find the actor, and nothing may
+    /// write a thread's files after the thread was finalized).
+    pub in_spawn: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
     /// The MCP tool servers (`mcp_servers:`), started on first use.

@@ -72,6 +72,17 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
     .ok()
     .and_then(Result::ok)
     .unwrap_or_default();
+    // A thread still being spawned gets its actor first (bounded): then it is killed like the
+    // others, and its spawn never writes its files after they were finalized.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline
+        && ctx
+            .in_spawn
+            .lock()
+            .is_ok_and(|s| rows.iter().any(|r| s.iter().any(|i| i.as_str() == r.id)))
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     for r in &rows {
         if let Some(cell) = ractor::registry::where_is(r.id.clone()) {
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;

@@ -278,6 +278,8 @@ pub(crate) async fn spawn(
             spawns: d.limits.spawns,
             concurrency: d.limits.concurrency,
         });
+    // From its row to its running actor, the thread is `in_spawn` (see `Ctx::in_spawn`).
+    let _in_spawn = InSpawn::mark(ctx, &id);
     let registered = ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
         row: Box::new(row.clone()),
         admit,
@@ -469,4 +471,30 @@ fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> crate::core::l
         l.depth = l.depth.min(d);
     }
     l
+}
+
+/// Marks a thread as being spawned while it lives (see [`Ctx::in_spawn`]).
+struct InSpawn<'a> {
+    ctx: &'a Ctx,
+    id: ThreadId,
+}
+
+impl<'a> InSpawn<'a> {
+    fn mark(ctx: &'a Ctx, id: &ThreadId) -> InSpawn<'a> {
+        if let Ok(mut s) = ctx.in_spawn.lock() {
+            s.insert(id.clone());
+        }
+        InSpawn {
+            ctx,
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for InSpawn<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.ctx.in_spawn.lock() {
+            s.remove(&self.id);
+        }
+    }
 }

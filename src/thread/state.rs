@@ -160,7 +160,7 @@ impl ThreadState {
     /// Appends a line to the transcript and, when anyone listens, publishes it as an event.
     pub(super) fn log(&mut self, kind: &str, payload: Value) {
         let seq = self.transcript.head().seq + 1;
-        let copy = (self.ctx.events.receiver_count() > 0).then(|| payload.clone());
+        let copy = self.ctx.publish_lines().then(|| payload.clone());
         if let Err(e) = self.transcript.append(kind, payload) {
             tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
             return;

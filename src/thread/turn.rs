@@ -199,7 +199,7 @@ impl ThreadActor {
             directive: s.directive.name.clone(),
             thread_id: s.id().clone(),
             call_index: s.calls_made,
-            on_text: (s.ctx.events.receiver_count() > 0).then(|| {
+            on_text: s.ctx.publish_lines().then(|| {
                 let events = s.ctx.events.clone();
                 let id = s.id().clone();
                 crate::provider::TextSink(Arc::new(move |text: &str| {

@@ -363,7 +363,10 @@ fn a_run_and_a_serve_opening_a_fresh_project_together_both_start() {
             String::from_utf8_lossy(&served.stderr)
         );
         assert!(o.status.success(), "round {round}: {errs}");
-        assert!(line.starts_with("weft serve: http://"), "round {round}: {line:?} {errs}");
+        assert!(
+            line.starts_with("weft serve: http://"),
+            "round {round}: {line:?} {errs}"
+        );
         assert!(!errs.contains("not an ed25519"), "round {round}: {errs}");
     }
 }

@@ -607,7 +607,13 @@ async fn a_cancel_whose_grace_runs_out_leaves_every_thread_terminal() {
             r.id
         );
     }
-    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    let bad = fx.verify_all();
+    let lines: Vec<String> = bad
+        .iter()
+        .flat_map(|v| fx.events(&v.id))
+        .map(|e| format!("{} {} {}", e["seq"], e["type"], e["ts"]))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}\n{}", lines.join("\n"));
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
 }
