@@ -105,6 +105,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.result.as_deref().unwrap_or(""),
         report.spend_nanos
     );
+    // What the CLI and the HTTP API read: the project's threads, one thread, its subtree, and
+    // its transcript, paged and rendered as `weft log` shows it.
+    let rows = rt.list(&weft::ThreadFilter::default())?;
+    println!("{} thread(s) in the project", rows.len());
+    let view = rt.get(&report.thread_id)?.ok_or("the thread has no row")?;
+    println!("verified thread.json: {}", view.verified);
+    println!("subtree: {} thread(s)", rt.tree(&report.thread_id)?.len());
+    let mut after = None;
+    loop {
+        let page = rt.transcript(&report.thread_id, after, 50)?;
+        for line in &page.lines {
+            if let Some((label, text)) = weft::describe_line(line) {
+                println!("  {label:<12} {text}");
+            }
+        }
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    if !view.verified || rows.is_empty() {
+        return Err("the thread's records do not read back".into());
+    }
     rt.shutdown();
     std::fs::remove_dir_all(&dir)?;
     if report.status != Status::Completed

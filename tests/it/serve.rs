@@ -580,3 +580,36 @@ async fn the_web_page_shows_the_live_tree_and_cancels_a_subtree() {
         "no screenshot"
     );
 }
+
+/// A thread started over HTTP is recovered like one started by `weft run`: the server killed
+/// with SIGKILL mid-thread, the next `weft recover` finalizes it (`error`, interrupted) and its
+/// records verify.
+#[tokio::test]
+async fn a_thread_started_over_http_is_recovered_after_the_server_dies() {
+    let slow = directive("", "Think slowly.");
+    let fx = Fixture::new(
+        &[("slow", &slow)],
+        "slow:\n  - text: thinking\n    delay: 60s\n",
+        "",
+    );
+    let script = fx.root().join("script.yaml");
+    let mut srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    let (s, b) = srv
+        .call("POST", "/v1/threads", Some(json!({ "directive": "slow" })))
+        .await;
+    assert_eq!(s, 201, "{b}");
+    let id = b["thread_id"].as_str().unwrap().to_string();
+    let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
+    assert_eq!(one["row"]["status"], "running", "{one}");
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    let o = weft_cmd(fx.root())
+        .args(["recover", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = super::support::rows_json(fx.root());
+    let row = rows.iter().find(|r| r["id"] == id.as_str()).unwrap();
+    assert_eq!(row["status"], "error", "{row}");
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}
