@@ -599,8 +599,18 @@ async fn a_thread_started_over_http_is_recovered_after_the_server_dies() {
         .await;
     assert_eq!(s, 201, "{b}");
     let id = b["thread_id"].as_str().unwrap().to_string();
-    let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
-    assert_eq!(one["row"]["status"], "running", "{one}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, one) = srv.call("GET", &format!("/v1/threads/{id}"), None).await;
+        if one["row"]["status"] == "running" && one["verified"] == true {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "never running: {one}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     srv.child.kill().unwrap();
     srv.child.wait().unwrap();
     let o = weft_cmd(fx.root())
