@@ -180,11 +180,31 @@ async fn real_server_through_both_providers() {
         );
         let fx = Fixture::raw(&[("colours", &d)], "", &config(kind, &base, 48));
         let rt = fx.runtime_configured().await;
+        let mut live = rt.events();
         let report = rt
             .run("colours", Map::new(), LimitSet::default())
             .await
             .unwrap();
         assert_eq!(report.status, Status::Completed, "{kind}: {report:?}");
+        // Streamed text reaches live clients as it arrives, delta by delta, and adds up to
+        // exactly the text the transcript keeps.
+        let (mut streamed, mut deltas) = (String::new(), 0);
+        while let Ok(ev) = live.try_recv() {
+            if let weft::Event::Token { text, .. } = ev {
+                streamed.push_str(&text);
+                deltas += 1;
+            }
+        }
+        let kept: String = fx
+            .events(report.thread_id.as_str())
+            .iter()
+            .filter(|e| e["type"] == "assistant_text")
+            .map(|e| e["text"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(streamed, kept, "{kind}: streamed text = kept text");
+        if kept.chars().count() > 8 {
+            assert!(deltas > 1, "{kind}: {deltas} delta(s) for {kept:?}");
+        }
         let calls: Vec<Value> = fx
             .events(report.thread_id.as_str())
             .into_iter()
