@@ -38,6 +38,17 @@ pub(super) async fn run(
         given.insert(k, value);
     }
     let overrides = parse_limits(&limits)?;
+    let (rt, control) = open_serving(chosen(&project, choice)).await?;
+    let events = rt.events();
+    let handle = rt
+        .start(&directive, given, overrides)
+        .await
+        .map_err(spawn_exit)?;
+    follow(rt, control, &project, handle, events, as_json).await
+}
+
+/// A runtime builder for `project` on the command line's provider choice.
+pub(super) fn chosen(project: &Project, choice: Choice) -> RuntimeBuilder {
     let mut builder = Runtime::builder(project.clone());
     if let Some(s) = choice.script {
         builder = builder.script(s);
@@ -48,13 +59,7 @@ pub(super) async fn run(
     if let Some(m) = choice.model {
         builder = builder.model(m);
     }
-    let (rt, control) = open_serving(builder).await?;
-    let events = rt.events();
-    let handle = rt
-        .start(&directive, given, overrides)
-        .await
-        .map_err(spawn_exit)?;
-    follow(rt, control, &project, handle, events, as_json).await
+    builder
 }
 
 /// Opens the runtime and its control endpoint (so `weft cancel` from another terminal reaches

@@ -3,7 +3,6 @@
 
 use super::{find_project, usage, Exit};
 use crate::provider::Choice;
-use crate::runtime::Runtime;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -22,17 +21,7 @@ pub(super) async fn serve(
             "{addr} is reachable from other machines; pass --public to serve there (the bearer token is then all that guards your threads and budget)"
         )));
     }
-    let mut builder = Runtime::builder(project.clone());
-    if let Some(s) = choice.script {
-        builder = builder.script(s);
-    }
-    if let Some(p) = choice.provider {
-        builder = builder.provider(p);
-    }
-    if let Some(m) = choice.model {
-        builder = builder.model(m);
-    }
-    let (rt, _control) = super::run::open_serving(builder).await?;
+    let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
     let token = crate::server::http::token(&project)
         .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
     let listener = tokio::net::TcpListener::bind(sock)

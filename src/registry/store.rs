@@ -300,25 +300,24 @@ impl Store {
 
     /// `id`'s subtree, itself included, parents before children.
     pub fn subtree(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
-        let cols: String = COLS
-            .split(',')
-            .map(|c| format!("t.{c}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut stmt = self
-            .db
-            .prepare_cached(&format!(
-                "WITH RECURSIVE sub(id, depth) AS (SELECT ?1, 0
-                   UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
-                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id ORDER BY sub.depth, t.created_at, t.id"
-            ))
-            .map_err(st)?;
-        let rows = stmt.query_map([id], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        self.subtree_where(id, "", "sub.depth, t.created_at, t.id")
     }
 
     /// The `created`/`running` rows of `id`'s subtree, itself included, deepest first.
     pub(crate) fn unfinished_subtree(&self, id: &str) -> Result<Vec<ThreadRow>, RegistryError> {
+        self.subtree_where(
+            id,
+            "WHERE t.status IN ('created','running')",
+            "sub.depth DESC, t.id",
+        )
+    }
+
+    fn subtree_where(
+        &self,
+        id: &str,
+        filter: &str,
+        order: &str,
+    ) -> Result<Vec<ThreadRow>, RegistryError> {
         let cols: String = COLS
             .split(',')
             .map(|c| format!("t.{c}"))
@@ -329,8 +328,7 @@ impl Store {
             .prepare_cached(&format!(
                 "WITH RECURSIVE sub(id, depth) AS (SELECT ?1, 0
                    UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
-                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id
-                 WHERE t.status IN ('created','running') ORDER BY sub.depth DESC, t.id"
+                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id {filter} ORDER BY {order}"
             ))
             .map_err(st)?;
         let rows = stmt.query_map([id], row_of).map_err(st)?;

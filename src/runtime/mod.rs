@@ -264,18 +264,7 @@ impl Runtime {
         inputs: Map<String, Value>,
         overrides: LimitSet,
     ) -> Result<ThreadHandle, SpawnError> {
-        self.spawn_root(SpawnRequest {
-            directive: directive.into(),
-            inputs,
-            overrides,
-            reserve: Nanos::ZERO,
-            parent: None,
-            continuation: None,
-            attach: Vec::new(),
-            route: None,
-            parent_span: None,
-        })
-        .await
+        self.start_root(directive, inputs, overrides, None).await
     }
 
     /// Starts a root thread like [`Runtime::start`], its whole tree on `route`'s provider and
@@ -287,6 +276,17 @@ impl Runtime {
         overrides: LimitSet,
         route: crate::provider::Route,
     ) -> Result<ThreadHandle, SpawnError> {
+        self.start_root(directive, inputs, overrides, Some(Arc::new(route)))
+            .await
+    }
+
+    async fn start_root(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        overrides: LimitSet,
+        route: Option<Arc<crate::provider::Route>>,
+    ) -> Result<ThreadHandle, SpawnError> {
         self.spawn_root(SpawnRequest {
             directive: directive.into(),
             inputs,
@@ -295,7 +295,7 @@ impl Runtime {
             parent: None,
             continuation: None,
             attach: Vec::new(),
-            route: Some(Arc::new(route)),
+            route,
             parent_span: None,
         })
         .await

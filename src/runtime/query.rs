@@ -120,7 +120,7 @@ impl Runtime {
             .events
             .into_iter()
             .filter(|l| after.is_none_or(|a| l["seq"].as_i64().unwrap_or(-1) > a))
-            .take(limit + 1)
+            .take(limit.saturating_add(1))
             .collect();
         let more = lines.len() > limit;
         lines.truncate(limit);

@@ -348,8 +348,8 @@ fn replay(rt: &Runtime, boot: u64, newest: u64, ms: u64, scope: &mut Scope) -> V
         let Ok(id) = ThreadId::parse(&row.id) else {
             continue;
         };
-        let mut after = None;
-        while let Ok(page) = rt.transcript(&id, after, 5_000) {
+        // One read of the whole transcript (pages would read the file once per page).
+        if let Ok(page) = rt.transcript(&id, None, usize::MAX) {
             for l in &page.lines {
                 let ts = l["ts"].as_str().unwrap_or_default().to_string();
                 if ts < since {
@@ -371,10 +371,6 @@ fn replay(rt: &Runtime, boot: u64, newest: u64, ms: u64, scope: &mut Scope) -> V
                     &data,
                 );
                 lines.push((ts, Arc::new(item)));
-            }
-            match page.next {
-                Some(n) => after = Some(n),
-                None => break,
             }
         }
     }

@@ -4,7 +4,6 @@
 
 use super::support::{directive, weft_cmd, Fixture};
 use serde_json::Value;
-use std::io::BufRead;
 
 /// The venv's Python if it can decode OTLP, else None (the test says SKIPPED).
 fn otlp_python() -> Option<std::path::PathBuf> {
@@ -45,16 +44,8 @@ impl Receiver {
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/otel/receiver.py"
         );
-        let mut child = std::process::Command::new(py)
-            .arg(script)
-            .arg(&out)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) =
+            super::support::spawn_announcing(std::process::Command::new(py).arg(script).arg(&out));
         let port = line
             .trim()
             .parse()

@@ -6,7 +6,6 @@ use super::support::{directive, weft_cmd, Fixture};
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use std::io::BufRead;
 use std::time::Duration;
 
 /// A plain HTTP client (rustls needs its crypto provider chosen first, as weft's own does).
@@ -33,17 +32,11 @@ impl Drop for Server {
 impl Server {
     /// Starts `weft serve` on a free loopback port of `fx`'s project, with `extra` arguments.
     pub fn start(fx: &Fixture, extra: &[&str]) -> Server {
-        let mut child = weft_cmd(fx.root())
-            .args(["serve", "--addr", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = super::support::spawn_announcing(
+            weft_cmd(fx.root())
+                .args(["serve", "--addr", "127.0.0.1:0"])
+                .args(extra),
+        );
         let url = line
             .trim()
             .strip_prefix("weft serve: ")

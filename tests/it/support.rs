@@ -232,3 +232,15 @@ pub fn tool_results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
         })
         .collect()
 }
+
+/// Spawns `cmd` with stdout piped and returns it with the first line it prints (a server's
+/// address or port).
+pub fn spawn_announcing(cmd: &mut std::process::Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}
