@@ -17,14 +17,16 @@
 //!
 //! # Layout
 //! One folder per concept of SPEC.md; dependencies point one way, from the surfaces down to
-//! plain types: `cli`, `server` → `runtime` → `thread` → `tools` → `provider`, `ledger`,
-//! `registry`, `record`, `directive` → `project` → `core`.
+//! plain types: `cli`, `server` → `runtime` → `thread` → `tools` → `store` → `provider`,
+//! `ledger`, `registry`, `record`, `directive` → `project` → `core`.
 //! - `core`: ids, money, limits, capabilities, statuses — plain types, no I/O.
 //! - `project`: a project's paths, the user's config folder, config, YAML error helpers.
 //! - `directive`: front matter and Rye XML parsing, library lookup and `extends`, inputs/outputs.
 //! - `ledger`: the pure budget book, its actor and `ledger.db`.
 //! - `registry`: `registry.db` and the actor that owns it (spawn admission).
 //! - `record`: signing, transcript, thread.json, verification, group commit.
+//! - `store`: the [`ThreadStore`] boundary (files or memory): threads, events, metadata,
+//!   delete, full-text search.
 //! - `provider`: the [`Provider`] trait and its types; scripted, OpenAI, Anthropic; selection.
 //! - `tools`: tool results and the capability gate in front of every call.
 //! - `thread`: the thread actor split by concern, and the spawn procedure of SPEC §4.
@@ -49,6 +51,7 @@ mod record;
 mod registry;
 mod runtime;
 mod server;
+mod store;
 mod thread;
 mod tools;
 
@@ -72,8 +75,11 @@ pub use crate::provider::{
 pub use crate::record::render::{describe as describe_line, human_duration};
 pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
-    OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
-    ThreadView, TranscriptPage,
+    Fork, OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
+};
+pub use crate::store::{
+    apply_edits, check_event, Backfill, Deleted, FileStore, MemoryStore, NewThread, SearchHit,
+    SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;

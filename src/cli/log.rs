@@ -2,9 +2,9 @@
 //! lines as stored, `--json`); `--tree` interleaves its subtree, each line tagged; `--follow`
 //! tails it from any process until it — every thread of it, with `--tree` — has ended.
 
-use super::{failed, find_project, open_store, usage, Exit};
+use super::{failed, find_project, open_threads, usage, Exit};
 use crate::core::ids::ThreadId;
-use crate::registry::Store;
+use crate::store::{FileStore, ThreadStore};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, Write};
@@ -54,8 +54,8 @@ pub(super) async fn log(
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
-    let store = open_store(&project)?;
-    if store.get(id.as_str()).map_err(failed)?.is_none() {
+    let store = open_threads(&project)?;
+    if store.get(&id).map_err(failed)?.is_none() {
         return Err(usage(format!(
             "no thread {id} in this project (see `weft threads`)"
         )));
@@ -64,12 +64,11 @@ pub(super) async fn log(
     loop {
         let rows = members(&store, &id, tree)?;
         for r in &rows {
+            let Ok(tid) = ThreadId::parse(&r.id) else {
+                continue;
+            };
             tails.entry(r.id.clone()).or_insert_with(|| Tail {
-                path: project
-                    .weft()
-                    .join("threads")
-                    .join(&r.id)
-                    .join("transcript.jsonl"),
+                path: store.transcript_path(&tid),
                 offset: 0,
                 tag: tag(&r.directive, &r.id),
                 id: r.id.clone(),
@@ -117,16 +116,17 @@ pub(super) async fn log(
 
 /// The threads shown: `id` alone, or its subtree.
 fn members(
-    store: &Store,
+    store: &FileStore,
     id: &ThreadId,
     tree: bool,
 ) -> Result<Vec<crate::registry::ThreadRow>, Exit> {
     if tree {
-        store.subtree(id.as_str()).map_err(failed)
+        store.tree(id).map_err(failed)
     } else {
         Ok(store
-            .get(id.as_str())
+            .get(id)
             .map_err(failed)?
+            .map(|v| v.row)
             .into_iter()
             .collect())
     }

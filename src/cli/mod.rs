@@ -24,6 +24,7 @@ macro_rules! out {
 }
 
 mod cancel;
+mod history;
 mod init;
 mod live;
 mod log;
@@ -161,6 +162,73 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Search finished threads' messages (full text, best match per thread).
+    Search {
+        /// Words to look for.
+        #[arg(required_unless_present = "backfill")]
+        query: Option<String>,
+        /// Only threads of this directive.
+        #[arg(long)]
+        directive: Option<String>,
+        /// At most this many threads.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Messages of context on each side of a hit.
+        #[arg(long, default_value_t = 3)]
+        context: usize,
+        /// Index what the index lacks, drop entries of deleted threads, print both counts.
+        #[arg(long)]
+        backfill: bool,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a new thread from a copy of another's conversation (its own budget).
+    Fork {
+        /// Thread to copy.
+        id: String,
+        /// Copy up to this transcript line (see `weft log`).
+        #[arg(long)]
+        at: Option<i64>,
+        /// A new user message to go on with (without one, the last user message is answered
+        /// afresh).
+        #[arg(short = 'm', long = "message")]
+        message: Option<String>,
+        /// Run under this directive instead of the source's (needed for imported threads).
+        #[arg(long)]
+        directive: Option<String>,
+        /// Scripted provider file.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Limit override, as name=value.
+        #[arg(long = "limit")]
+        limits: Vec<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a finished thread: its files, registry row and search entries.
+    Delete {
+        /// Thread id.
+        id: String,
+        /// Delete its descendants too (needed when it has children).
+        #[arg(long)]
+        subtree: bool,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Edit or delete a message of a finished thread (appended as an event; the signed
+    /// history keeps the original).
+    Message {
+        /// Thread id.
+        id: String,
+        #[command(subcommand)]
+        change: MessageChange,
+        /// JSON.
+        #[arg(long, global = true)]
+        json: bool,
+    },
     /// Continue an ended thread as a new continuation thread.
     Resume {
         /// Thread id.
@@ -223,6 +291,23 @@ pub enum ThreadsSub {
         /// JSON array.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `weft message` changes.
+#[derive(Subcommand, Debug)]
+pub enum MessageChange {
+    /// Replace a message's text.
+    Edit {
+        /// The message's transcript line (see `weft log`).
+        seq: i64,
+        /// The new text.
+        text: String,
+    },
+    /// Remove a message from the conversation.
+    Delete {
+        /// The message's transcript line.
+        seq: i64,
     },
 }
 
@@ -300,6 +385,43 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => run::resume(cli.project, id, message, script, limits, json).await,
         Cmd::Show { id, json } => show::show(cli.project, id, json),
+        Cmd::Search {
+            query,
+            directive,
+            limit,
+            context,
+            backfill,
+            json,
+        } => {
+            let q = query.map(|text| crate::store::SearchQuery {
+                text,
+                directive,
+                limit,
+                context,
+            });
+            history::search(cli.project, q, backfill, json)
+        }
+        Cmd::Fork {
+            id,
+            at,
+            message,
+            directive,
+            script,
+            limits,
+            json,
+        } => {
+            let fork = run::ForkArgs {
+                id,
+                at,
+                message,
+                directive,
+                script,
+                limits,
+            };
+            run::fork(cli.project, fork, json).await
+        }
+        Cmd::Delete { id, subtree, json } => history::delete(cli.project, id, subtree, json),
+        Cmd::Message { id, change, json } => history::message(cli.project, id, change, json),
         Cmd::Log {
             id,
             follow,
@@ -375,6 +497,12 @@ pub(super) fn spawn_exit(e: SpawnError) -> Exit {
 
 pub(super) fn open_error(e: OpenError) -> Exit {
     usage(e.to_string())
+}
+
+/// The project's thread store (what `log`, `search`, `fork`, `delete` and the other commands
+/// on stored threads read and change).
+pub(super) fn open_threads(project: &Project) -> Result<crate::store::FileStore, Exit> {
+    crate::store::FileStore::open(project).map_err(failed)
 }
 
 pub(super) fn open_store(project: &Project) -> Result<Store, Exit> {

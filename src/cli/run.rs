@@ -238,6 +238,42 @@ pub(super) async fn resume(
     follow(rt, control, &project, handle, events, as_json).await
 }
 
+/// What `weft fork` was given.
+pub(super) struct ForkArgs {
+    pub id: String,
+    pub at: Option<i64>,
+    pub message: Option<String>,
+    pub directive: Option<String>,
+    pub script: Option<PathBuf>,
+    pub limits: Vec<String>,
+}
+
+pub(super) async fn fork(
+    explicit: Option<PathBuf>,
+    args: ForkArgs,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&args.id).map_err(usage)?;
+    let fork = crate::runtime::Fork {
+        at: args.at,
+        message: args.message,
+        directive: args.directive,
+        overrides: parse_limits(&args.limits)?,
+    };
+    let mut builder = Runtime::builder(project.clone());
+    if let Some(s) = args.script {
+        builder = builder.script(s);
+    }
+    let (rt, control) = open_serving(builder).await?;
+    let events = rt.events();
+    let handle = rt.fork(&id, fork).await.map_err(spawn_exit)?;
+    if !as_json {
+        out!("forked {id} as {}", handle.id());
+    }
+    follow(rt, control, &project, handle, events, as_json).await
+}
+
 /// `--limit k=v` pairs as a limit set.
 fn parse_limits(limits: &[String]) -> Result<LimitSet, Exit> {
     let mut overrides = LimitSet::default();

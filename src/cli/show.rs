@@ -1,6 +1,6 @@
 //! `weft show`: one thread's registry row, signed thread.json and ledger figures.
 
-use super::{failed, find_project, open_store, usage, Exit};
+use super::{failed, find_project, open_store, open_threads, usage, Exit};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
 use serde_json::json;
@@ -18,7 +18,7 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
     })?;
     let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
     let doc = crate::record::thread_doc::ThreadDoc::read_verified(
-        &project.thread_dir(&id).join("thread.json"),
+        &open_threads(&project)?.doc_path(&id),
         &trust,
     );
     if as_json {
@@ -49,6 +49,12 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
         Nanos(row.spend_nanos)
     );
     out!("  children   {}", row.spawn_count);
+    if let Some(f) = &row.forked_from {
+        out!("  forked     from {f}");
+    }
+    if let Some(m) = &row.meta {
+        out!("  metadata   {m}");
+    }
     match &doc {
         Ok(d) => out!("  limits     turns {} tokens {} spend {} duration {} depth {} spawns {} concurrency {}", d.limits.turns, d.limits.tokens, d.limits.spend, crate::record::render::human_duration(d.limits.duration_ms), d.limits.depth, d.limits.spawns, d.limits.concurrency),
         Err(e) => out!("  thread.json NOT VERIFIED: {e}"),

@@ -32,6 +32,19 @@ impl Status {
             Status::Continued => "continued",
         }
     }
+    /// The state named `name` (lower-case), if there is one.
+    pub fn parse(name: &str) -> Option<Status> {
+        [
+            Status::Created,
+            Status::Running,
+            Status::Completed,
+            Status::Error,
+            Status::Cancelled,
+            Status::Continued,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
     /// Is it terminal?
     pub fn is_terminal(self) -> bool {
         !matches!(self, Status::Created | Status::Running)

@@ -99,6 +99,23 @@ pub struct ThreadDoc {
     pub chain_root: Option<ThreadId>,
     /// The transcript's head when this document was signed.
     pub transcript_head: Head,
+    /// The thread this one was forked from, and the last seq of its transcript copied
+    /// (`weft fork`). Absent from documents of threads that were not forked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+    /// Where an imported thread came from (`weft import`): format, file, original id. An
+    /// imported thread is read-only history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported: Option<serde_json::Value>,
+}
+
+/// The source of a forked thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    /// The source thread.
+    pub thread: ThreadId,
+    /// The last seq of the source's transcript the fork's conversation was built from.
+    pub seq: i64,
 }
 
 /// A thread.json read error.

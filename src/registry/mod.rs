@@ -108,6 +108,12 @@ pub struct ThreadRow {
     /// The thread's own short status line (`set_status`), if it set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_text: Option<String>,
+    /// The thread this one was forked from (`weft fork`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+    /// Metadata a user or an importer set (a JSON object: title, source, tags…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Value>,
 }
 
 /// Which rows [`Store::query`] returns (every field optional; all given must hold).

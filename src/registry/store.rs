@@ -14,7 +14,7 @@ pub struct Store {
     fsyncs: bool,
 }
 
-const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting,status_text";
+const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting,status_text,forked_from,meta";
 
 impl Store {
     /// Opens (creating) the registry.
@@ -31,12 +31,13 @@ impl Store {
                    tokens_out INTEGER NOT NULL DEFAULT 0, own_spend INTEGER NOT NULL DEFAULT 0,
                    spend INTEGER NOT NULL DEFAULT 0, spawn_count INTEGER NOT NULL DEFAULT 0,
                    result TEXT, outputs TEXT, error TEXT, owner_pid INTEGER NOT NULL,
-                   continuation_of TEXT, chain_root TEXT, waiting TEXT, status_text TEXT);
+                   continuation_of TEXT, chain_root TEXT, waiting TEXT, status_text TEXT,
+                   forked_from TEXT, meta TEXT);
                  CREATE INDEX IF NOT EXISTS threads_parent ON threads(parent, status);
                  CREATE INDEX IF NOT EXISTS threads_status ON threads(status);",
             )?;
             // Registries made before these columns existed gain them.
-            for column in ["waiting", "status_text"] {
+            for column in ["waiting", "status_text", "forked_from", "meta"] {
                 let has: bool = db
                     .query_row(
                         "SELECT COUNT(*) FROM pragma_table_info('threads') WHERE name=?1",
@@ -182,14 +183,15 @@ impl Store {
                 }
             }
         }
-        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22)"))
+        tx.prepare_cached(&format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24)"))
             .map_err(st)?
             .execute(
             params![
                 row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
                 row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
                 row.spawn_count, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
-                row.continuation_of, row.chain_root, row.waiting, row.status_text
+                row.continuation_of, row.chain_root, row.waiting, row.status_text, row.forked_from,
+                row.meta.as_ref().map(|m| m.to_string())
             ],
         )
         .map_err(st)?;
@@ -419,6 +421,34 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(st)
     }
 
+    /// Removes the rows of `ids` (finished threads only; see `ThreadStore::delete`). Returns
+    /// how many went.
+    pub fn delete_finished(&mut self, ids: &[&str]) -> Result<usize, RegistryError> {
+        let tx = self.db.savepoint().map_err(st)?;
+        let mut gone = 0;
+        for id in ids {
+            gone += tx
+                .prepare_cached("DELETE FROM threads WHERE id=?1 AND status IN ('completed','error','cancelled','continued')")
+                .map_err(st)?
+                .execute([id])
+                .map_err(st)?;
+        }
+        tx.commit().map_err(st)?;
+        Ok(gone)
+    }
+
+    /// Replaces a row's metadata (a JSON object).
+    pub fn set_meta(&mut self, id: &str, meta: &serde_json::Value) -> Result<bool, RegistryError> {
+        let n = self
+            .db
+            .execute(
+                "UPDATE threads SET meta=?2 WHERE id=?1",
+                params![id, meta.to_string()],
+            )
+            .map_err(st)?;
+        Ok(n == 1)
+    }
+
     /// Is `id` a strict descendant of `ancestor`?
     pub fn is_descendant(&self, ancestor: &str, id: &str) -> Result<bool, RegistryError> {
         let mut cur = self.get(id)?.and_then(|r| r.parent_id);
@@ -439,6 +469,7 @@ impl Store {
 
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
     let outputs: Option<String> = r.get(15)?;
+    let meta: Option<String> = r.get(23)?;
     Ok(ThreadRow {
         id: r.get(0)?,
         directive: r.get(1)?,
@@ -462,6 +493,8 @@ fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
         chain_root: r.get(19)?,
         waiting: r.get(20)?,
         status_text: r.get(21)?,
+        forked_from: r.get(22)?,
+        meta: meta.and_then(|m| serde_json::from_str(&m).ok()),
     })
 }
 

@@ -6,6 +6,7 @@
 //! process died. Owns the wiring only: it must never keep thread state itself (that belongs to
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
+mod fork;
 mod handle;
 pub(crate) mod owner;
 mod query;
@@ -13,8 +14,8 @@ pub(crate) mod recovery;
 mod resume;
 
 pub use crate::thread::Recovered;
+pub use fork::Fork;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
-pub use query::{ThreadView, TranscriptPage};
 
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
@@ -131,7 +132,15 @@ impl RuntimeBuilder {
             &project.root,
             config.builtin_hooks,
         )?;
+        let store = Arc::new(crate::store::FileStore::new(
+            project.clone(),
+            signer.clone(),
+            trust.clone(),
+            config.durability,
+            config.checkpoint_every,
+        ));
         let ctx = Arc::new(Ctx {
+            store,
             project,
             config,
             signer,
@@ -156,7 +165,6 @@ impl RuntimeBuilder {
         Ok(Runtime {
             ctx,
             recovered: recovered.into(),
-            reader: Default::default(),
         })
     }
 }
@@ -166,8 +174,6 @@ impl RuntimeBuilder {
 pub struct Runtime {
     ctx: Arc<Ctx>,
     recovered: Arc<[Recovered]>,
-    /// A read-only registry connection for [`Runtime::list`] and the other queries.
-    reader: Arc<std::sync::Mutex<Option<Store>>>,
 }
 
 /// The provider of a runtime opened `without_provider`: refuses every call.
@@ -293,6 +299,7 @@ impl Runtime {
             overrides,
             reserve: Nanos::ZERO,
             parent: None,
+            seed: None,
             continuation: None,
             attach: Vec::new(),
             route,
@@ -384,9 +391,16 @@ impl Runtime {
         .map_err(|e| format!("thread {id} did not answer: {e}"))?
     }
 
-    /// Waits for the hook commands still running (a process calls this before it exits, so an
-    /// `after_complete` hook is not cut short).
+    /// Waits for the work a thread leaves behind when it ends: hook commands still running (so
+    /// an `after_complete` hook is not cut short) and its messages' search indexing. A process
+    /// calls this before it exits.
     pub async fn drain_hooks(&self) {
+        self.drain_tasks().await;
+        let store = self.ctx.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.flush_index()).await;
+    }
+
+    async fn drain_tasks(&self) {
         loop {
             let tasks: Vec<_> = match self.ctx.hook_tasks.lock() {
                 Ok(mut t) => t.drain(..).collect(),

@@ -20,8 +20,8 @@ impl Runtime {
         message: &str,
         overrides: LimitSet,
     ) -> Result<ThreadHandle, SpawnError> {
-        let dir = self.ctx.project.thread_dir(id);
-        let of = ThreadDoc::read_verified(&dir.join("thread.json"), &self.ctx.trust)
+        let store = &self.ctx.store;
+        let of = ThreadDoc::read_verified(&store.doc_path(id), &self.ctx.trust)
             .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
         if !of.status.is_terminal() {
             return Err(SpawnError::Limit(format!(
@@ -35,15 +35,17 @@ impl Runtime {
             )));
         }
         let report = crate::record::transcript::read(
-            &dir.join("transcript.jsonl"),
+            &store.transcript_path(id),
             id.as_str(),
             Some(&self.ctx.trust),
         )
-        .map_err(|e| SpawnError::Storage(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| {
+            SpawnError::Storage(format!("{}: {e}", store.transcript_path(id).display()))
+        })?;
         if let Some((line, m)) = report.broken {
             return Err(SpawnError::Untrusted(format!(
-                "{}/transcript.jsonl:{line}: {m}",
-                dir.display()
+                "{}:{line}: {m}",
+                store.transcript_path(id).display()
             )));
         }
         let (mut messages, calls_made) = crate::thread::rebuild_conversation(&report.events);
@@ -63,6 +65,7 @@ impl Runtime {
             attach: Vec::new(),
             route: None,
             parent_span: None,
+            seed: None,
             continuation: Some(Continuation {
                 of: of.clone(),
                 messages,
@@ -74,7 +77,7 @@ impl Runtime {
         let mut old = of;
         old.continued_by = Some(handle.id().clone());
         old.updated_at = now_ts();
-        old.write_signed(&dir.join("thread.json"), &self.ctx.signer, true)
+        old.write_signed(&store.doc_path(id), &self.ctx.signer, true)
             .map_err(|e| SpawnError::Storage(e.to_string()))?;
         Ok(handle)
     }

@@ -47,13 +47,14 @@ pub(super) fn message_text(m: &Message) -> String {
         .join("\n")
 }
 
-/// Rebuilds a conversation from transcript events (for continuations): user messages,
+/// Rebuilds a conversation from transcript events (resume, fork): user messages,
 /// assistant text and tool calls, tool results. A tool call left without a result (the thread
 /// ended mid-call) gets an error result. Also returns the LLM calls made, attempts included.
 pub(crate) fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
     let mut msgs: Vec<Message> = Vec::new();
     let mut calls = 0u64;
-    for e in events {
+    // Edited messages read as edited, deleted ones not at all (the signed lines stay).
+    for e in &crate::store::apply_edits(events) {
         let text = |k: &str| {
             e.get(k)
                 .and_then(Value::as_str)

@@ -103,6 +103,8 @@ const STORE_ATTEMPTS: u32 = 4;
 
 /// Shared wiring of a runtime, handed to every thread actor.
 pub(crate) struct Ctx {
+    /// Where the project's threads are kept (the one place that knows their paths).
+    pub store: Arc<crate::store::FileStore>,
     /// Project paths.
     pub project: Project,
     /// Effective configuration.
@@ -156,7 +158,7 @@ impl Ctx {
     /// while the file is unchanged (same mtime and length), so a parent spawning many children is
     /// verified once per transition, not once per child; any change is read and verified again.
     pub(crate) fn verified_doc(&self, id: &ThreadId) -> Result<ThreadDoc, String> {
-        let path = self.project.thread_dir(id).join("thread.json");
+        let path = self.store.doc_path(id);
         let stamp = std::fs::metadata(&path)
             .ok()
             .and_then(|m| Some((m.modified().ok()?, m.len())));

@@ -163,7 +163,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
     // them with the recorded cost (a no-op for those already settled), then close the account,
     // which releases whatever is still reserved as unspent.
-    let tr = ctx.project.thread_dir(&id).join("transcript.jsonl");
+    let tr = ctx.store.transcript_path(&id);
     if let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) {
         for e in read
             .events
@@ -190,8 +190,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     .and_then(Result::ok);
     let spend = acct.as_ref().map_or(row.spend_nanos, |a| a.spent.0);
     let own = acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0);
-    let dir = ctx.project.thread_dir(&id);
-    if let Ok(done) = ThreadDoc::read_verified(&dir.join("thread.json"), &ctx.trust) {
+    if let Ok(done) = ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
         if done.status.is_terminal() {
             // It finalized itself but its registry row was never written: keep its status.
             let mut fin = row.clone();
@@ -210,10 +209,11 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             return Finalized::of(rec, &fin, end).with_status(done.status, done.error);
         }
     }
-    let tr_path = dir.join("transcript.jsonl");
+    let tr_path = ctx.store.transcript_path(&id);
     // The process may have died between registering the thread and creating its files.
-    if let Err(e) = std::fs::create_dir_all(dir.join("files")) {
-        rec.problems.push(format!("{}: {e}", dir.display()));
+    if let Err(e) = std::fs::create_dir_all(ctx.store.files_dir(&id)) {
+        rec.problems
+            .push(format!("{}: {e}", ctx.store.files_dir(&id).display()));
     }
     let repaired = if tr_path.exists() {
         crate::record::transcript::repair(&tr_path).map(|(head, torn)| {
@@ -269,7 +269,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             None
         }
     };
-    let doc_path = dir.join("thread.json");
+    let doc_path = ctx.store.doc_path(&id);
     // A thread.json torn by the crash (not JSON at all) is set aside and rebuilt; one that parses
     // but fails verification is left for `weft verify` to report: recovery never signs over it.
     let torn_doc = doc_path.exists()
@@ -277,7 +277,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             .map(|b| serde_json::from_slice::<Value>(&b).is_err())
             .unwrap_or(false);
     if torn_doc {
-        let _ = std::fs::rename(&doc_path, dir.join("thread.json.torn"));
+        let _ = std::fs::rename(&doc_path, doc_path.with_extension("json.torn"));
     }
     let doc = if doc_path.exists() {
         ThreadDoc::read_verified(&doc_path, &ctx.trust)
@@ -371,5 +371,7 @@ fn doc_from_row(
             seq: -1,
             hash: crate::record::transcript::GENESIS.into(),
         },
+        forked_from: None,
+        imported: None,
     }
 }

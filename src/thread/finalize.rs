@@ -16,8 +16,8 @@ fn hand_files_up(s: &mut ThreadState) {
     let Some(parent) = s.doc.parent_id.clone() else {
         return;
     };
-    let own = s.ctx.project.thread_dir(s.id()).join("files");
-    let theirs = s.ctx.project.thread_dir(&parent).join("files");
+    let own = s.ctx.store.files_dir(s.id());
+    let theirs = s.ctx.store.files_dir(&parent);
     let mut handed = Vec::new();
     for rel in std::mem::take(&mut s.returned_files) {
         let to = format!("from/{}/{rel}", s.id());
@@ -225,7 +225,7 @@ impl ThreadActor {
         let file = s.transcript.file_handle();
         let doc = s.doc.clone();
         let signer = s.ctx.signer.clone();
-        let path = s.ctx.project.thread_dir(s.id()).join("thread.json");
+        let path = s.ctx.store.doc_path(s.id());
         let written = tokio::task::spawn_blocking(move || {
             file.and_then(|f| f.sync_data())?;
             doc.write_signed(&path, &signer, true)
@@ -237,6 +237,7 @@ impl ThreadActor {
         crate::core::failpoint::hit("finalize.doc");
         s.ctx.store_row(s.row()).await;
         crate::core::failpoint::hit("finalize.row");
+        s.ctx.store.index_later(s.id().clone());
         let report = s.report();
         end_span(s, &report);
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));

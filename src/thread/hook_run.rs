@@ -137,7 +137,7 @@ fn inject_text(s: &ThreadState, i: &Inject, ctx: &Value) -> Result<String, Strin
 fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration, ctx: &Value) {
     let tool = crate::tools::CommandTool::for_hook(id, argv.to_vec(), timeout);
     let root = s.ctx.project.root.clone();
-    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    let area = s.ctx.store.files_dir(s.id());
     let input = ctx.clone();
     let id = id.to_string();
     let thread = s.doc.id.clone();
@@ -175,6 +175,7 @@ fn spawn(
         overrides: Default::default(),
         reserve: crate::core::money::Nanos::ZERO,
         parent: None,
+        seed: None,
         continuation: None,
         attach: Vec::new(),
         route: s.route.clone(),

@@ -115,7 +115,7 @@ pub(super) fn directive_return(s: &mut ThreadState, input: &Value) -> ToolOutcom
             Err(e) => return ToolOutcome::err(e),
         }
     };
-    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    let area = s.ctx.store.files_dir(s.id());
     for rel in &files {
         match crate::tools::resolve_in_area(&area, rel) {
             Ok(p) if p.exists() => {}
@@ -184,7 +184,7 @@ pub(super) fn spawn_thread(
         Ok(p) => p,
         Err(e) => return Some(ToolOutcome::err(e)),
     };
-    let area = s.ctx.project.thread_dir(s.id()).join("files");
+    let area = s.ctx.store.files_dir(s.id());
     for rel in &attach {
         if let Err(e) = crate::tools::resolve_in_area(&area, rel) {
             return Some(ToolOutcome::err(format!("`files`: {e}")));
@@ -196,6 +196,7 @@ pub(super) fn spawn_thread(
         overrides,
         reserve,
         parent: None,
+        seed: None,
         continuation: None,
         attach,
         route: s.route.clone(),

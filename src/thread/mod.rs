@@ -42,7 +42,7 @@ pub use msg::ThreadReport;
 pub(crate) use msg::{StatusSnapshot, ThreadArgs, ThreadMsg};
 pub(crate) use spans::TARGET as SPAN_TARGET;
 pub use spawn::SpawnError;
-pub(crate) use spawn::{spawn, Continuation, ParentLink, SpawnRequest, MIN_OUTPUT_TOKENS};
+pub(crate) use spawn::{spawn, Continuation, ParentLink, Seed, SpawnRequest, MIN_OUTPUT_TOKENS};
 
 use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Usage};

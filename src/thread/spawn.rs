@@ -83,6 +83,8 @@ pub(crate) struct SpawnRequest {
     pub parent: Option<ParentLink>,
     /// Set when the thread continues an ended one (`weft resume`).
     pub continuation: Option<Continuation>,
+    /// Set when the thread starts from a copy of another's conversation (`weft fork`).
+    pub seed: Option<Seed>,
     /// Paths in the parent's file area copied into the child's at the same paths.
     pub attach: Vec<String>,
     /// The tree's provider and model, over the runtime's (children inherit it).
@@ -101,6 +103,16 @@ pub(crate) struct Continuation {
     pub calls_made: u64,
     /// Children it spawned (counted against the chain's `spawns`).
     pub spawn_count: u64,
+}
+
+/// What a fork starts from (see [`Runtime::fork`]): a new root with its own budget.
+pub(crate) struct Seed {
+    /// The conversation copied, ending with a user message.
+    pub messages: Vec<crate::provider::Message>,
+    /// LLM calls the copied part made (the scripted provider plays on from there).
+    pub calls_made: u64,
+    /// The source thread and the last seq copied.
+    pub from: crate::record::thread_doc::ForkedFrom,
 }
 
 /// Output tokens of the smallest call worth making.
@@ -132,13 +144,13 @@ pub(crate) async fn spawn(
         }
         None => ctx.library.load(&req.directive)?,
     };
-    let (inputs, prompt) = match &req.continuation {
-        None => {
+    let (inputs, prompt) = match (&req.continuation, &req.seed) {
+        (None, None) => {
             let inputs = directive.validate_inputs(&req.inputs)?;
             let prompt = directive.render(&inputs)?;
             (inputs, prompt)
         }
-        Some(_) => (Map::new(), String::new()),
+        _ => (Map::new(), String::new()),
     };
     // 3. Limits and capabilities.
     let (limits, caps, model) = match &req.continuation {
@@ -264,6 +276,7 @@ pub(crate) async fn spawn(
         updated_at: now.clone(),
         model: model.clone(),
         owner_pid: std::process::id(),
+        forked_from: req.seed.as_ref().map(|s| s.from.thread.to_string()),
         continuation_of: continuation_of.as_ref().map(ToString::to_string),
         chain_root: chain_root.as_ref().map(ToString::to_string),
         ..Default::default()
@@ -324,25 +337,26 @@ pub(crate) async fn spawn(
                 reply
             });
             // No half-written files behind: the thread never ran.
-            let _ = std::fs::remove_dir_all(ctx.project.thread_dir(&id));
+            let _ = std::fs::remove_dir_all(ctx.store.thread_dir(&id));
             SpawnError::Storage(msg)
         }
     };
-    let dir = ctx.project.thread_dir(&id);
+    let store = &ctx.store;
+    let dir = store.thread_dir(&id);
     if let Err(e) = std::fs::create_dir(&dir) {
         return Err(fail(format!("{}: {e}", dir.display())).await);
     }
     if let Some(p) = &parent_id {
-        let from = ctx.project.thread_dir(p).join("files");
+        let from = ctx.store.files_dir(p);
         for rel in &req.attach {
-            if let Err(e) = crate::tools::copy_between(&from, rel, &dir.join("files"), rel) {
+            if let Err(e) = crate::tools::copy_between(&from, rel, &store.files_dir(&id), rel) {
                 return Err(fail(format!("attaching `{rel}`: {e}")).await);
             }
         }
     }
     let durability = ctx.config.durability;
     let mut transcript = match TranscriptWriter::create(
-        &dir.join("transcript.jsonl"),
+        &store.transcript_path(&id),
         id.as_str(),
         ctx.signer.clone(),
         durability,
@@ -388,13 +402,16 @@ pub(crate) async fn spawn(
         continued_by: None,
         chain_root: chain_root.clone(),
         transcript_head: transcript.head().clone(),
+        forked_from: req.seed.as_ref().map(|s| s.from.clone()),
+        imported: None,
     };
     // The first signed thread.json (history: created, running) is written by the actor as it
     // starts, one file write instead of two; a crash before that leaves a registry row that
     // recovery completes from the registry and the ledger.
-    let (messages, calls_made) = match req.continuation {
-        Some(c) => (c.messages, c.calls_made),
-        None => (vec![crate::provider::Message::user(prompt)], 0),
+    let (messages, calls_made) = match (req.continuation, req.seed) {
+        (Some(c), _) => (c.messages, c.calls_made),
+        (None, Some(s)) => (s.messages, s.calls_made),
+        (None, None) => (vec![crate::provider::Message::user(prompt)], 0),
     };
     let span = super::spans::thread(
         req.parent_span.as_ref(),
@@ -442,7 +459,7 @@ fn continued_parent(ctx: &Arc<Ctx>, c: &Continuation) -> Result<Option<ThreadId>
     match (&c.of.parent_id, &c.of.chain_root) {
         (Some(p), _) => Ok(Some(p.clone())),
         (None, Some(first)) if *first != c.of.id => {
-            let path = ctx.project.thread_dir(first).join("thread.json");
+            let path = ctx.store.doc_path(first);
             let doc = ThreadDoc::read_verified(&path, &ctx.trust)
                 .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
             Ok(doc.parent_id)

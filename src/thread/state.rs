@@ -195,7 +195,7 @@ impl ThreadState {
 
     pub(super) fn sign_doc(&mut self, fsync: bool) {
         self.refresh_doc();
-        let path = self.ctx.project.thread_dir(self.id()).join("thread.json");
+        let path = self.ctx.store.doc_path(self.id());
         let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
         if let Err(e) = self
             .doc

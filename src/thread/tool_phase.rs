@@ -157,7 +157,7 @@ pub(super) async fn run(
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
         "thread_status" => Some(manage::thread_status(s, &call.input).await),
         name if crate::tools::FILE_TOOLS.iter().any(|(n, _)| *n == name) => {
-            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let area = s.ctx.store.files_dir(s.id());
             let limits = s.ctx.config.files;
             let (name, input) = (call.name.clone(), call.input.clone());
             let lock = s.files_lock.clone();
@@ -185,7 +185,7 @@ pub(super) async fn run(
             let ctx = s.ctx.clone();
             let cancel = s.cancel.child_token();
             let input = call.input.clone();
-            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let area = s.ctx.store.files_dir(s.id());
             let id = call.id.clone();
             run_as_task(me, s, call.id, async move {
                 let (content, is_error) = ctx
@@ -205,7 +205,7 @@ pub(super) async fn run(
                 return Some(ToolOutcome::err("unknown tool"));
             };
             let root = s.ctx.project.root.clone();
-            let area = s.ctx.project.thread_dir(s.id()).join("files");
+            let area = s.ctx.store.files_dir(s.id());
             let cancel = s.cancel.child_token();
             let (id, input) = (call.id.clone(), call.input.clone());
             run_as_task(me, s, call.id, async move {

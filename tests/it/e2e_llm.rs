@@ -143,9 +143,9 @@ fn reported_usage(kind: &str, raw: &str) -> (u64, u64, u64) {
 }
 
 /// The server has one slot: the e2e tests take turns.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn server() -> Option<String> {
+pub fn server() -> Option<String> {
     match std::env::var("WEFT_LLM_URL") {
         Ok(u) if !u.is_empty() => Some(u),
         _ => {
@@ -157,7 +157,7 @@ fn server() -> Option<String> {
     }
 }
 
-fn config(kind: &str, base: &str, max_out: u64) -> String {
+pub fn config(kind: &str, base: &str, max_out: u64) -> String {
     let base = if kind == "openai" {
         format!("{base}/v1")
     } else {

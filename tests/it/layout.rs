@@ -12,6 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["project"],
     &["directive", "record"],
     &["ledger", "registry", "provider"],
+    &["store"],
     &["tools", "hooks"],
     &["thread"],
     &["runtime"],

@@ -1,0 +1,129 @@
+//! Commands on stored threads: `weft search` (and `--backfill`), `weft delete`, `weft message
+//! edit|delete`. All through the project's [`FileStore`]; none needs a runtime.
+
+use super::{find_project, open_threads, usage, Exit, MessageChange};
+use crate::core::ids::ThreadId;
+use crate::store::{SearchQuery, StoreError, ThreadStore};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// A store refusal is the user's to fix (exit 2); a storage failure is not (exit 1).
+fn store_exit(e: StoreError) -> Exit {
+    match e {
+        StoreError::Storage(_) => super::failed(e),
+        other => usage(other.to_string()),
+    }
+}
+
+pub(super) fn search(
+    explicit: Option<PathBuf>,
+    query: Option<SearchQuery>,
+    backfill: bool,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let store = open_threads(&project)?;
+    if backfill {
+        let done = store.backfill().map_err(store_exit)?;
+        if as_json && query.is_none() {
+            out!("{}", json!(done));
+        } else if !as_json {
+            out!(
+                "backfill: {} thread(s) indexed, {} stale entr{} removed",
+                done.indexed,
+                done.removed,
+                if done.removed == 1 { "y" } else { "ies" }
+            );
+        }
+    }
+    let Some(q) = query else {
+        return Ok(0);
+    };
+    let hits = store.search(&q).map_err(store_exit)?;
+    if as_json {
+        out!("{}", json!(hits));
+        return Ok(0);
+    }
+    if hits.is_empty() {
+        out!("no finished thread mentions {:?} (new threads are indexed as they end; `weft search --backfill` indexes older ones)", q.text);
+    }
+    for h in &hits {
+        out!("{}  ({})  score {:.2}", h.thread_id, h.directive, h.score);
+        for m in &h.context {
+            let mark = if m.seq == h.hit.seq { ">" } else { " " };
+            out!(
+                "  {mark} {:>4} {:<9} {}",
+                m.seq,
+                m.role,
+                one_line(&m.text, 160)
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// `text` on one line, cut to `max` characters.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &flat[..i]),
+        None => flat,
+    }
+}
+
+pub(super) fn delete(
+    explicit: Option<PathBuf>,
+    id: String,
+    subtree: bool,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_threads(&project)?;
+    let done = store.delete(&id, subtree).map_err(store_exit)?;
+    if as_json {
+        out!("{}", json!(done));
+    } else if done.already {
+        out!("{id} was deleted already");
+    } else {
+        out!(
+            "deleted {} thread(s): {}",
+            done.threads.len(),
+            done.threads
+                .iter()
+                .map(ThreadId::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(0)
+}
+
+pub(super) fn message(
+    explicit: Option<PathBuf>,
+    id: String,
+    change: MessageChange,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_threads(&project)?;
+    let (event, what) = match change {
+        MessageChange::Edit { seq, text } => (
+            json!({ "type": "message_edited", "target": seq, "text": text }),
+            format!("edited message {seq}"),
+        ),
+        MessageChange::Delete { seq } => (
+            json!({ "type": "message_deleted", "target": seq }),
+            format!("deleted message {seq}"),
+        ),
+    };
+    let seq = store.append(&id, vec![event]).map_err(store_exit)?;
+    if as_json {
+        out!("{}", json!({ "thread_id": id, "seq": seq }));
+    } else {
+        out!("{what} of {id} (recorded at line {seq}; the original stays in the signed history)");
+    }
+    Ok(0)
+}

@@ -1,0 +1,500 @@
+//! [`FileStore`]: the store over weft's own files — registry.db (rows), `.weft/threads/<id>/`
+//! (transcript.jsonl, the signed thread.json, the file area) and store.db (search index,
+//! tombstones). The one place that knows where a thread's files are.
+
+use super::check::{check_event, check_target, messages};
+use super::{
+    index, merge_meta, page, storage, Backfill, Deleted, NewThread, SearchHit, SearchQuery,
+    StoreError, ThreadStore, ThreadView, TranscriptPage,
+};
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::limits::LimitSet;
+use crate::core::status::Status;
+use crate::project::config::Durability;
+use crate::project::Project;
+use crate::record::signing::{Signer, Trust};
+use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
+use crate::record::transcript::{self, TranscriptWriter};
+use crate::registry::{is_terminal, Store, ThreadFilter, ThreadRow};
+use rusqlite::Connection;
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The store over a project's files (see the module doc).
+pub struct FileStore {
+    /// The project whose `.weft/` this is.
+    project: Project,
+    /// Signs checkpoints and thread.json after an append.
+    signer: Arc<Signer>,
+    /// Verifies what is read.
+    trust: Trust,
+    /// fsync policy for the lines appended.
+    durability: Durability,
+    /// Lines between signed checkpoints.
+    checkpoint_every: u64,
+    /// A registry connection of the store's own (std Mutex: no await while held).
+    registry: Mutex<Option<Store>>,
+    /// store.db, opened on first use.
+    index: Mutex<Option<Connection>>,
+    /// Threads waiting to be indexed (see `later.rs`).
+    pub(super) later: super::later::Later,
+}
+
+impl FileStore {
+    /// The store of `project`, signing with `signer` and trusting `trust`.
+    pub fn new(
+        project: Project,
+        signer: Arc<Signer>,
+        trust: Trust,
+        durability: Durability,
+        checkpoint_every: u64,
+    ) -> FileStore {
+        FileStore {
+            project,
+            signer,
+            trust,
+            durability,
+            checkpoint_every: checkpoint_every.max(1),
+            registry: Mutex::new(None),
+            index: Mutex::new(None),
+            later: Default::default(),
+        }
+    }
+
+    /// The store of `project` with the user's signing key and the project's trust store and
+    /// config (what a command that starts no thread needs).
+    pub fn open(project: &Project) -> Result<FileStore, StoreError> {
+        let config = project.config().map_err(storage)?;
+        let signer = Signer::load_or_create(&crate::project::user_dir()).map_err(storage)?;
+        signer.trust_in(&project.trust_dir()).map_err(storage)?;
+        let (trust, _) = Trust::load(&project.trust_dir());
+        std::fs::create_dir_all(project.state_dir()).map_err(storage)?;
+        Ok(FileStore::new(
+            project.clone(),
+            Arc::new(signer),
+            trust,
+            config.durability,
+            config.checkpoint_every,
+        ))
+    }
+
+    /// The folder of a thread's files.
+    pub fn thread_dir(&self, id: &ThreadId) -> PathBuf {
+        self.project.thread_dir(id)
+    }
+
+    /// A thread's transcript file.
+    pub fn transcript_path(&self, id: &ThreadId) -> PathBuf {
+        self.thread_dir(id).join("transcript.jsonl")
+    }
+
+    /// A thread's signed state file.
+    pub fn doc_path(&self, id: &ThreadId) -> PathBuf {
+        self.thread_dir(id).join("thread.json")
+    }
+
+    /// A thread's private file area.
+    pub fn files_dir(&self, id: &ThreadId) -> PathBuf {
+        self.thread_dir(id).join("files")
+    }
+
+    fn reg<T>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, crate::registry::RegistryError>,
+    ) -> Result<T, StoreError> {
+        let mut guard = self
+            .registry
+            .lock()
+            .map_err(|_| storage("the registry connection failed earlier"))?;
+        if guard.is_none() {
+            let path = self.project.state_dir().join("registry.db");
+            *guard = Some(Store::open(&path).map_err(storage)?);
+        }
+        match guard.as_mut() {
+            Some(s) => f(s).map_err(storage),
+            None => Err(storage("the registry cannot be opened")),
+        }
+    }
+
+    fn idx<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut guard = self
+            .index
+            .lock()
+            .map_err(|_| storage("the store.db connection failed earlier"))?;
+        if guard.is_none() {
+            *guard = Some(index::open(&self.project.state_dir().join("store.db"))?);
+        }
+        match guard.as_mut() {
+            Some(c) => f(c),
+            None => Err(storage("store.db cannot be opened")),
+        }
+    }
+
+    fn row(&self, id: &ThreadId) -> Result<ThreadRow, StoreError> {
+        if let Some(row) = self.reg(|s| s.get(id.as_str()))? {
+            return Ok(row);
+        }
+        if self.idx(|c| index::is_deleted(c, id.as_str()))? {
+            return Err(StoreError::Deleted(id.clone()));
+        }
+        Err(StoreError::NotFound(id.clone()))
+    }
+
+    /// A finished thread's verified lines (torn last line left out).
+    fn lines(&self, id: &ThreadId) -> Result<(Vec<Value>, bool), StoreError> {
+        let path = self.transcript_path(id);
+        let rep = transcript::read(&path, id.as_str(), Some(&self.trust))
+            .map_err(|e| storage(format!("{}: {e}", path.display())))?;
+        if let Some((line, m)) = rep.broken {
+            return Err(storage(format!("{}:{line}: {m}", path.display())));
+        }
+        Ok((rep.events, rep.torn_last_line))
+    }
+
+    /// Writes `events` through a chained writer and signs the end of them.
+    fn write_events(w: &mut TranscriptWriter, events: Vec<Value>) -> Result<(), StoreError> {
+        for mut e in events {
+            let kind = e["type"].as_str().unwrap_or_default().to_string();
+            if let Some(o) = e.as_object_mut() {
+                o.remove("type");
+            }
+            w.append(&kind, e).map_err(storage)?;
+        }
+        w.checkpoint().map_err(storage)
+    }
+}
+
+impl ThreadStore for FileStore {
+    fn create(&self, t: NewThread) -> Result<ThreadId, StoreError> {
+        let status = Status::parse(&t.status)
+            .filter(|s| s.is_terminal() && *s != Status::Continued)
+            .ok_or_else(|| StoreError::Invalid {
+                rule: "thread.status",
+                detail: format!(
+                    "`{}` is not a status a thread can be written with; use completed, error or cancelled",
+                    t.status
+                ),
+            })?;
+        for (i, e) in t.events.iter().enumerate() {
+            check_event(e)?;
+            check_target(&numbered(&t.events[..i]), e)?;
+        }
+        let id = ThreadId::generate(&t.directive);
+        let now = now_ts();
+        let created = if t.created_at.is_empty() {
+            now.clone()
+        } else {
+            t.created_at.clone()
+        };
+        let updated = if t.updated_at.is_empty() {
+            now.clone()
+        } else {
+            t.updated_at.clone()
+        };
+        let dir = self.thread_dir(&id);
+        std::fs::create_dir_all(&dir).map_err(storage)?;
+        let mut w = TranscriptWriter::create(
+            &self.transcript_path(&id),
+            id.as_str(),
+            self.signer.clone(),
+            self.durability,
+            self.checkpoint_every,
+        )
+        .map_err(storage)?;
+        FileStore::write_events(&mut w, t.events)?;
+        let doc = ThreadDoc {
+            version: 1,
+            id: id.clone(),
+            directive: t.directive.clone(),
+            directive_hash: String::new(),
+            parent_id: None,
+            root_id: id.clone(),
+            status,
+            history: vec![
+                Transition {
+                    status: Status::Created,
+                    at: created.clone(),
+                },
+                Transition {
+                    status,
+                    at: updated.clone(),
+                },
+            ],
+            created_at: created.clone(),
+            updated_at: updated.clone(),
+            model: t.model.clone(),
+            provider: String::new(),
+            limits: crate::core::limits::resolve(
+                &LimitSet::default(),
+                &LimitSet::default(),
+                &LimitSet::default(),
+                None,
+            ),
+            capabilities: vec![],
+            cost: Cost::default(),
+            outputs: None,
+            result: t.result.clone(),
+            error: None,
+            error_kind: None,
+            continuation_of: None,
+            continued_by: None,
+            chain_root: None,
+            transcript_head: w.head().clone(),
+            forked_from: None,
+            imported: t.imported.clone(),
+        };
+        doc.write_signed(&self.doc_path(&id), &self.signer, true)
+            .map_err(storage)?;
+        let row = ThreadRow {
+            id: id.to_string(),
+            directive: t.directive,
+            root_id: id.to_string(),
+            status: status.as_str().into(),
+            created_at: created,
+            updated_at: updated,
+            model: t.model,
+            result: t.result,
+            meta: (!t.meta.is_empty()).then_some(Value::Object(t.meta)),
+            ..Default::default()
+        };
+        self.reg(|s| s.register(&row, None))?;
+        self.index(&id)?;
+        Ok(id)
+    }
+
+    fn get(&self, id: &ThreadId) -> Result<Option<ThreadView>, StoreError> {
+        let Some(row) = self.reg(|s| s.get(id.as_str()))? else {
+            return Ok(None);
+        };
+        let doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust);
+        Ok(Some(match doc {
+            Ok(d) => ThreadView {
+                row,
+                thread: serde_json::to_value(d).ok(),
+                verified: true,
+                problem: None,
+            },
+            Err(e) => ThreadView {
+                row,
+                thread: None,
+                verified: false,
+                problem: Some(e.to_string()),
+            },
+        }))
+    }
+
+    fn list(&self, filter: &ThreadFilter) -> Result<Vec<ThreadRow>, StoreError> {
+        self.reg(|s| s.query(filter))
+    }
+
+    fn tree(&self, id: &ThreadId) -> Result<Vec<ThreadRow>, StoreError> {
+        self.reg(|s| s.subtree(id.as_str()))
+    }
+
+    fn delete(&self, id: &ThreadId, subtree: bool) -> Result<Deleted, StoreError> {
+        let rows = match self.row(id) {
+            Ok(_) => self.reg(|s| s.subtree(id.as_str()))?,
+            Err(StoreError::Deleted(_)) => {
+                // Finish what a crash may have left (files of a tombstoned id).
+                let _ = std::fs::remove_dir_all(self.thread_dir(id));
+                return Ok(Deleted {
+                    threads: vec![],
+                    already: true,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        if !subtree && rows.len() > 1 {
+            return Err(StoreError::HasChildren {
+                id: id.clone(),
+                children: rows.len() - 1,
+            });
+        }
+        if let Some(live) = rows.iter().find(|r| !is_terminal(&r.status)) {
+            let live = ThreadId::parse(&live.id).map_err(storage)?;
+            return Err(StoreError::Running(live));
+        }
+        let mut gone = Vec::new();
+        for r in &rows {
+            let Ok(tid) = ThreadId::parse(&r.id) else {
+                continue;
+            };
+            // Tombstone first: from here on nothing recreates it, and a crash is finished by
+            // the next delete.
+            self.idx(|c| index::tombstone(c, tid.as_str()))?;
+            self.idx(|c| index::remove(c, tid.as_str()))?;
+            match std::fs::remove_dir_all(self.thread_dir(&tid)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(storage(e)),
+                _ => {}
+            }
+            gone.push(tid);
+        }
+        let ids: Vec<&str> = gone.iter().map(ThreadId::as_str).collect();
+        self.reg(|s| s.delete_finished(&ids))?;
+        Ok(Deleted {
+            threads: gone,
+            already: false,
+        })
+    }
+
+    fn append(&self, id: &ThreadId, events: Vec<Value>) -> Result<i64, StoreError> {
+        if self.idx(|c| index::is_deleted(c, id.as_str()))? {
+            return Err(StoreError::Deleted(id.clone()));
+        }
+        let row = self.row(id)?;
+        if !is_terminal(&row.status) {
+            return Err(StoreError::Running(id.clone()));
+        }
+        let path = self.transcript_path(id);
+        // One writer at a time across processes: the transcript's own lock, held to the end.
+        let lock = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| storage(format!("{}: {e}", path.display())))?;
+        lock.lock().map_err(storage)?;
+        let mut doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust).map_err(storage)?;
+        if doc.imported.is_some() {
+            return Err(StoreError::Invalid {
+                rule: "thread.read_only",
+                detail: format!(
+                    "thread {id} was imported: it is read-only history (fork it to go on)"
+                ),
+            });
+        }
+        let (head, _) = transcript::repair(&path).map_err(storage)?;
+        let (mut lines, _) = self.lines(id)?;
+        for e in &events {
+            check_event(e)?;
+            check_target(&lines, e)?;
+            let mut numbered = e.clone();
+            numbered["seq"] = Value::from(lines.len() as i64);
+            lines.push(numbered);
+        }
+        let mut w = TranscriptWriter::open_append(
+            &path,
+            id.as_str(),
+            head,
+            self.signer.clone(),
+            self.durability,
+            self.checkpoint_every,
+        )
+        .map_err(storage)?;
+        FileStore::write_events(&mut w, events)?;
+        doc.transcript_head = w.head().clone();
+        doc.updated_at = now_ts();
+        doc.write_signed(&self.doc_path(id), &self.signer, true)
+            .map_err(storage)?;
+        drop(lock);
+        self.index(id)?;
+        Ok(w.head().seq)
+    }
+
+    fn load(
+        &self,
+        id: &ThreadId,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<TranscriptPage, StoreError> {
+        let path = self.transcript_path(id);
+        let rep = match transcript::read(&path, id.as_str(), None) {
+            Ok(rep) => rep,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.row(id)?;
+                return Err(storage(format!("thread {id} has no transcript yet")));
+            }
+            Err(e) => return Err(storage(format!("{}: {e}", path.display()))),
+        };
+        Ok(page(id, rep.events, after, limit, rep.torn_last_line))
+    }
+
+    fn update_metadata(
+        &self,
+        id: &ThreadId,
+        patch: &Map<String, Value>,
+    ) -> Result<Map<String, Value>, StoreError> {
+        let row = self.row(id)?;
+        let mut meta = match row.meta {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        merge_meta(&mut meta, patch)?;
+        self.reg(|s| s.set_meta(id.as_str(), &Value::Object(meta.clone())))?;
+        Ok(meta)
+    }
+
+    fn index(&self, id: &ThreadId) -> Result<usize, StoreError> {
+        let row = self.row(id)?;
+        if !is_terminal(&row.status) {
+            return Err(StoreError::Running(id.clone()));
+        }
+        // Unverified: indexing reads what is there; `weft verify` judges it.
+        let path = self.transcript_path(id);
+        let lines = transcript::read(&path, id.as_str(), None)
+            .map_err(|e| storage(format!("{}: {e}", path.display())))?
+            .events;
+        let head = lines.last().and_then(|l| l["seq"].as_i64()).unwrap_or(-1);
+        let msgs = messages(&lines);
+        self.idx(|c| index::put(c, id.as_str(), &row.directive, head, &msgs))?;
+        Ok(msgs.len())
+    }
+
+    fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {
+        self.idx(|c| index::search(c, query))
+    }
+
+    fn backfill(&self) -> Result<Backfill, StoreError> {
+        let filter = ThreadFilter {
+            status: ["completed", "error", "cancelled", "continued"]
+                .map(String::from)
+                .to_vec(),
+            limit: Some(usize::MAX >> 1),
+            ..Default::default()
+        };
+        let rows = self.list(&filter)?;
+        let heads = self.idx(|c| index::heads(c))?;
+        let mut done = Backfill::default();
+        for r in &rows {
+            let Ok(id) = ThreadId::parse(&r.id) else {
+                continue;
+            };
+            let Ok(rep) = transcript::read(&self.transcript_path(&id), id.as_str(), None) else {
+                continue;
+            };
+            let head = rep
+                .events
+                .last()
+                .and_then(|l| l["seq"].as_i64())
+                .unwrap_or(-1);
+            if heads.get(&r.id) != Some(&head) {
+                self.index(&id)?;
+                done.indexed += 1;
+            }
+        }
+        let live: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        for thread in heads.keys().filter(|t| !live.contains(t.as_str())) {
+            // Gone from the registry (deleted, or the registry was replaced): not searchable.
+            if self.reg(|s| s.get(thread))?.is_none() {
+                self.idx(|c| index::remove(c, thread))?;
+                done.removed += 1;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// `events` with the seqs they will have, for checking edit targets inside one batch.
+fn numbered(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            e["seq"] = Value::from(i as i64);
+            e
+        })
+        .collect()
+}
