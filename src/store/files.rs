@@ -117,7 +117,7 @@ impl FileStore {
         }
     }
 
-    fn idx<T>(
+    pub(super) fn idx<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {

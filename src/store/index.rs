@@ -19,7 +19,7 @@ pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
                thread TEXT NOT NULL, directive TEXT NOT NULL, n INTEGER NOT NULL,
                seq INTEGER NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
                PRIMARY KEY(thread, n));
-             CREATE VIRTUAL TABLE IF NOT EXISTS msgs_fts USING fts5(text, tokenize='unicode61');
+             CREATE VIRTUAL TABLE IF NOT EXISTS msgs_fts USING fts5(text, tokenize='unicode61', detail='column');
              CREATE TABLE IF NOT EXISTS indexed(thread TEXT PRIMARY KEY, head INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS deleted(thread TEXT PRIMARY KEY, at TEXT NOT NULL);",
         )
@@ -38,6 +38,30 @@ pub(super) fn put(
 ) -> Result<(), StoreError> {
     let tx = db.transaction().map_err(storage)?;
     remove_in(&tx, thread)?;
+    put_in(&tx, thread, directive, head, msgs)?;
+    tx.commit().map_err(storage)
+}
+
+/// [`put`] for many threads that just ended (never indexed before: nothing to replace), in
+/// one transaction.
+pub(super) fn put_many(
+    db: &mut Connection,
+    threads: &[(ThreadId, String, i64, Vec<SearchMessage>)],
+) -> Result<(), StoreError> {
+    let tx = db.transaction().map_err(storage)?;
+    for (id, directive, head, msgs) in threads {
+        put_in(&tx, id.as_str(), directive, *head, msgs)?;
+    }
+    tx.commit().map_err(storage)
+}
+
+fn put_in(
+    tx: &Connection,
+    thread: &str,
+    directive: &str,
+    head: i64,
+    msgs: &[SearchMessage],
+) -> Result<(), StoreError> {
     for (n, m) in msgs.iter().enumerate() {
         tx.prepare_cached(
             "INSERT INTO msgs(thread, directive, n, seq, role, text) VALUES(?1,?2,?3,?4,?5,?6)",
@@ -54,7 +78,7 @@ pub(super) fn put(
         .map_err(storage)?
         .execute(params![thread, head])
         .map_err(storage)?;
-    tx.commit().map_err(storage)
+    Ok(())
 }
 
 fn remove_in(tx: &Connection, thread: &str) -> Result<(), StoreError> {

@@ -1,25 +1,38 @@
-//! Indexing off the thread actors: a thread that ends queues its id; one worker OS thread
-//! (started when the queue fills, gone when it empties) indexes the queue in turn, so an
-//! ending thread never waits for store.db and a burst of endings shares one worker.
+//! Indexing off the thread actors: a thread that ends queues what it said; one worker OS thread
+//! (started when the queue fills, gone when it empties) writes everything queued meanwhile in
+//! one store.db transaction, so an ending thread never waits for store.db and a burst of
+//! endings shares one commit.
 
-use super::{FileStore, ThreadStore};
+use super::{index, FileStore, SearchMessage, ThreadStore};
 use crate::core::ids::ThreadId;
 use std::sync::{Arc, Condvar, Mutex};
+
+/// A thread to index.
+pub(crate) struct Ended {
+    /// The thread.
+    pub id: ThreadId,
+    /// Its directive.
+    pub directive: String,
+    /// Its transcript's last seq.
+    pub head: i64,
+    /// Its user and assistant messages as the actor logged them; None: read the transcript.
+    pub said: Option<Vec<SearchMessage>>,
+}
 
 /// The queue of threads to index and whether a worker is draining it.
 #[derive(Default)]
 pub(crate) struct Later {
-    state: Mutex<(Vec<ThreadId>, bool)>,
+    state: Mutex<(Vec<Ended>, bool)>,
     idle: Condvar,
 }
 
 impl FileStore {
-    /// Indexes `id` soon, on the indexing worker (see the module doc).
-    pub(crate) fn index_later(self: &Arc<Self>, id: ThreadId) {
+    /// Indexes an ended thread soon, on the indexing worker (see the module doc).
+    pub(crate) fn index_later(self: &Arc<Self>, ended: Ended) {
         let Ok(mut st) = self.later.state.lock() else {
             return;
         };
-        st.0.push(id);
+        st.0.push(ended);
         if st.1 {
             return;
         }
@@ -46,10 +59,19 @@ impl FileStore {
                 Ok(mut st) => std::mem::take(&mut st.0),
                 Err(_) => return,
             };
-            for id in batch {
-                if let Err(e) = self.index(&id) {
-                    tracing::warn!(thread = %id, "not indexed for search: {e} (`weft search --backfill` retries)");
+            let mut ready = Vec::with_capacity(batch.len());
+            for e in batch {
+                match e.said {
+                    Some(said) => ready.push((e.id, e.directive, e.head, said)),
+                    None => {
+                        if let Err(err) = self.index(&e.id) {
+                            tracing::warn!(thread = %e.id, "not indexed for search: {err} (`weft search --backfill` retries)");
+                        }
+                    }
                 }
+            }
+            if let Err(err) = self.idx(|c| index::put_many(c, &ready)) {
+                tracing::warn!("{} ended thread(s) not indexed for search: {err} (`weft search --backfill` retries)", ready.len());
             }
         }
     }

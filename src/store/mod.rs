@@ -23,6 +23,7 @@ mod memory;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
 pub use files::FileStore;
+pub(crate) use later::Ended;
 pub use memory::MemoryStore;
 
 /// What the store refuses or fails at. Each names the thread and the rule.

@@ -313,6 +313,12 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     }) {
         rec.problems.push(format!("registry: {e}"));
     }
+    ctx.store.index_later(crate::store::Ended {
+        id: id.clone(),
+        directive: fin.directive.clone(),
+        head: -1,
+        said: None,
+    });
     Finalized::of(rec, &fin, end)
 }
 

@@ -237,7 +237,12 @@ impl ThreadActor {
         crate::core::failpoint::hit("finalize.doc");
         s.ctx.store_row(s.row()).await;
         crate::core::failpoint::hit("finalize.row");
-        s.ctx.store.index_later(s.id().clone());
+        s.ctx.store.index_later(crate::store::Ended {
+            id: s.id().clone(),
+            directive: s.doc.directive.clone(),
+            head: s.transcript.head().seq,
+            said: Some(std::mem::take(&mut s.said)),
+        });
         let report = s.report();
         end_span(s, &report);
         let _ = s.ctx.events.send(Event::Finished(Box::new(report.clone())));

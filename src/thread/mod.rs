@@ -121,6 +121,7 @@ impl Actor for ThreadActor {
             lifted: Vec::new(),
             status_text: None,
             doomed: Default::default(),
+            said: Vec::new(),
             attempt: 0,
             call: None,
             billed: None,

@@ -150,6 +150,8 @@ pub(crate) struct ThreadState {
     pub(super) pending_approvals: Vec<crate::provider::ToolCall>,
     /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
     pub(super) doomed: std::collections::HashSet<String>,
+    /// The user and assistant messages logged so far, for the search index when it ends.
+    pub(super) said: Vec<crate::store::SearchMessage>,
 }
 
 impl ThreadState {
@@ -161,6 +163,20 @@ impl ThreadState {
     pub(super) fn log(&mut self, kind: &str, payload: Value) {
         let seq = self.transcript.head().seq + 1;
         let copy = self.ctx.publish_lines().then(|| payload.clone());
+        let role = match kind {
+            "message" => payload["role"].as_str().or(Some("user")),
+            "assistant_text" => Some("assistant"),
+            _ => None,
+        };
+        if let (Some(role), Some(text)) = (role, payload["text"].as_str()) {
+            if !text.trim().is_empty() {
+                self.said.push(crate::store::SearchMessage {
+                    seq,
+                    role: role.to_string(),
+                    text: text.to_string(),
+                });
+            }
+        }
         if let Err(e) = self.transcript.append(kind, payload) {
             tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
             return;
