@@ -1,5 +1,5 @@
 //! Commands on stored threads: `weft search` (and `--backfill`), `weft delete`, `weft message
-//! edit|delete`. All through the project's [`FileStore`]; none needs a runtime.
+//! edit|delete`, `weft kv`. All through the project's [`FileStore`]; none needs a runtime.
 
 use super::{find_project, open_threads, usage, Exit, MessageChange};
 use crate::core::ids::ThreadId;
@@ -124,6 +124,40 @@ pub(super) fn message(
         out!("{}", json!({ "thread_id": id, "seq": seq }));
     } else {
         out!("{what} of {id} (recorded at line {seq}; the original stays in the signed history)");
+    }
+    Ok(0)
+}
+
+pub(super) fn kv(
+    explicit: Option<PathBuf>,
+    id: String,
+    key: Option<String>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_threads(&project)?;
+    let Some(key) = key else {
+        let all = store.kv_list(&id).map_err(store_exit)?;
+        if as_json {
+            out!("{}", serde_json::Value::Object(all));
+        } else if all.is_empty() {
+            out!("{id} stored nothing (its `kv_set` calls store here)");
+        } else {
+            for (k, v) in &all {
+                out!("{k}  {v}");
+            }
+        }
+        return Ok(0);
+    };
+    match store.kv_get(&id, &key).map_err(store_exit)? {
+        Some(v) if as_json => out!("{}", json!({ "key": key, "value": v })),
+        Some(v) => out!("{v}"),
+        None => {
+            return Err(usage(format!(
+                "{id} has no key {key:?} (`weft kv {id}` lists its keys)"
+            )))
+        }
     }
     Ok(0)
 }

@@ -229,6 +229,16 @@ pub enum Cmd {
         #[arg(long, global = true)]
         json: bool,
     },
+    /// Show a thread's key-value store (what its `kv_set` calls stored).
+    Kv {
+        /// Thread id.
+        id: String,
+        /// Only this key.
+        key: Option<String>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Continue an ended thread as a new continuation thread.
     Resume {
         /// Thread id.
@@ -420,6 +430,7 @@ pub async fn main(cli: Cli) -> i32 {
             };
             run::fork(cli.project, fork, json).await
         }
+        Cmd::Kv { id, key, json } => history::kv(cli.project, id, key, json),
         Cmd::Delete { id, subtree, json } => history::delete(cli.project, id, subtree, json),
         Cmd::Message { id, change, json } => history::message(cli.project, id, change, json),
         Cmd::Log {

@@ -97,6 +97,10 @@ pub(crate) fn line_item(
             "tool_result",
             json!({ "thread_id": t, "seq": seq, "call_id": data["id"], "is_error": data["is_error"], "content": data["content"] }),
         ),
+        "emit" => (
+            "emit",
+            json!({ "thread_id": t, "seq": seq, "event": data["event"], "data": data["data"] }),
+        ),
         "llm_call" => (
             "cost",
             json!({ "thread_id": t, "seq": seq, "model": data["model"], "usage": data["usage"],
@@ -389,4 +393,21 @@ fn ms_of_ts(ts: &str) -> Option<u64> {
         .duration_since(std::time::UNIX_EPOCH)
         .ok()
         .map(|d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn an_emit_line_is_an_emit_event_for_clients() {
+        let id = crate::core::ids::ThreadId::parse("t-1-00000000").unwrap();
+        let data = json!({ "event": "progress", "data": { "done": 1 } });
+        let (name, body) = super::line_item(&id, 7, "emit", &data).unwrap();
+        assert_eq!(name, "emit");
+        assert_eq!(
+            body,
+            json!({ "thread_id": "t-1-00000000", "seq": 7, "event": "progress", "data": { "done": 1 } })
+        );
+    }
 }

@@ -186,3 +186,29 @@ pub(crate) fn around(all: &[SearchMessage], at: usize, n: usize) -> Vec<SearchMe
     let to = (at + n + 1).min(all.len());
     all[from..to].to_vec()
 }
+
+/// Longest key-value key, in bytes.
+pub(super) const KV_KEY_MAX: usize = 128;
+/// Largest key-value value, as JSON text, in bytes.
+pub(super) const KV_VALUE_MAX: usize = 64 * 1024;
+
+/// Checks a key-value key and value: a key of 1–128 bytes without control characters, a
+/// value of at most 64 KiB as JSON.
+pub(super) fn check_kv(key: &str, value: Option<&Value>) -> Result<(), StoreError> {
+    if key.is_empty() || key.len() > KV_KEY_MAX || key.chars().any(char::is_control) {
+        return Err(invalid(
+            "kv.key",
+            format!("a key is 1–{KV_KEY_MAX} bytes without control characters, not {key:?}"),
+        ));
+    }
+    if let Some(v) = value {
+        let size = v.to_string().len();
+        if size > KV_VALUE_MAX {
+            return Err(invalid(
+                "kv.value",
+                format!("the value of `{key}` is {size} bytes as JSON; at most {KV_VALUE_MAX} (keep big data in the file area)"),
+            ));
+        }
+    }
+    Ok(())
+}

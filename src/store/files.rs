@@ -2,7 +2,7 @@
 //! (transcript.jsonl, the signed thread.json, the file area) and store.db (search index,
 //! tombstones). The one place that knows where a thread's files are.
 
-use super::check::{check_event, check_target, messages};
+use super::check::{check_event, check_kv, check_target, messages};
 use super::{
     index, merge_meta, page, storage, Backfill, Deleted, NewThread, SearchHit, SearchQuery,
     StoreError, ThreadStore, ThreadView, TranscriptPage,
@@ -327,6 +327,7 @@ impl ThreadStore for FileStore {
             // the next delete.
             self.idx(|c| index::tombstone(c, tid.as_str()))?;
             self.idx(|c| index::remove(c, tid.as_str()))?;
+            self.idx(|c| index::kv_clear(c, tid.as_str()))?;
             match std::fs::remove_dir_all(self.thread_dir(&tid)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(storage(e)),
                 _ => {}
@@ -440,6 +441,23 @@ impl ThreadStore for FileStore {
         let msgs = messages(&lines);
         self.idx(|c| index::put(c, id.as_str(), &row.directive, head, &msgs))?;
         Ok(msgs.len())
+    }
+
+    fn kv_get(&self, id: &ThreadId, key: &str) -> Result<Option<Value>, StoreError> {
+        check_kv(key, None)?;
+        self.row(id)?;
+        self.idx(|c| index::kv_get(c, id.as_str(), key))
+    }
+
+    fn kv_set(&self, id: &ThreadId, key: &str, value: Option<Value>) -> Result<(), StoreError> {
+        check_kv(key, value.as_ref())?;
+        self.row(id)?;
+        self.idx(|c| index::kv_set(c, id.as_str(), key, value.as_ref()))
+    }
+
+    fn kv_list(&self, id: &ThreadId) -> Result<Map<String, Value>, StoreError> {
+        self.row(id)?;
+        self.idx(|c| index::kv_list(c, id.as_str()))
     }
 
     fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {

@@ -6,6 +6,7 @@ use super::check::{around, terms};
 use super::{storage, SearchHit, SearchMessage, SearchQuery, StoreError};
 use crate::core::ids::ThreadId;
 use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -21,7 +22,9 @@ pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
                PRIMARY KEY(thread, n));
              CREATE VIRTUAL TABLE IF NOT EXISTS msgs_fts USING fts5(text, tokenize='unicode61', detail='column');
              CREATE TABLE IF NOT EXISTS indexed(thread TEXT PRIMARY KEY, head INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS deleted(thread TEXT PRIMARY KEY, at TEXT NOT NULL);",
+             CREATE TABLE IF NOT EXISTS deleted(thread TEXT PRIMARY KEY, at TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS kv(thread TEXT NOT NULL, key TEXT NOT NULL,
+               value TEXT NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY(thread, key));",
         )
     })
     .map_err(|e| storage(format!("{}: {e}", path.display())))?;
@@ -218,4 +221,72 @@ fn thread_messages(db: &Connection, thread: &str) -> Result<Vec<(i64, SearchMess
         })
         .map_err(storage)?;
     rows.collect::<Result<_, _>>().map_err(storage)
+}
+
+/// One value of a thread's key-value store.
+pub(super) fn kv_get(
+    db: &Connection,
+    thread: &str,
+    key: &str,
+) -> Result<Option<Value>, StoreError> {
+    let text: Option<String> = db
+        .prepare_cached("SELECT value FROM kv WHERE thread=?1 AND key=?2")
+        .map_err(storage)?
+        .query_row([thread, key], |r| r.get(0))
+        .optional()
+        .map_err(storage)?;
+    Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+}
+
+/// Sets (None: removes) one value.
+pub(super) fn kv_set(
+    db: &Connection,
+    thread: &str,
+    key: &str,
+    value: Option<&Value>,
+) -> Result<(), StoreError> {
+    match value {
+        Some(v) => db
+            .prepare_cached(
+                "INSERT OR REPLACE INTO kv(thread, key, value, updated_at) VALUES(?1,?2,?3,?4)",
+            )
+            .map_err(storage)?
+            .execute(params![
+                thread,
+                key,
+                v.to_string(),
+                crate::core::ids::now_ts()
+            ]),
+        None => db
+            .prepare_cached("DELETE FROM kv WHERE thread=?1 AND key=?2")
+            .map_err(storage)?
+            .execute([thread, key]),
+    }
+    .map(|_| ())
+    .map_err(storage)
+}
+
+/// Every key and value of a thread's store, by key.
+pub(super) fn kv_list(db: &Connection, thread: &str) -> Result<Map<String, Value>, StoreError> {
+    let mut stmt = db
+        .prepare_cached("SELECT key, value FROM kv WHERE thread=?1 ORDER BY key")
+        .map_err(storage)?;
+    let rows = stmt
+        .query_map([thread], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })
+        .map_err(storage)?;
+    let mut out = Map::new();
+    for row in rows {
+        let (k, v) = row.map_err(storage)?;
+        out.insert(k, serde_json::from_str(&v).unwrap_or(Value::Null));
+    }
+    Ok(out)
+}
+
+/// Removes a thread's whole key-value store (it was deleted).
+pub(super) fn kv_clear(db: &Connection, thread: &str) -> Result<(), StoreError> {
+    db.execute("DELETE FROM kv WHERE thread=?1", [thread])
+        .map(|_| ())
+        .map_err(storage)
 }

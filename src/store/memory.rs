@@ -4,7 +4,7 @@
 //!
 //! [`FileStore`]: super::FileStore
 
-use super::check::{around, check_event, check_target, messages, terms};
+use super::check::{around, check_event, check_kv, check_target, messages, terms};
 use super::{
     merge_meta, page, Backfill, Deleted, NewThread, SearchHit, SearchMessage, SearchQuery,
     StoreError, ThreadStore, ThreadView, TranscriptPage,
@@ -33,6 +33,7 @@ struct Mem {
 struct Kept {
     row: ThreadRow,
     lines: Vec<Value>,
+    kv: Map<String, Value>,
 }
 
 impl MemoryStore {
@@ -46,7 +47,14 @@ impl MemoryStore {
     pub fn insert(&self, row: ThreadRow, events: Vec<Value>) {
         let lines = number(events, 0);
         if let Ok(mut m) = self.inner.lock() {
-            m.threads.insert(row.id.clone(), Kept { row, lines });
+            m.threads.insert(
+                row.id.clone(),
+                Kept {
+                    row,
+                    lines,
+                    kv: Map::new(),
+                },
+            );
         }
     }
 
@@ -152,7 +160,14 @@ impl ThreadStore for MemoryStore {
             ..Default::default()
         };
         self.with(|m| {
-            m.threads.insert(id.to_string(), Kept { row, lines });
+            m.threads.insert(
+                id.to_string(),
+                Kept {
+                    row,
+                    lines,
+                    kv: Map::new(),
+                },
+            );
             m.index(&id)?;
             Ok(id.clone())
         })
@@ -284,6 +299,29 @@ impl ThreadStore for MemoryStore {
 
     fn index(&self, id: &ThreadId) -> Result<usize, StoreError> {
         self.with(|m| m.index(id))
+    }
+
+    fn kv_get(&self, id: &ThreadId, key: &str) -> Result<Option<Value>, StoreError> {
+        check_kv(key, None)?;
+        self.with(|m| Ok(m.kept(id)?.kv.get(key).cloned()))
+    }
+
+    fn kv_set(&self, id: &ThreadId, key: &str, value: Option<Value>) -> Result<(), StoreError> {
+        check_kv(key, value.as_ref())?;
+        self.with(|m| {
+            m.kept(id)?;
+            if let Some(k) = m.threads.get_mut(id.as_str()) {
+                match value {
+                    Some(v) => k.kv.insert(key.to_string(), v),
+                    None => k.kv.remove(key),
+                };
+            }
+            Ok(())
+        })
+    }
+
+    fn kv_list(&self, id: &ThreadId) -> Result<Map<String, Value>, StoreError> {
+        self.with(|m| Ok(m.kept(id)?.kv.clone()))
     }
 
     fn search(&self, q: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {

@@ -216,6 +216,12 @@ pub trait ThreadStore: Send + Sync {
     fn index(&self, id: &ThreadId) -> Result<usize, StoreError>;
     /// Each thread's best matching message, best threads first.
     fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, StoreError>;
+    /// A value of the thread's key-value store (None: no such key).
+    fn kv_get(&self, id: &ThreadId, key: &str) -> Result<Option<Value>, StoreError>;
+    /// Sets a value of the thread's key-value store; None removes the key.
+    fn kv_set(&self, id: &ThreadId, key: &str, value: Option<Value>) -> Result<(), StoreError>;
+    /// Every key and value of the thread's key-value store.
+    fn kv_list(&self, id: &ThreadId) -> Result<Map<String, Value>, StoreError>;
     /// Indexes every finished thread the index lacks (or holds an older version of) and
     /// removes the entries of threads that are gone. Running it twice does nothing the second
     /// time.

@@ -29,6 +29,7 @@ pub(super) fn offered(
     let mut out = Vec::new();
     let allowed = |cap: &str| crate::core::capability::allowed(caps, cap);
     out.extend(crate::tools::file_tool_specs(allowed));
+    out.extend(super::state_tools::specs(allowed));
     out.extend(
         commands
             .iter()

@@ -30,6 +30,7 @@ mod msg;
 mod spans;
 mod spawn;
 mod state;
+mod state_tools;
 mod tool_phase;
 mod turn;
 

@@ -91,7 +91,7 @@ impl ThreadActor {
 
 /// Runs `work` as a task that reports its outcome as [`ThreadMsg::ToolFinished`]; the thread
 /// does not end before it has.
-fn run_as_task(
+pub(super) fn run_as_task(
     me: &ActorRef<ThreadMsg>,
     s: &mut ThreadState,
     call_id: String,
@@ -153,6 +153,8 @@ pub(super) async fn run(
         "notify_parent" => Some(super::messages::notify_parent(s, &call.input)),
         "set_status" => Some(super::messages::set_status(s, &call.input)),
         "spawn_thread" => manage::spawn_thread(me, s, call),
+        "kv_get" | "kv_set" => super::state_tools::kv(me, s, call),
+        "emit" => Some(super::state_tools::emit(s, &call.input)),
         "wait_threads" => manage::wait_threads(me, s, call),
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
         "thread_status" => Some(manage::thread_status(s, &call.input).await),

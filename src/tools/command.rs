@@ -104,6 +104,9 @@ const RESERVED: &[&str] = &[
     "directive_return",
     "notify_parent",
     "set_status",
+    "kv_get",
+    "kv_set",
+    "emit",
 ];
 
 /// The command tools of a project: the user's `tools/*.yaml`, then the project's (a project

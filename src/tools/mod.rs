@@ -75,6 +75,8 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
             Ok(Some(spawn_capability(d)))
         }
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
+        "kv_get" | "kv_set" => Ok(Some("kv".into())),
+        "emit" => Ok(Some("emit".into())),
         name if name.starts_with("mcp__") => match mcp::split_name(name) {
             Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),
             None => Err(format!(

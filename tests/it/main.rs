@@ -16,6 +16,7 @@ mod messages;
 mod otel;
 mod providers;
 mod serve;
+mod state;
 mod store;
 mod support;
 mod tools;

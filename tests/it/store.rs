@@ -225,6 +225,37 @@ fn contract(store: &dyn ThreadStore, name: &str) {
         json!({ "tag": "field" })
     );
 
+    // The key-value store: JSON values, null deletes, keys and sizes checked.
+    store
+        .kv_set(&birds, "plan", Some(json!({ "steps": [1, 2] })))
+        .unwrap();
+    store.kv_set(&birds, "n", Some(json!(3))).unwrap();
+    assert_eq!(
+        store.kv_get(&birds, "plan").unwrap(),
+        Some(json!({ "steps": [1, 2] })),
+        "{name}"
+    );
+    store.kv_set(&birds, "n", None).unwrap();
+    assert_eq!(store.kv_get(&birds, "n").unwrap(), None, "{name}");
+    assert_eq!(
+        Value::Object(store.kv_list(&birds).unwrap()),
+        json!({ "plan": { "steps": [1, 2] } })
+    );
+    assert_eq!(
+        store.kv_list(&garden).unwrap().len(),
+        0,
+        "{name}: per thread"
+    );
+    assert_eq!(
+        rule(store.kv_set(&birds, "", Some(json!(1))).unwrap_err()),
+        "kv.key"
+    );
+    let big = json!("x".repeat(70_000));
+    assert_eq!(
+        rule(store.kv_set(&birds, "big", Some(big)).unwrap_err()),
+        "kv.value"
+    );
+
     // Backfill is idempotent.
     store.backfill().unwrap();
     assert_eq!(
@@ -248,6 +279,10 @@ fn contract(store: &dyn ThreadStore, name: &str) {
         "{name}: a late append cannot recreate a deleted thread"
     );
     assert!(store.get(&birds).unwrap().is_none(), "{name}");
+    assert_eq!(
+        store.kv_get(&birds, "plan").unwrap_err(),
+        StoreError::Deleted(birds.clone())
+    );
     let nobody = ThreadId::parse("nobody-1-00000000").unwrap();
     assert_eq!(
         store.load(&nobody, None, 1).unwrap_err(),
