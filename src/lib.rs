@@ -75,11 +75,13 @@ pub use crate::provider::{
 pub use crate::record::render::{describe as describe_line, human_duration};
 pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
-    Fork, OpenError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
+    diagnose, Checkup, Fork, Health, OpenError, Problem, Recovered, Runtime, RuntimeBuilder,
+    SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::store::{
-    apply_edits, check_event, Backfill, Deleted, FileStore, MemoryStore, NewThread, SearchHit,
-    SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
+    apply_edits, check_event, Backfill, Collected, Deleted, FileStore, MemoryStore, NewThread,
+    SearchHit, SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage,
+    APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;

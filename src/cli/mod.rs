@@ -34,6 +34,7 @@ mod serve;
 mod show;
 pub(crate) mod telemetry;
 mod threads;
+mod upkeep;
 mod verify;
 
 /// weft: run trees of LLM agent threads with budgets, limits and signed state.
@@ -239,6 +240,30 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Remove finished trees nothing changed for a while (subtrees together), then VACUUM.
+    Gc {
+        /// Only trees unchanged for this long (e.g. 30d, 12h, 0s).
+        #[arg(long = "older-than", default_value = "30d")]
+        older_than: String,
+        /// Only trees whose root ended so (completed, error, cancelled, continued); repeatable.
+        #[arg(long = "status")]
+        status: Vec<String>,
+        /// Say what would go; remove nothing.
+        #[arg(long = "dry-run")]
+        dry_run: bool,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Health figures and the reconciliation of registry, files and ledger.
+    Doctor {
+        /// Repair what is safe to repair, and say what was done.
+        #[arg(long)]
+        fix: bool,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Continue an ended thread as a new continuation thread.
     Resume {
         /// Thread id.
@@ -430,6 +455,13 @@ pub async fn main(cli: Cli) -> i32 {
             };
             run::fork(cli.project, fork, json).await
         }
+        Cmd::Gc {
+            older_than,
+            status,
+            dry_run,
+            json,
+        } => upkeep::gc(cli.project, &older_than, status, dry_run, json),
+        Cmd::Doctor { fix, json } => upkeep::doctor(cli.project, fix, json).await,
         Cmd::Kv { id, key, json } => history::kv(cli.project, id, key, json),
         Cmd::Delete { id, subtree, json } => history::delete(cli.project, id, subtree, json),
         Cmd::Message { id, change, json } => history::message(cli.project, id, change, json),

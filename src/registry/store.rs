@@ -437,6 +437,13 @@ impl Store {
         Ok(gone)
     }
 
+    /// Rewrites the database compactly (after deletes) and empties its write-ahead log.
+    pub fn vacuum(&mut self) -> Result<(), RegistryError> {
+        self.db
+            .execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(st)
+    }
+
     /// Replaces a row's metadata (a JSON object).
     pub fn set_meta(&mut self, id: &str, meta: &serde_json::Value) -> Result<bool, RegistryError> {
         let n = self

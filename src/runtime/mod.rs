@@ -6,6 +6,7 @@
 //! process died. Owns the wiring only: it must never keep thread state itself (that belongs to
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
+mod doctor;
 mod fork;
 mod handle;
 pub(crate) mod owner;
@@ -14,6 +15,7 @@ pub(crate) mod recovery;
 mod resume;
 
 pub use crate::thread::Recovered;
+pub use doctor::{diagnose, Checkup, Health, Problem};
 pub use fork::Fork;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
 

@@ -99,7 +99,12 @@ impl FileStore {
         self.thread_dir(id).join("files")
     }
 
-    fn reg<T>(
+    /// The project.
+    pub fn project(&self) -> &Project {
+        &self.project
+    }
+
+    pub(super) fn reg<T>(
         &self,
         f: impl FnOnce(&mut Store) -> Result<T, crate::registry::RegistryError>,
     ) -> Result<T, StoreError> {

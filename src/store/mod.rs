@@ -19,11 +19,14 @@ mod check;
 mod files;
 mod index;
 mod later;
+mod maintain;
 mod memory;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
 pub use files::FileStore;
 pub(crate) use later::Ended;
+pub use maintain::Collected;
+pub(crate) use maintain::{db_size, size_of};
 pub use memory::MemoryStore;
 
 /// What the store refuses or fails at. Each names the thread and the rule.

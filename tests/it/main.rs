@@ -21,3 +21,4 @@ mod store;
 mod support;
 mod tools;
 mod tree;
+mod upkeep;

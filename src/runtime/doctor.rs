@@ -1,0 +1,385 @@
+//! `weft doctor`: health figures of a project and the reconciliation of its registry, files
+//! and ledger (deepagents' health metrics and reconcile). [`diagnose`] only reads — it needs
+//! no runtime, so it also works when the registry is too broken to open one; a broken database
+//! is reported as broken, never as every thread being stale. [`Runtime::repair`] fixes what is
+//! safe to fix, through the actors that own each database.
+
+use super::Runtime;
+use crate::core::ids::ThreadId;
+use crate::project::Project;
+use crate::record::signing::Trust;
+use crate::record::thread_doc::ThreadDoc;
+use crate::registry::{is_terminal, RegistryMsg, Store, ThreadRow};
+use crate::store::ThreadStore;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+/// How a project is doing.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Health {
+    /// Threads in the registry.
+    pub threads: usize,
+    /// Threads `created` or `running`.
+    pub active: usize,
+    /// Finished threads unchanged for 7 days.
+    pub inactive_7d: usize,
+    /// Mean, over threads that called a model, of their largest prompt (tokens).
+    pub context_avg_tokens: u64,
+    /// The largest prompt any thread sent (tokens), and which thread.
+    pub context_max_tokens: u64,
+    /// The thread of `context_max_tokens`.
+    pub context_max_thread: Option<String>,
+    /// Transcript lines, all threads.
+    pub transcript_lines: u64,
+    /// Bytes of every thread folder.
+    pub thread_bytes: u64,
+    /// Bytes of each database (write-ahead log included).
+    pub databases: BTreeMap<String, u64>,
+}
+
+/// One inconsistency.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// `row_without_folder`, `folder_without_row`, `status_mismatch`, `unverified`,
+    /// `open_reservations`, `open_account`.
+    pub kind: &'static str,
+    /// The thread.
+    pub thread: String,
+    /// What is wrong.
+    pub detail: String,
+    /// `--fix` can repair it safely.
+    pub fixable: bool,
+    /// What `--fix` did.
+    pub fixed: Option<String>,
+}
+
+/// What [`diagnose`] found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Checkup {
+    /// Figures; None when the registry cannot be read.
+    pub health: Option<Health>,
+    /// Databases that cannot be read, with why.
+    pub broken: Vec<String>,
+    /// Inconsistencies between registry, files and ledger.
+    pub problems: Vec<Problem>,
+}
+
+fn problem(kind: &'static str, thread: &str, detail: String, fixable: bool) -> Problem {
+    Problem {
+        kind,
+        thread: thread.to_string(),
+        detail,
+        fixable,
+        fixed: None,
+    }
+}
+
+/// Opens a database read-only and runs SQLite's own integrity check on it.
+fn checked(path: &std::path::Path) -> Result<rusqlite::Connection, String> {
+    let db =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| e.to_string())?;
+    db.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let verdict: String = db
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| e.to_string())?;
+    if verdict != "ok" {
+        return Err(verdict);
+    }
+    Ok(db)
+}
+
+/// Reads the project and reports its health and inconsistencies (see the module doc).
+pub fn diagnose(project: &Project) -> Checkup {
+    let state = project.state_dir();
+    let mut up = Checkup::default();
+    let mut ledger = None;
+    for name in ["registry.db", "ledger.db", "store.db"] {
+        let path = state.join(name);
+        if !path.exists() {
+            continue;
+        }
+        match checked(&path) {
+            Ok(db) if name == "ledger.db" => ledger = Some(db),
+            Ok(_) => {}
+            Err(e) => up.broken.push(format!(
+                "{}: {e} — restore it from a backup (thread.json files stay the truth)",
+                path.display()
+            )),
+        }
+    }
+    if up.broken.iter().any(|b| b.contains("registry.db")) {
+        return up;
+    }
+    let rows = match Store::open_read_only(&state.join("registry.db"))
+        .and_then(|s| s.list(false, usize::MAX >> 1))
+    {
+        Ok(rows) => rows,
+        Err(e) if !state.join("registry.db").exists() => {
+            tracing::debug!("no registry yet: {e}");
+            Vec::new()
+        }
+        Err(e) => {
+            up.broken
+                .push(format!("{}: {e}", state.join("registry.db").display()));
+            return up;
+        }
+    };
+    let (trust, _) = Trust::load(&project.trust_dir());
+    let mut health = Health {
+        threads: rows.len(),
+        ..Default::default()
+    };
+    let week_ago = SystemTime::now()
+        .checked_sub(Duration::from_secs(7 * 86_400))
+        .map(|t| humantime::format_rfc3339_millis(t).to_string())
+        .unwrap_or_default();
+    let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+    let (mut ctx_sum, mut ctx_n) = (0u64, 0u64);
+    for r in &rows {
+        if is_terminal(&r.status) {
+            health.inactive_7d += usize::from(r.updated_at < week_ago);
+        } else {
+            health.active += 1;
+        }
+        let Ok(id) = ThreadId::parse(&r.id) else {
+            continue;
+        };
+        let dir = project.thread_dir(&id);
+        if !dir.exists() {
+            let fixable = is_terminal(&r.status);
+            let how = if fixable {
+                "the row is removed by --fix"
+            } else {
+                "the next `weft recover` finalizes it"
+            };
+            up.problems.push(problem(
+                "row_without_folder",
+                &r.id,
+                format!(
+                    "registry row ({}) but no folder {}; {how}",
+                    r.status,
+                    dir.display()
+                ),
+                fixable,
+            ));
+            continue;
+        }
+        let (lines, largest) = transcript_figures(&dir.join("transcript.jsonl"));
+        health.transcript_lines += lines;
+        if largest > 0 {
+            ctx_sum += largest;
+            ctx_n += 1;
+            if largest > health.context_max_tokens {
+                health.context_max_tokens = largest;
+                health.context_max_thread = Some(r.id.clone());
+            }
+        }
+        match ThreadDoc::read_verified(&dir.join("thread.json"), &trust) {
+            Err(e) => up.problems.push(problem(
+                "unverified",
+                &r.id,
+                format!("{e} (`weft verify {}` names the broken part)", r.id),
+                false,
+            )),
+            Ok(doc)
+                if doc.status.as_str() != r.status
+                    && (doc.status.is_terminal() || is_terminal(&r.status)) =>
+            {
+                let fixable = doc.status.is_terminal() && !is_terminal(&r.status);
+                up.problems.push(problem(
+                    "status_mismatch",
+                    &r.id,
+                    format!(
+                        "thread.json says {} but the registry says {}",
+                        doc.status.as_str(),
+                        r.status
+                    ),
+                    fixable,
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    health.context_avg_tokens = ctx_sum.checked_div(ctx_n).unwrap_or(0);
+    folders_without_rows(project, &trust, &by_id, &mut up.problems);
+    if let Some(db) = ledger {
+        ledger_leftovers(&db, &by_id, &mut up.problems);
+    }
+    health.thread_bytes = crate::store::size_of(&project.weft().join("threads"));
+    for name in ["registry.db", "ledger.db", "store.db"] {
+        health
+            .databases
+            .insert(name.into(), crate::store::db_size(&state.join(name)));
+    }
+    up.health = Some(health);
+    up
+}
+
+/// Lines of a transcript and the largest prompt (input tokens) any of its calls sent.
+fn transcript_figures(path: &std::path::Path) -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    let mut largest = 0;
+    let mut lines = 0;
+    for l in text.lines() {
+        lines += 1;
+        if l.contains("\"llm_call\"") {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(l) {
+                largest = largest.max(v["usage"]["input_tokens"].as_u64().unwrap_or(0));
+            }
+        }
+    }
+    (lines, largest)
+}
+
+fn folders_without_rows(
+    project: &Project,
+    trust: &Trust,
+    rows: &HashMap<&str, &ThreadRow>,
+    out: &mut Vec<Problem>,
+) {
+    let Ok(entries) = std::fs::read_dir(project.weft().join("threads")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if rows.contains_key(name.as_str()) {
+            continue;
+        }
+        let detail = match ThreadId::parse(&name) {
+            Err(_) => format!("{} is not a thread folder; --fix moves it to .weft/lost+found", e.path().display()),
+            Ok(id) => match ThreadDoc::read_verified(&project.thread_dir(&id).join("thread.json"), trust) {
+                Ok(doc) => format!("a folder with a verified thread.json ({}) but no registry row; --fix registers it", doc.status.as_str()),
+                Err(err) => format!("a folder without a registry row or a verified thread.json ({err}); --fix moves it to .weft/lost+found"),
+            },
+        };
+        out.push(problem("folder_without_row", &name, detail, true));
+    }
+}
+
+fn ledger_leftovers(
+    db: &rusqlite::Connection,
+    rows: &HashMap<&str, &ThreadRow>,
+    out: &mut Vec<Problem>,
+) {
+    let finished = |id: &str| rows.get(id).is_some_and(|r| is_terminal(&r.status));
+    let query = |sql: &str| -> Vec<(String, i64)> {
+        db.prepare(sql)
+            .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .unwrap_or_default()
+    };
+    let mut seen = HashSet::new();
+    for (id, n) in query("SELECT thread, COUNT(*) FROM reservations GROUP BY thread") {
+        if finished(&id) {
+            seen.insert(id.clone());
+            out.push(problem("open_reservations", &id, format!("{n} reservation(s) still open in ledger.db for a finished thread; --fix releases them"), true));
+        }
+    }
+    for (id, inflight) in query("SELECT id, inflight FROM accounts WHERE closed=0") {
+        if finished(&id) && !seen.contains(&id) {
+            out.push(problem("open_account", &id, format!("its ledger account is still open ({inflight} nano-USD in flight) though it finished; --fix closes it"), true));
+        }
+    }
+}
+
+/// A registry row rebuilt from a verified thread.json.
+fn row_of_doc(d: &ThreadDoc) -> ThreadRow {
+    ThreadRow {
+        id: d.id.to_string(),
+        directive: d.directive.clone(),
+        parent_id: d.parent_id.as_ref().map(ToString::to_string),
+        root_id: d.root_id.to_string(),
+        status: d.status.as_str().into(),
+        created_at: d.created_at.clone(),
+        updated_at: d.updated_at.clone(),
+        model: d.model.clone(),
+        turns: d.cost.turns,
+        input_tokens: d.cost.input_tokens,
+        output_tokens: d.cost.output_tokens,
+        own_spend_nanos: d.cost.own_spend_nanos,
+        spend_nanos: d.cost.spend_nanos,
+        result: d.result.clone(),
+        outputs: d.outputs.clone(),
+        error: d.error.clone(),
+        continuation_of: d.continuation_of.as_ref().map(ToString::to_string),
+        chain_root: d.chain_root.as_ref().map(ToString::to_string),
+        forked_from: d.forked_from.as_ref().map(|f| f.thread.to_string()),
+        ..Default::default()
+    }
+}
+
+impl Runtime {
+    /// Repairs what [`diagnose`] marked fixable, through the actors that own each database,
+    /// and records on each problem what was done.
+    pub async fn repair(&self, up: &mut Checkup) {
+        let ctx = self.ctx.clone();
+        for p in up.problems.iter_mut().filter(|p| p.fixable) {
+            let id = ThreadId::parse(&p.thread);
+            p.fixed = Some(match (p.kind, id) {
+                ("row_without_folder", Ok(id)) => match ctx.store.delete(&id, false) {
+                    Ok(_) => "row removed".into(),
+                    Err(e) => format!("not fixed: {e}"),
+                },
+                ("folder_without_row", Ok(id)) => {
+                    match ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
+                        Ok(doc) => {
+                            let row = Box::new(row_of_doc(&doc));
+                            match ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
+                                row,
+                                admit: None,
+                                reply
+                            }) {
+                                Ok(Ok(())) => format!("registered ({})", doc.status.as_str()),
+                                other => format!("not fixed: {other:?}"),
+                            }
+                        }
+                        Err(_) => lost_and_found(&ctx.project, &p.thread),
+                    }
+                }
+                ("folder_without_row", Err(_)) => lost_and_found(&ctx.project, &p.thread),
+                ("status_mismatch", Ok(id)) => {
+                    match ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
+                        Ok(doc) => {
+                            let row = Box::new(row_of_doc(&doc));
+                            match ractor::call!(ctx.registry, |reply| {
+                                RegistryMsg::FinishInterrupted { row, reply }
+                            }) {
+                                Ok(Ok(())) => {
+                                    format!("registry row set to {}", doc.status.as_str())
+                                }
+                                other => format!("not fixed: {other:?}"),
+                            }
+                        }
+                        Err(e) => format!("not fixed: {e}"),
+                    }
+                }
+                ("open_reservations" | "open_account", Ok(id)) => {
+                    match ractor::call!(ctx.ledger, |reply| crate::ledger::LedgerMsg::Close {
+                        id,
+                        reply
+                    }) {
+                        Ok(Ok(a)) => format!("account closed, spent {} kept", a.spent),
+                        // Opening the runtime's recovery closed it already (its owner is gone).
+                        Ok(Err(crate::ledger::LedgerError::Unknown(_))) => "account closed (its owner process is gone)".into(),
+                        other => format!("not fixed: {other:?}"),
+                    }
+                }
+                _ => "not fixed: nothing safe to do".into(),
+            });
+        }
+    }
+}
+
+/// Moves a folder nobody can vouch for aside (never deletes it).
+fn lost_and_found(project: &Project, name: &str) -> String {
+    let aside = project.weft().join("lost+found");
+    let from = project.weft().join("threads").join(name);
+    match std::fs::create_dir_all(&aside).and_then(|()| std::fs::rename(&from, aside.join(name))) {
+        Ok(()) => format!("moved to {}", aside.join(name).display()),
+        Err(e) => format!("not fixed: {e}"),
+    }
+}
