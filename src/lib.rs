@@ -79,9 +79,9 @@ pub use crate::runtime::{
     SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::store::{
-    apply_edits, check_event, Backfill, Collected, Deleted, FileStore, MemoryStore, NewThread,
-    SearchHit, SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage,
-    APPENDABLE,
+    apply_edits, check_event, export, import_deepagents, import_nova, Backfill, Collected, Deleted,
+    FileStore, Imported, MemoryStore, NewThread, SearchHit, SearchMessage, SearchQuery, StoreError,
+    ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;

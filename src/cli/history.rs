@@ -1,5 +1,5 @@
 //! Commands on stored threads: `weft search` (and `--backfill`), `weft delete`, `weft message
-//! edit|delete`, `weft kv`. All through the project's [`FileStore`]; none needs a runtime.
+//! edit|delete`, `weft kv`, `weft import`, `weft export`. All through the project's [`FileStore`]; none needs a runtime.
 
 use super::{find_project, open_threads, usage, Exit, MessageChange};
 use crate::core::ids::ThreadId;
@@ -159,5 +159,64 @@ pub(super) fn kv(
             )))
         }
     }
+    Ok(0)
+}
+
+pub(super) fn import(
+    explicit: Option<PathBuf>,
+    format: &str,
+    files: &[PathBuf],
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let reader = match format {
+        "nova" => crate::store::import_nova,
+        "deepagents" => crate::store::import_deepagents,
+        other => {
+            return Err(usage(format!(
+                "`{other}` is not an import format; use nova or deepagents"
+            )))
+        }
+    };
+    let project = find_project(explicit)?;
+    let store = open_threads(&project)?;
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    // One file that cannot be read never stops the others.
+    for f in files {
+        match reader(&store, f) {
+            Ok(i) => done.push(i),
+            Err(e) => failed.push(e),
+        }
+    }
+    if as_json {
+        out!("{}", json!({ "imported": done, "failed": failed }));
+    } else {
+        for i in &done {
+            for (orig, id) in &i.threads {
+                out!("{orig} → {id}");
+            }
+            for s in &i.skipped {
+                out!("  skipped: {s}");
+            }
+        }
+        for e in &failed {
+            out!("FAILED  {e}");
+        }
+        let n: usize = done.iter().map(|i| i.threads.len()).sum();
+        out!(
+            "imported {n} thread(s) from {} file(s); {} file(s) failed",
+            done.len(),
+            failed.len()
+        );
+    }
+    Ok(i32::from(!failed.is_empty()))
+}
+
+pub(super) fn export(explicit: Option<PathBuf>, id: String, format: &str) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let id = ThreadId::parse(&id).map_err(usage)?;
+    let store = open_threads(&project)?;
+    let text = crate::store::export(&store, &id, format).map_err(store_exit)?;
+    let _ = std::io::stdout().write_all(text.as_bytes());
     Ok(0)
 }

@@ -264,6 +264,25 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Import threads from another system as read-only history (searchable, forkable).
+    Import {
+        /// `nova` (thread .jsonl files) or `deepagents` (threads.json).
+        format: String,
+        /// The files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a thread out in another format (to stdout).
+    Export {
+        /// Thread id.
+        id: String,
+        /// `nova` or `markdown`.
+        #[arg(long, default_value = "markdown")]
+        format: String,
+    },
     /// Continue an ended thread as a new continuation thread.
     Resume {
         /// Thread id.
@@ -462,6 +481,12 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => upkeep::gc(cli.project, &older_than, status, dry_run, json),
         Cmd::Doctor { fix, json } => upkeep::doctor(cli.project, fix, json).await,
+        Cmd::Import {
+            format,
+            files,
+            json,
+        } => history::import(cli.project, &format, &files, json),
+        Cmd::Export { id, format } => history::export(cli.project, id, &format),
         Cmd::Kv { id, key, json } => history::kv(cli.project, id, key, json),
         Cmd::Delete { id, subtree, json } => history::delete(cli.project, id, subtree, json),
         Cmd::Message { id, change, json } => history::message(cli.project, id, change, json),

@@ -364,7 +364,9 @@ impl Runtime {
                     }) {
                         Ok(Ok(a)) => format!("account closed, spent {} kept", a.spent),
                         // Opening the runtime's recovery closed it already (its owner is gone).
-                        Ok(Err(crate::ledger::LedgerError::Unknown(_))) => "account closed (its owner process is gone)".into(),
+                        Ok(Err(crate::ledger::LedgerError::Unknown(_))) => {
+                            "account closed (its owner process is gone)".into()
+                        }
                         other => format!("not fixed: {other:?}"),
                     }
                 }

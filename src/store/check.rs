@@ -61,7 +61,7 @@ pub fn check_event(event: &Value) -> Result<(), StoreError> {
         ));
     }
     if kind == "message" {
-        let role = obj["role"].as_str().unwrap_or_default();
+        let role = obj.get("role").and_then(Value::as_str).unwrap_or_default();
         if !ROLES.contains(&role) {
             return Err(invalid(
                 "event.role",

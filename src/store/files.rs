@@ -249,7 +249,10 @@ impl ThreadStore for FileStore {
             continued_by: None,
             chain_root: None,
             transcript_head: w.head().clone(),
-            forked_from: None,
+            forked_from: t
+                .forked_from
+                .clone()
+                .map(|thread| crate::record::thread_doc::ForkedFrom { thread, seq: -1 }),
             imported: t.imported.clone(),
         };
         doc.write_signed(&self.doc_path(&id), &self.signer, true)
@@ -263,6 +266,7 @@ impl ThreadStore for FileStore {
             updated_at: updated,
             model: t.model,
             result: t.result,
+            forked_from: t.forked_from.map(|f| f.to_string()),
             meta: (!t.meta.is_empty()).then_some(Value::Object(t.meta)),
             ..Default::default()
         };

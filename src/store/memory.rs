@@ -156,6 +156,7 @@ impl ThreadStore for MemoryStore {
             updated_at: pick(&t.updated_at),
             model: t.model,
             result: t.result,
+            forked_from: t.forked_from.map(|f| f.to_string()),
             meta: (!t.meta.is_empty()).then_some(Value::Object(t.meta)),
             ..Default::default()
         };

@@ -18,12 +18,14 @@ use serde_json::{Map, Value};
 mod check;
 mod files;
 mod index;
+mod interop;
 mod later;
 mod maintain;
 mod memory;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
 pub use files::FileStore;
+pub use interop::{export, import_deepagents, import_nova, Imported};
 pub(crate) use later::Ended;
 pub use maintain::Collected;
 pub(crate) use maintain::{db_size, size_of};
@@ -111,6 +113,8 @@ pub struct NewThread {
     pub meta: Map<String, Value>,
     /// Where it came from (imports: format, file, original id).
     pub imported: Option<Value>,
+    /// The thread it descends from (lineage only: no budget is shared).
+    pub forked_from: Option<ThreadId>,
     /// Its events, each checked by [`check_event`].
     pub events: Vec<Value>,
 }

@@ -9,6 +9,7 @@ mod e2e_llm;
 mod fake_llm;
 mod guarantees;
 mod hooks;
+mod interop;
 mod layout;
 mod lifecycle;
 mod mcp;
