@@ -1,7 +1,7 @@
 //! Commands on stored threads: `weft search` (and `--backfill`), `weft delete`, `weft message
-//! edit|delete`, `weft kv`, `weft import`, `weft export`. All through the project's [`FileStore`]; none needs a runtime.
+//! edit|delete`, `weft kv`, `weft env`, `weft import`, `weft export`. All through the project's [`FileStore`]; none needs a runtime.
 
-use super::{find_project, open_threads, usage, Exit, MessageChange};
+use super::{find_project, open_threads, usage, EnvAction, Exit, MessageChange};
 use crate::core::ids::ThreadId;
 use crate::store::{SearchQuery, StoreError, ThreadStore};
 use serde_json::json;
@@ -218,5 +218,100 @@ pub(super) fn export(explicit: Option<PathBuf>, id: String, format: &str) -> Res
     let store = open_threads(&project)?;
     let text = crate::store::export(&store, &id, format).map_err(store_exit)?;
     let _ = std::io::stdout().write_all(text.as_bytes());
+    Ok(0)
+}
+
+fn scope(thread: Option<String>, user: bool) -> Result<crate::store::Scope, Exit> {
+    use crate::store::Scope;
+    Ok(match (thread, user) {
+        (Some(t), _) => Scope::Thread(ThreadId::parse(&t).map_err(usage)?),
+        (None, true) => Scope::User,
+        (None, false) => Scope::Project,
+    })
+}
+
+pub(super) fn env(explicit: Option<PathBuf>, action: EnvAction) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let store = open_threads(&project)?;
+    match action {
+        EnvAction::Set {
+            name,
+            value,
+            secret,
+            thread,
+            user,
+            ..
+        } => {
+            let value = match value.as_str() {
+                "-" => {
+                    let mut v = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut v)
+                        .map_err(super::failed)?;
+                    v.trim_end_matches(['\n', '\r']).to_string()
+                }
+                _ => value,
+            };
+            let scope = scope(thread, user)?;
+            store
+                .env_set(&scope, &name, &value, secret)
+                .map_err(store_exit)?;
+            let what = if secret {
+                "secret (encrypted; shown as [secret:NAME])"
+            } else {
+                "value"
+            };
+            out!("{name} set as a {what} for {scope}");
+        }
+        EnvAction::Unset { name, thread, user } => {
+            let scope = scope(thread, user)?;
+            if !store.env_unset(&scope, &name).map_err(store_exit)? {
+                return Err(usage(format!("{name} is not set for {scope}")));
+            }
+            out!("{name} unset for {scope}");
+        }
+        EnvAction::List {
+            thread,
+            json: as_json,
+        } => {
+            let values: Vec<crate::store::EnvValue> = match thread {
+                Some(t) => {
+                    let id = ThreadId::parse(&t).map_err(usage)?;
+                    store
+                        .env_resolve(&id)
+                        .map_err(store_exit)?
+                        .into_values()
+                        .map(|mut v| {
+                            if v.secret {
+                                v.value = None;
+                            }
+                            v
+                        })
+                        .collect()
+                }
+                None => {
+                    let mut v = store
+                        .env_list(&crate::store::Scope::Project)
+                        .map_err(store_exit)?;
+                    v.extend(
+                        store
+                            .env_list(&crate::store::Scope::User)
+                            .map_err(store_exit)?,
+                    );
+                    v
+                }
+            };
+            if as_json {
+                out!("{}", json!(values));
+                return Ok(0);
+            }
+            for v in &values {
+                let shown = v
+                    .value
+                    .clone()
+                    .unwrap_or_else(|| format!("[secret:{}]", v.name));
+                out!("{:<24} {:<10} {shown}", v.name, v.scope);
+            }
+        }
+    }
     Ok(0)
 }

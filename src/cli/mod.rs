@@ -283,6 +283,11 @@ pub enum Cmd {
         #[arg(long, default_value = "markdown")]
         format: String,
     },
+    /// Environment values for tools: set, unset, list (thread → parents → project → user).
+    Env {
+        #[command(subcommand)]
+        action: EnvAction,
+    },
     /// Continue an ended thread as a new continuation thread.
     Resume {
         /// Thread id.
@@ -343,6 +348,50 @@ pub enum ThreadsSub {
         /// Any thread of the chain.
         id: String,
         /// JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `weft env` actions.
+#[derive(Subcommand, Debug)]
+pub enum EnvAction {
+    /// Set a value (project scope unless --thread or --user).
+    Set {
+        /// Variable name.
+        name: String,
+        /// The value; `-` reads it from stdin (keeps a secret out of shell history).
+        value: String,
+        /// Store it encrypted and redact it everywhere.
+        #[arg(long, conflicts_with = "text")]
+        secret: bool,
+        /// A plain value (the default).
+        #[arg(long)]
+        text: bool,
+        /// This thread's own value (its descendants see it too).
+        #[arg(long, conflicts_with = "user")]
+        thread: Option<String>,
+        /// The user's value, for every project.
+        #[arg(long)]
+        user: bool,
+    },
+    /// Remove a value.
+    Unset {
+        /// Variable name.
+        name: String,
+        /// From this thread's values.
+        #[arg(long, conflicts_with = "user")]
+        thread: Option<String>,
+        /// From the user's values.
+        #[arg(long)]
+        user: bool,
+    },
+    /// List values: the project's and the user's, or what a thread resolves (--thread).
+    List {
+        /// What this thread's tools would receive.
+        #[arg(long)]
+        thread: Option<String>,
+        /// JSON.
         #[arg(long)]
         json: bool,
     },
@@ -487,6 +536,7 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         } => history::import(cli.project, &format, &files, json),
         Cmd::Export { id, format } => history::export(cli.project, id, &format),
+        Cmd::Env { action } => history::env(cli.project, action),
         Cmd::Kv { id, key, json } => history::kv(cli.project, id, key, json),
         Cmd::Delete { id, subtree, json } => history::delete(cli.project, id, subtree, json),
         Cmd::Message { id, change, json } => history::message(cli.project, id, change, json),

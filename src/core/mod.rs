@@ -9,4 +9,5 @@ pub(crate) mod failpoint;
 pub(crate) mod ids;
 pub(crate) mod limits;
 pub(crate) mod money;
+pub(crate) mod redact;
 pub(crate) mod status;

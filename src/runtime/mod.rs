@@ -142,6 +142,7 @@ impl RuntimeBuilder {
             config.checkpoint_every,
         ));
         let ctx = Arc::new(Ctx {
+            secrets: Default::default(),
             store,
             project,
             config,
@@ -163,6 +164,7 @@ impl RuntimeBuilder {
             _owner_lock: Box::new(owner),
             verified: Default::default(),
         });
+        ctx.refresh_secrets();
         let recovered = recovery::recover(&ctx, first_owner).await;
         Ok(Runtime {
             ctx,

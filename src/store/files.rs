@@ -139,7 +139,7 @@ impl FileStore {
         }
     }
 
-    fn row(&self, id: &ThreadId) -> Result<ThreadRow, StoreError> {
+    pub(super) fn row(&self, id: &ThreadId) -> Result<ThreadRow, StoreError> {
         if let Some(row) = self.reg(|s| s.get(id.as_str()))? {
             return Ok(row);
         }

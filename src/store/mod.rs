@@ -16,6 +16,7 @@ use crate::registry::{ThreadFilter, ThreadRow};
 use serde_json::{Map, Value};
 
 mod check;
+mod env;
 mod files;
 mod index;
 mod interop;
@@ -24,6 +25,7 @@ mod maintain;
 mod memory;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
+pub use env::{EnvValue, Scope};
 pub use files::FileStore;
 pub use interop::{export, import_deepagents, import_nova, Imported};
 pub(crate) use later::Ended;

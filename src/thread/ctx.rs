@@ -75,6 +75,71 @@ pub enum Event {
 }
 
 impl Ctx {
+    /// The current redactor (cheap: a read lock and an `Arc` clone).
+    pub(crate) fn redactor(&self) -> Arc<crate::core::redact::Redactor> {
+        self.secrets
+            .read()
+            .map(|s| s.redactor.clone())
+            .unwrap_or_default()
+    }
+
+    /// Where a call's streamed text goes while someone listens: live `Token` events, through a
+    /// redactor that holds back what could be the start of a secret until the next piece — or
+    /// the returned flush, run when the call ends — shows it is not one.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn text_stream(
+        &self,
+        id: &ThreadId,
+    ) -> (
+        Option<crate::provider::TextSink>,
+        Option<Box<dyn FnOnce() + Send>>,
+    ) {
+        if !self.publish_lines() {
+            return (None, None);
+        }
+        let held = Arc::new(std::sync::Mutex::new(
+            crate::core::redact::StreamRedactor::default(),
+        ));
+        let (events, id, redactor) = (self.events.clone(), id.clone(), self.redactor());
+        let send = move |text: String| {
+            if !text.is_empty() {
+                let _ = events.send(Event::Token {
+                    id: id.clone(),
+                    text,
+                });
+            }
+        };
+        let (held2, redactor2, send2) = (held.clone(), redactor.clone(), send.clone());
+        let sink = crate::provider::TextSink(Arc::new(move |text: &str| {
+            let out = held2
+                .lock()
+                .map(|mut h| h.push(&redactor2, text))
+                .unwrap_or_default();
+            send2(out);
+        }));
+        let flush = move || {
+            let out = held
+                .lock()
+                .map(|mut h| h.finish(&redactor))
+                .unwrap_or_default();
+            send(out);
+        };
+        (Some(sink), Some(Box::new(flush)))
+    }
+
+    /// Reloads the secrets if any were set or removed since they were read (two `stat`s when
+    /// nothing changed).
+    pub(crate) fn refresh_secrets(&self) {
+        let stamps = self.store.env_stamps();
+        if self.secrets.read().is_ok_and(|s| s.stamps == stamps) {
+            return;
+        }
+        let redactor = Arc::new(self.store.redactor());
+        if let Ok(mut s) = self.secrets.write() {
+            *s = Secrets { stamps, redactor };
+        }
+    }
+
     /// Whether transcript lines and streamed text should be published now.
     pub(crate) fn publish_lines(&self) -> bool {
         self.wants_lines.load(std::sync::atomic::Ordering::Relaxed)
@@ -102,7 +167,18 @@ impl Event {
 const STORE_ATTEMPTS: u32 = 4;
 
 /// Shared wiring of a runtime, handed to every thread actor.
+/// The secrets a runtime redacts, and the stamps they were read at.
+#[derive(Default)]
+pub(crate) struct Secrets {
+    /// `FileStore::env_stamps` when `redactor` was built.
+    pub stamps: (Option<std::time::SystemTime>, Option<std::time::SystemTime>),
+    /// Every secret this user's key opens.
+    pub redactor: Arc<crate::core::redact::Redactor>,
+}
+
 pub(crate) struct Ctx {
+    /// What secrets to hide (see [`Ctx::refresh_secrets`]).
+    pub secrets: std::sync::RwLock<Secrets>,
     /// Where the project's threads are kept (the one place that knows their paths).
     pub store: Arc<crate::store::FileStore>,
     /// Project paths.

@@ -178,9 +178,15 @@ impl ThreadActor {
         } else {
             s.returned_files.clear();
         }
-        s.doc.result = e.result;
-        s.doc.outputs = e.outputs;
-        s.doc.error = e.error;
+        // The signed state, the registry row and the report hold no secret either.
+        let redactor = s.ctx.redactor();
+        let clean = |t: Option<String>| t.map(|t| redactor.redact(&t).into_owned());
+        s.doc.result = clean(e.result);
+        s.doc.outputs = e.outputs.map(|mut o| {
+            redactor.redact_value(&mut o);
+            o
+        });
+        s.doc.error = clean(e.error);
         s.doc.transition(e.status);
         // A handoff: the continuation starts now (it needs this thread's final spend) and takes
         // over the parent link or the root's waiter.

@@ -141,6 +141,11 @@ fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration,
     let input = ctx.clone();
     let id = id.to_string();
     let thread = s.doc.id.clone();
+    // A hook's output is only logged: cleaned of secrets like a tool's.
+    let env = crate::tools::CallEnv {
+        vars: Default::default(),
+        redactor: s.ctx.redactor(),
+    };
     let task = tokio::spawn(async move {
         let r = crate::tools::run_command(
             &tool,
@@ -149,6 +154,7 @@ fn run(s: &ThreadState, id: &str, argv: &[String], timeout: std::time::Duration,
             &area,
             &format!("hook-{id}"),
             tokio_util::sync::CancellationToken::new(),
+            &env,
         )
         .await;
         if r.is_error {

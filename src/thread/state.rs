@@ -160,7 +160,9 @@ impl ThreadState {
     }
 
     /// Appends a line to the transcript and, when anyone listens, publishes it as an event.
-    pub(super) fn log(&mut self, kind: &str, payload: Value) {
+    pub(super) fn log(&mut self, kind: &str, mut payload: Value) {
+        // No secret reaches the transcript, live events or the search index.
+        self.ctx.redactor().redact_value(&mut payload);
         let seq = self.transcript.head().seq + 1;
         let copy = self.ctx.publish_lines().then(|| payload.clone());
         let role = match kind {

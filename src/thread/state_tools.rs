@@ -1,7 +1,8 @@
 //! The tools over a thread's own state (SPEC §10, Standard Agents' `ThreadState`): `kv_get` /
-//! `kv_set` on its durable key-value store (capability `kv`) and `emit`, a custom event for
-//! live clients and the transcript (capability `emit`). The store calls run as tasks: the
-//! actor never waits on store.db.
+//! `kv_set` on its durable key-value store (capability `kv`), `emit`, a custom event for live
+//! clients and the transcript (capability `emit`), and `set_env`, an environment value for
+//! itself and its descendants (capability `env.set`). The store calls run as tasks: the actor
+//! never waits on store.db.
 
 use super::state::ThreadState;
 use super::ThreadMsg;
@@ -24,6 +25,13 @@ pub(super) fn specs(allowed: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
             name: "kv_set".into(),
             description: "Store a JSON value under `key` in this thread's durable store; a null value deletes the key.".into(),
             input_schema: json!({"type":"object","properties":{"key":{"type":"string"},"value":{}},"required":["key","value"]}),
+        });
+    }
+    if allowed("env.set") {
+        out.push(ToolSpec {
+            name: "set_env".into(),
+            description: "Set an environment value for this thread and its descendants' tools (a tool receives the variables its definition lists). With secret=true it is stored encrypted and never shown: every occurrence in transcripts, events and tool results reads [secret:NAME].".into(),
+            input_schema: json!({"type":"object","properties":{"name":{"type":"string"},"value":{"type":"string"},"secret":{"type":"boolean","default":false}},"required":["name","value"]}),
         });
     }
     if allowed("emit") {
@@ -111,4 +119,49 @@ pub(super) fn emit(s: &mut ThreadState, input: &Value) -> ToolOutcome {
     }
     s.log("emit", json!({ "event": event, "data": data }));
     ToolOutcome::ok(json!({ "emitted": event }))
+}
+
+/// A call's input as the transcript keeps it: a secret `set_env` value is already hidden
+/// (it is not yet among the known secrets when the call is logged).
+pub(super) fn loggable_input(call: &ToolCall) -> Value {
+    let mut input = call.input.clone();
+    if call.name == "set_env" && input["secret"] == true {
+        let name = input["name"].as_str().unwrap_or("?").to_string();
+        input["value"] = json!(format!("[secret:{name}]"));
+    }
+    input
+}
+
+/// `set_env`, on a task: the value in this thread's scope, seen by its descendants' next tool
+/// calls (resolution walks up the parent chain when a call starts).
+pub(super) fn set_env(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
+    let (Some(name), Some(value)) = (call.input["name"].as_str(), call.input["value"].as_str())
+    else {
+        return Some(ToolOutcome::err(
+            "set_env needs `name` and `value` (strings)",
+        ));
+    };
+    let (name, value) = (name.to_string(), value.to_string());
+    let secret = call.input["secret"] == true;
+    let store = s.ctx.store.clone();
+    let scope = crate::store::Scope::Thread(s.id().clone());
+    let work = async move {
+        let done = tokio::task::spawn_blocking(move || {
+            store
+                .env_set(&scope, &name, &value, secret)
+                .map(|()| json!({ "name": name, "secret": secret, "scope": "thread" }))
+        })
+        .await;
+        match done {
+            Ok(Ok(v)) => ToolOutcome::ok(v),
+            Ok(Err(e)) => ToolOutcome::err(e.to_string()),
+            Err(e) => ToolOutcome::err(format!("set_env failed: {e}")),
+        }
+    };
+    super::tool_phase::run_as_task(me, s, call.id, work);
+    None
 }

@@ -18,8 +18,13 @@ impl ThreadActor {
         me: &ActorRef<ThreadMsg>,
         s: &mut ThreadState,
         call_id: String,
-        outcome: ToolOutcome,
+        mut outcome: ToolOutcome,
     ) {
+        // A tool may print a secret (its env holds them): the model never reads it.
+        s.ctx.refresh_secrets();
+        if let std::borrow::Cow::Owned(clean) = s.ctx.redactor().redact(&outcome.content) {
+            outcome.content = clean;
+        }
         let Phase::Tools {
             order,
             results,
@@ -155,6 +160,7 @@ pub(super) async fn run(
         "spawn_thread" => manage::spawn_thread(me, s, call),
         "kv_get" | "kv_set" => super::state_tools::kv(me, s, call),
         "emit" => Some(super::state_tools::emit(s, &call.input)),
+        "set_env" => super::state_tools::set_env(me, s, call),
         "wait_threads" => manage::wait_threads(me, s, call),
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
         "thread_status" => Some(manage::thread_status(s, &call.input).await),
@@ -210,8 +216,34 @@ pub(super) async fn run(
             let area = s.ctx.store.files_dir(s.id());
             let cancel = s.cancel.child_token();
             let (id, input) = (call.id.clone(), call.input.clone());
+            s.ctx.refresh_secrets();
+            let redactor = s.ctx.redactor();
+            let (store, thread) = (s.ctx.store.clone(), s.id().clone());
             run_as_task(me, s, call.id, async move {
-                let r = crate::tools::run_command(&tool, &input, &root, &area, &id, cancel).await;
+                // The thread's values, read when the call starts (a `set_env` of an ancestor
+                // reaches it here).
+                let vars = match tool.env.is_empty() {
+                    true => Ok(Default::default()),
+                    false => tokio::task::spawn_blocking(move || store.env_resolve(&thread))
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| r.map_err(|e| e.to_string())),
+                };
+                let vars = match vars {
+                    Ok(v) => v
+                        .into_values()
+                        .filter_map(|e| Some((e.name, e.value?)))
+                        .collect(),
+                    Err(e) => {
+                        return ToolOutcome::err(format!(
+                            "tool `{}`: its environment cannot be read: {e}",
+                            tool.name
+                        ))
+                    }
+                };
+                let env = crate::tools::CallEnv { vars, redactor };
+                let r =
+                    crate::tools::run_command(&tool, &input, &root, &area, &id, cancel, &env).await;
                 ToolOutcome {
                     content: r.content,
                     is_error: r.is_error,

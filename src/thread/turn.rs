@@ -199,17 +199,10 @@ impl ThreadActor {
             directive: s.directive.name.clone(),
             thread_id: s.id().clone(),
             call_index: s.calls_made,
-            on_text: s.ctx.publish_lines().then(|| {
-                let events = s.ctx.events.clone();
-                let id = s.id().clone();
-                crate::provider::TextSink(Arc::new(move |text: &str| {
-                    let _ = events.send(Event::Token {
-                        id: id.clone(),
-                        text: text.to_string(),
-                    });
-                }))
-            }),
+            on_text: None,
         };
+        let (sink, flush) = s.ctx.text_stream(s.id());
+        req.on_text = sink;
         let prompt_bytes = crate::provider::prompt_bytes(&req);
         let prompt_tokens = prompt_bound(s, &req, prompt_bytes);
         let token_room = s.limits.tokens - used_tokens;
@@ -311,6 +304,9 @@ impl ThreadActor {
         let reservation = grant.reservation;
         tokio::spawn(async move {
             let outcome = provider.complete(req, token).await;
+            if let Some(flush) = flush {
+                flush();
+            }
             let _ = me2.cast(ThreadMsg::LlmDone {
                 reservation,
                 outcome,
@@ -464,9 +460,10 @@ impl ThreadActor {
             });
         }
         for c in &resp.tool_calls {
+            let input = super::state_tools::loggable_input(c);
             s.log(
                 "tool_use",
-                json!({ "id": c.id, "name": c.name, "input": c.input }),
+                json!({ "id": c.id, "name": c.name, "input": input }),
             );
             content.push(Block::ToolUse {
                 id: c.id.clone(),

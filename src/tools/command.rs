@@ -107,6 +107,7 @@ const RESERVED: &[&str] = &[
     "kv_get",
     "kv_set",
     "emit",
+    "set_env",
 ];
 
 /// The command tools of a project: the user's `tools/*.yaml`, then the project's (a project
@@ -329,6 +330,17 @@ impl CommandResult {
 /// input on stdin, and waits for it, its timeout or `cancel`, whichever comes first. The whole
 /// group is killed on timeout and cancel. `files` is the thread's file area; `call_id` names the
 /// file that keeps a cut output.
+/// What a call's process gets besides its input: the thread's environment values for the
+/// tool's `env` names (over weft's own environment), and the secrets its output is cleaned of
+/// before anything of it is kept or returned.
+#[derive(Default)]
+pub(crate) struct CallEnv {
+    /// Resolved values (thread → parent chain → project → user), secrets decrypted.
+    pub vars: std::collections::BTreeMap<String, String>,
+    /// The secrets to hide.
+    pub redactor: std::sync::Arc<crate::core::redact::Redactor>,
+}
+
 pub(crate) async fn run(
     tool: &CommandTool,
     input: &Value,
@@ -336,6 +348,7 @@ pub(crate) async fn run(
     files: &Path,
     call_id: &str,
     cancel: CancellationToken,
+    env: &CallEnv,
 ) -> CommandResult {
     if let Err(m) = schema::validate(&tool.input_schema, input) {
         return CommandResult::err(format!(
@@ -384,8 +397,15 @@ pub(crate) async fn run(
         .process_group(0)
         .kill_on_drop(true);
     for name in &tool.env {
-        if let Some(v) = std::env::var_os(name) {
-            cmd.env(name, v);
+        match env.vars.get(name) {
+            Some(v) => {
+                cmd.env(name, v);
+            }
+            None => {
+                if let Some(v) = std::env::var_os(name) {
+                    cmd.env(name, v);
+                }
+            }
         }
     }
     let mut child = match cmd.spawn() {
@@ -446,7 +466,10 @@ pub(crate) async fn run(
         Err(e) => return CommandResult::err(format!("tool `{}`: {e}", tool.name)),
     };
     let (out, truncated_by_cap) = out;
-    let stderr_tail = String::from_utf8_lossy(&err).into_owned();
+    let stderr_tail = env
+        .redactor
+        .redact(&String::from_utf8_lossy(&err))
+        .into_owned();
     if !status.success() {
         let how = match (
             status.code(),
@@ -462,8 +485,12 @@ pub(crate) async fn run(
             stderr_tail.trim_end()
         ));
     }
-    let text = String::from_utf8_lossy(&out).into_owned();
-    if (out.len() as u64) <= tool.max_output && !truncated_by_cap {
+    // Cleaned before it is cut, kept in the file area or returned.
+    let text = env
+        .redactor
+        .redact(&String::from_utf8_lossy(&out))
+        .into_owned();
+    if (text.len() as u64) <= tool.max_output && !truncated_by_cap {
         return CommandResult {
             content: text,
             is_error: false,
@@ -472,7 +499,7 @@ pub(crate) async fn run(
     CommandResult {
         content: cut_and_keep(
             &text,
-            out.len(),
+            text.len(),
             tool.max_output,
             files,
             &tool.name,

@@ -12,7 +12,7 @@ mod mcp;
 mod schema;
 
 pub use command::ToolFileError;
-pub(crate) use command::{CommandTool, CommandTools};
+pub(crate) use command::{CallEnv, CommandTool, CommandTools};
 pub(crate) use files::{
     copy_between, resolve as resolve_in_area, specs as file_tool_specs, FILE_TOOLS,
 };
@@ -77,6 +77,7 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
         "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
         "kv_get" | "kv_set" => Ok(Some("kv".into())),
         "emit" => Ok(Some("emit".into())),
+        "set_env" => Ok(Some("env.set".into())),
         name if name.starts_with("mcp__") => match mcp::split_name(name) {
             Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),
             None => Err(format!(
