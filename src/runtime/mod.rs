@@ -127,13 +127,6 @@ impl RuntimeBuilder {
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project)?;
-        let mcp = crate::tools::McpHub::new(config.mcp_servers.clone(), project.root.clone());
-        let hooks = crate::hooks::Hooks::load(
-            &crate::project::user_dir(),
-            &project.weft(),
-            &project.root,
-            config.builtin_hooks,
-        )?;
         let store = Arc::new(crate::store::FileStore::new(
             project.clone(),
             signer.clone(),
@@ -141,6 +134,17 @@ impl RuntimeBuilder {
             config.durability,
             config.checkpoint_every,
         ));
+        let mcp = crate::tools::McpHub::new(
+            config.mcp_servers.clone(),
+            project.root.clone(),
+            Some(store.clone()),
+        );
+        let hooks = crate::hooks::Hooks::load(
+            &crate::project::user_dir(),
+            &project.weft(),
+            &project.root,
+            config.builtin_hooks,
+        )?;
         let ctx = Arc::new(Ctx {
             secrets: Default::default(),
             store,

@@ -173,6 +173,42 @@ fn rows(
     Ok(out)
 }
 
+/// The first value of each name in `found` (nearest scope first), secrets decrypted; the key is
+/// read only when there is a secret to open.
+fn resolve(
+    found: Vec<(String, String, String, bool)>,
+) -> Result<BTreeMap<String, EnvValue>, StoreError> {
+    let mut key = None;
+    let mut out = BTreeMap::new();
+    for (scope, name, stored, secret) in found {
+        if out.contains_key(&name) {
+            continue;
+        }
+        let value = match secret {
+            false => stored,
+            true => {
+                if key.is_none() {
+                    key = Some(secrets_key(&crate::project::user_dir())?);
+                }
+                let k = key.as_ref().ok_or_else(|| storage("no secrets key"))?;
+                open_sealed(k, &format!("{scope}/{name}"), &stored).ok_or_else(|| {
+                    storage(format!("secret {name} ({scope}) does not decrypt with this user's key; set it again with `weft env set {name} - --secret`"))
+                })?
+            }
+        };
+        out.insert(
+            name.clone(),
+            EnvValue {
+                name,
+                scope,
+                secret,
+                value: Some(value),
+            },
+        );
+    }
+    Ok(out)
+}
+
 impl FileStore {
     fn with_env_db<T>(
         &self,
@@ -275,29 +311,19 @@ impl FileStore {
         chain.push("project".into());
         let mut found = self.with_env_db(&Scope::Project, |db| rows(db, &chain))?;
         found.extend(self.with_env_db(&Scope::User, |db| rows(db, &["user".to_string()]))?);
-        let key = secrets_key(&crate::project::user_dir())?;
-        let mut out = BTreeMap::new();
-        for (scope, name, stored, secret) in found {
-            if out.contains_key(&name) {
-                continue;
-            }
-            let value = match secret {
-                true => open_sealed(&key, &format!("{scope}/{name}"), &stored).ok_or_else(|| {
-                    storage(format!("secret {name} ({scope}) does not decrypt with this user's key; set it again with `weft env set {name} … --secret`"))
-                })?,
-                false => stored,
-            };
-            out.insert(
-                name.clone(),
-                EnvValue {
-                    name,
-                    scope,
-                    secret,
-                    value: Some(value),
-                },
-            );
-        }
-        Ok(out)
+        resolve(found)
+    }
+
+    /// The values every thread shares: the project's over the user's, secrets decrypted (for
+    /// processes started once per runtime, such as MCP servers).
+    pub(crate) fn env_shared(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        let mut found =
+            self.with_env_db(&Scope::Project, |db| rows(db, &["project".to_string()]))?;
+        found.extend(self.with_env_db(&Scope::User, |db| rows(db, &["user".to_string()]))?);
+        Ok(resolve(found)?
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.value?)))
+            .collect())
     }
 
     /// Every secret of the project, its threads and the user that this user's key opens, as a

@@ -195,10 +195,12 @@ pub(super) async fn run(
             let input = call.input.clone();
             let area = s.ctx.store.files_dir(s.id());
             let id = call.id.clone();
+            s.ctx.refresh_secrets();
+            let redactor = s.ctx.redactor();
             run_as_task(me, s, call.id, async move {
                 let (content, is_error) = ctx
                     .mcp
-                    .call(&server, &tool, &input, &area, &id, cancel)
+                    .call((&server, &tool), &input, &area, &id, cancel, &redactor)
                     .await;
                 ToolOutcome {
                     content,

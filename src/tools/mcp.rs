@@ -40,6 +40,9 @@ pub(crate) struct McpHub {
     root: PathBuf,
     /// One slot per server; its lock serializes starting it.
     running: HashMap<String, tokio::sync::Mutex<Option<Arc<Server>>>>,
+    /// The project's and the user's environment values (`weft env`), read when a server
+    /// starts: a server is shared by every thread, so thread values cannot reach it.
+    store: Option<Arc<crate::store::FileStore>>,
 }
 
 /// The tool name offered to the model for `tool` of `server`.
@@ -59,7 +62,11 @@ pub(crate) fn capability(server: &str, tool: &str) -> String {
 
 impl McpHub {
     /// A hub for `configs`; nothing starts until a thread may use a server.
-    pub(crate) fn new(configs: BTreeMap<String, McpServerConfig>, root: PathBuf) -> McpHub {
+    pub(crate) fn new(
+        configs: BTreeMap<String, McpServerConfig>,
+        root: PathBuf,
+        store: Option<Arc<crate::store::FileStore>>,
+    ) -> McpHub {
         let running = configs
             .keys()
             .map(|k| (k.clone(), tokio::sync::Mutex::new(None)))
@@ -68,6 +75,7 @@ impl McpHub {
             configs,
             root,
             running,
+            store,
         }
     }
 
@@ -140,6 +148,16 @@ impl McpHub {
     async fn start(&self, name: &str) -> Result<Server, String> {
         let cfg = &self.configs[name];
         let fail = |e: String| format!("MCP server `{name}`: {e}");
+        let shared = match &self.store {
+            Some(store) => {
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || store.env_shared())
+                    .await
+                    .map_err(|e| fail(e.to_string()))?
+                    .map_err(|e| fail(format!("its environment cannot be read: {e}")))?
+            }
+            None => BTreeMap::new(),
+        };
         let client = match (&cfg.command, &cfg.url) {
             (Some(command), _) => {
                 let mut cmd =
@@ -150,8 +168,15 @@ impl McpHub {
                     .copied()
                     .chain(cfg.env.iter().map(String::as_str))
                 {
-                    if let Some(v) = std::env::var_os(var) {
-                        cmd.env(var, v);
+                    match shared.get(var) {
+                        Some(v) => {
+                            cmd.env(var, v);
+                        }
+                        None => {
+                            if let Some(v) = std::env::var_os(var) {
+                                cmd.env(var, v);
+                            }
+                        }
                     }
                 }
                 let (transport, _) = TokioChildProcess::builder(cmd)
@@ -165,7 +190,8 @@ impl McpHub {
             (None, Some(url)) => {
                 let mut headers = std::collections::HashMap::new();
                 for (h, v) in &cfg.headers {
-                    let value = expand_env(v).map_err(|e| fail(format!("header {h}: {e}")))?;
+                    let value =
+                        expand_env(v, &shared).map_err(|e| fail(format!("header {h}: {e}")))?;
                     let (Ok(k), Ok(v)) = (
                         h.parse::<reqwest::header::HeaderName>(),
                         value.parse::<reqwest::header::HeaderValue>(),
@@ -195,12 +221,12 @@ impl McpHub {
     /// the server (`notifications/cancelled`). Returns (result text, is_error).
     pub(crate) async fn call(
         &self,
-        server: &str,
-        tool: &str,
+        (server, tool): (&str, &str),
         input: &Value,
         files: &std::path::Path,
         call_id: &str,
         cancel: CancellationToken,
+        redactor: &crate::core::redact::Redactor,
     ) -> (String, bool) {
         let s = match self.server(server).await {
             Ok(s) => s,
@@ -246,6 +272,10 @@ impl McpHub {
                         text = v.to_string();
                     }
                 }
+                // Cleaned of secrets before it is cut, kept or returned.
+                if let std::borrow::Cow::Owned(clean) = redactor.redact(&text) {
+                    text = clean;
+                }
                 if text.len() as u64 > MAX_RESULT {
                     let total = text.len();
                     let name = tool_name(server, tool);
@@ -272,8 +302,9 @@ impl McpHub {
     }
 }
 
-/// `${NAME}` references replaced by the variables' values; a missing variable is an error.
-fn expand_env(v: &str) -> Result<String, String> {
+/// `${NAME}` references replaced by the variables' values (`weft env` values first, then
+/// weft's own environment); a missing variable is an error.
+fn expand_env(v: &str, shared: &BTreeMap<String, String>) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = v;
     while let Some(i) = rest.find("${") {
@@ -283,8 +314,14 @@ fn expand_env(v: &str) -> Result<String, String> {
             return Err("an unclosed `${`".into());
         };
         let name = &after[..j];
-        let value =
-            std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))?;
+        let value = match shared.get(name) {
+            Some(v) => v.clone(),
+            None => std::env::var(name).map_err(|_| {
+                format!(
+                    "environment variable {name} is not set (`weft env set {name} …` or export it)"
+                )
+            })?,
+        };
         out.push_str(&value);
         rest = &after[j + 1..];
     }

@@ -289,3 +289,44 @@ async fn a_cancelled_call_reaches_the_server_as_notifications_cancelled() {
     assert_eq!(report.status, Status::Cancelled);
     wait_until("the server saw notifications/cancelled", || mark.exists()).await;
 }
+
+/// `weft env` values reach a stdio MCP server through its `env` list (the project's over the
+/// user's: a server is shared by every thread); a secret among them comes back from the server
+/// only as `[secret:NAME]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_values_reach_an_mcp_server_and_its_secrets_come_back_redacted() {
+    let Some(js) = everything() else { return };
+    let config = format!(
+        "mcp_servers:\n  everything: {{ command: node, args: [{}, stdio, env-probe], env: [MCP_PROBE, MCP_SECRET] }}\n",
+        json!(js.display().to_string())
+    );
+    let fx = fixture(
+        "[mcp.everything.get-env]",
+        &[vec![("mcp__everything__get-env", json!({}))]],
+        &config,
+    );
+    let store = weft::FileStore::open(&fx.project()).unwrap();
+    store
+        .env_set(
+            &weft::Scope::Project,
+            "MCP_PROBE",
+            "plain-probe-value",
+            false,
+        )
+        .unwrap();
+    store
+        .env_set(
+            &weft::Scope::Project,
+            "MCP_SECRET",
+            "mcp-secret-0a1b2c3d",
+            true,
+        )
+        .unwrap();
+    let (report, _rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1, "{:?}", r[0]);
+    assert!(r[0].0.contains("plain-probe-value"), "{}", r[0].0);
+    assert!(r[0].0.contains("[secret:MCP_SECRET]"), "{}", r[0].0);
+    assert!(!r[0].0.contains("mcp-secret-0a1b2c3d"));
+}
