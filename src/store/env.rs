@@ -380,7 +380,14 @@ impl FileStore {
         }
     }
 
+    /// How many values this process changed (a runtime reloads its redactor when it moves).
+    pub(crate) fn env_changes(&self) -> u64 {
+        self.env_changes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn touch(&self, scope: &Scope) {
+        self.env_changes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let _ = std::fs::write(self.stamp_path(scope), crate::core::ids::now_ts());
     }
 }

@@ -37,6 +37,8 @@ pub struct FileStore {
     registry: Mutex<Option<Store>>,
     /// store.db, opened on first use.
     index: Mutex<Option<Connection>>,
+    /// Environment changes made through this store (see `env.rs`).
+    pub(super) env_changes: std::sync::atomic::AtomicU64,
     /// Threads waiting to be indexed (see `later.rs`).
     pub(super) later: super::later::Later,
 }
@@ -59,6 +61,7 @@ impl FileStore {
             registry: Mutex::new(None),
             index: Mutex::new(None),
             later: Default::default(),
+            env_changes: Default::default(),
         }
     }
 

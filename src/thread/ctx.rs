@@ -127,16 +127,32 @@ impl Ctx {
         (Some(sink), Some(Box::new(flush)))
     }
 
-    /// Reloads the secrets if any were set or removed since they were read (two `stat`s when
-    /// nothing changed).
+    /// Reloads the secrets if any were set or removed since they were read: at once after a
+    /// change made in this process, within [`STAMP_EVERY`] after one made by another (two
+    /// `stat`s at most that often: this runs before every tool result).
     pub(crate) fn refresh_secrets(&self) {
-        let stamps = self.store.env_stamps();
-        if self.secrets.read().is_ok_and(|s| s.stamps == stamps) {
+        let local = self.store.env_changes();
+        let fresh =
+            |s: &Secrets| s.local == local && s.checked.is_some_and(|t| t.elapsed() < STAMP_EVERY);
+        if self.secrets.read().is_ok_and(|s| fresh(&s)) {
             return;
+        }
+        let stamps = self.store.env_stamps();
+        let now = Some(std::time::Instant::now());
+        if let Ok(mut s) = self.secrets.write() {
+            if s.local == local && s.stamps == stamps {
+                s.checked = now;
+                return;
+            }
         }
         let redactor = Arc::new(self.store.redactor());
         if let Ok(mut s) = self.secrets.write() {
-            *s = Secrets { stamps, redactor };
+            *s = Secrets {
+                stamps,
+                local,
+                checked: now,
+                redactor,
+            };
         }
     }
 
@@ -167,11 +183,18 @@ impl Event {
 const STORE_ATTEMPTS: u32 = 4;
 
 /// Shared wiring of a runtime, handed to every thread actor.
+/// How often a runtime looks whether another process changed the secrets.
+const STAMP_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The secrets a runtime redacts, and the stamps they were read at.
 #[derive(Default)]
 pub(crate) struct Secrets {
     /// `FileStore::env_stamps` when `redactor` was built.
     pub stamps: (Option<std::time::SystemTime>, Option<std::time::SystemTime>),
+    /// `FileStore::env_changes` when `redactor` was built.
+    pub local: u64,
+    /// When the stamps were last looked at.
+    pub checked: Option<std::time::Instant>,
     /// Every secret this user's key opens.
     pub redactor: Arc<crate::core::redact::Redactor>,
 }
