@@ -80,8 +80,8 @@ pub use crate::runtime::{
 };
 pub use crate::store::{
     apply_edits, check_event, export, import_deepagents, import_nova, Backfill, Collected, Deleted,
-    EnvValue, FileStore, Imported, MemoryStore, NewThread, Scope, SearchHit, SearchMessage,
-    SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
+    Effect, EffectKind, EnvValue, FileStore, Imported, MemoryStore, NewThread, Scope, SearchHit,
+    SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;

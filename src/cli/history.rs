@@ -1,7 +1,7 @@
 //! Commands on stored threads: `weft search` (and `--backfill`), `weft delete`, `weft message
-//! edit|delete`, `weft kv`, `weft env`, `weft import`, `weft export`. All through the project's [`FileStore`]; none needs a runtime.
+//! edit|delete`, `weft kv`, `weft env`, `weft schedule`, `weft import`, `weft export`. All through the project's [`FileStore`]; none needs a runtime.
 
-use super::{find_project, open_threads, usage, EnvAction, Exit, MessageChange};
+use super::{find_project, open_threads, usage, EnvAction, Exit, MessageChange, ScheduleAction};
 use crate::core::ids::ThreadId;
 use crate::store::{SearchQuery, StoreError, ThreadStore};
 use serde_json::json;
@@ -310,6 +310,56 @@ pub(super) fn env(explicit: Option<PathBuf>, action: EnvAction) -> Result<i32, E
                     .clone()
                     .unwrap_or_else(|| format!("[secret:{}]", v.name));
                 out!("{:<24} {:<10} {shown}", v.name, v.scope);
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub(super) fn schedule(
+    explicit: Option<PathBuf>,
+    action: Option<ScheduleAction>,
+    as_json: bool,
+) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let store = open_threads(&project)?;
+    match action.unwrap_or(ScheduleAction::List { thread: None }) {
+        ScheduleAction::List { thread } => {
+            let thread = thread
+                .map(|t| ThreadId::parse(&t))
+                .transpose()
+                .map_err(usage)?;
+            let all = store.scheduled(thread.as_ref()).map_err(store_exit)?;
+            if as_json {
+                out!("{}", json!(all));
+                return Ok(0);
+            }
+            if all.is_empty() {
+                out!(
+                    "nothing scheduled (a thread with the `schedule` capability schedules effects)"
+                );
+            }
+            for e in &all {
+                let what = format!("{:?} {}", e.kind, e.target).to_lowercase();
+                out!(
+                    "{}  {:<9} {}  {what}  (by {}){}",
+                    e.id,
+                    e.status,
+                    e.due_at,
+                    e.thread,
+                    e.result
+                        .as_deref()
+                        .map(|r| format!(" → {}", one_line(r, 100)))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        ScheduleAction::Cancel { id } => {
+            let e = store.cancel_effect(&id, None).map_err(store_exit)?;
+            if as_json {
+                out!("{}", json!(e));
+            } else {
+                out!("{} cancelled", e.id);
             }
         }
     }

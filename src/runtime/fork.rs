@@ -84,6 +84,7 @@ impl Runtime {
             reserve: Nanos::ZERO,
             parent: None,
             continuation: None,
+            cap: None,
             seed: Some(Seed {
                 messages,
                 calls_made,

@@ -7,6 +7,7 @@
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
 mod doctor;
+mod effects;
 mod fork;
 mod handle;
 pub(crate) mod owner;
@@ -146,6 +147,7 @@ impl RuntimeBuilder {
             config.builtin_hooks,
         )?;
         let ctx = Arc::new(Ctx {
+            effects_wake: Default::default(),
             secrets: Default::default(),
             store,
             project,
@@ -170,6 +172,9 @@ impl RuntimeBuilder {
         });
         ctx.refresh_secrets();
         let recovered = recovery::recover(&ctx, first_owner).await;
+        if !self.no_provider {
+            effects::start(&ctx, first_owner);
+        }
         Ok(Runtime {
             ctx,
             recovered: recovered.into(),
@@ -307,6 +312,7 @@ impl Runtime {
             overrides,
             reserve: Nanos::ZERO,
             parent: None,
+            cap: None,
             seed: None,
             continuation: None,
             attach: Vec::new(),

@@ -65,6 +65,7 @@ impl Runtime {
             attach: Vec::new(),
             route: None,
             parent_span: None,
+            cap: None,
             seed: None,
             continuation: Some(Continuation {
                 of: of.clone(),

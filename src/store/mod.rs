@@ -16,6 +16,7 @@ use crate::registry::{ThreadFilter, ThreadRow};
 use serde_json::{Map, Value};
 
 mod check;
+mod effects;
 mod env;
 mod files;
 mod index;
@@ -25,6 +26,7 @@ mod maintain;
 mod memory;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
+pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;
 pub use interop::{export, import_deepagents, import_nova, Imported};

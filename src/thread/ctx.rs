@@ -75,6 +75,15 @@ pub enum Event {
 }
 
 impl Ctx {
+    /// Keeps work a thread leaves behind (hook commands, scheduled effects) for
+    /// `Runtime::drain_hooks`, dropping what already finished.
+    pub(crate) fn track(&self, task: tokio::task::JoinHandle<()>) {
+        if let Ok(mut t) = self.hook_tasks.lock() {
+            t.retain(|h| !h.is_finished());
+            t.push(task);
+        }
+    }
+
     /// The current redactor (cheap: a read lock and an `Arc` clone).
     pub(crate) fn redactor(&self) -> Arc<crate::core::redact::Redactor> {
         self.secrets
@@ -200,6 +209,8 @@ pub(crate) struct Secrets {
 }
 
 pub(crate) struct Ctx {
+    /// Wakes the runtime's scheduled-effects task (a `schedule` call made an effect).
+    pub effects_wake: Arc<tokio::sync::Notify>,
     /// What secrets to hide (see [`Ctx::refresh_secrets`]).
     pub secrets: std::sync::RwLock<Secrets>,
     /// Where the project's threads are kept (the one place that knows their paths).

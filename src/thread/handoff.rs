@@ -93,6 +93,7 @@ pub(super) async fn start(s: &mut ThreadState, messages: Vec<Message>) -> Result
             id: id.clone(),
             actor: actor.clone(),
         }),
+        cap: None,
         seed: None,
         continuation: Some(Continuation {
             of: s.doc.clone(),

@@ -181,6 +181,7 @@ fn spawn(
         overrides: Default::default(),
         reserve: crate::core::money::Nanos::ZERO,
         parent: None,
+        cap: None,
         seed: None,
         continuation: None,
         attach: Vec::new(),
@@ -210,10 +211,7 @@ fn spawn(
 /// never interleave), on a file kept open by the runtime.
 /// Keeps a hook's task for `Runtime::drain_hooks` (dropping those already finished).
 fn track(s: &ThreadState, task: tokio::task::JoinHandle<()>) {
-    if let Ok(mut t) = s.ctx.hook_tasks.lock() {
-        t.retain(|h| !h.is_finished());
-        t.push(task);
-    }
+    s.ctx.track(task);
 }
 
 fn usage_record(s: &ThreadState, ctx: &Value) -> Result<(), String> {

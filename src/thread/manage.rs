@@ -30,6 +30,7 @@ pub(super) fn offered(
     let allowed = |cap: &str| crate::core::capability::allowed(caps, cap);
     out.extend(crate::tools::file_tool_specs(allowed));
     out.extend(super::state_tools::specs(allowed));
+    out.extend(super::schedule::specs(allowed));
     out.extend(
         commands
             .iter()
@@ -197,6 +198,7 @@ pub(super) fn spawn_thread(
         overrides,
         reserve,
         parent: None,
+        cap: None,
         seed: None,
         continuation: None,
         attach,

@@ -27,6 +27,7 @@ mod hook_run;
 mod manage;
 mod messages;
 mod msg;
+mod schedule;
 mod spans;
 mod spawn;
 mod state;

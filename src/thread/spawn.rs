@@ -85,6 +85,9 @@ pub(crate) struct SpawnRequest {
     pub continuation: Option<Continuation>,
     /// Set when the thread starts from a copy of another's conversation (`weft fork`).
     pub seed: Option<Seed>,
+    /// Limits a root is capped by as if they were its parent's (a scheduled effect runs under
+    /// its scheduling thread's).
+    pub cap: Option<crate::core::limits::Limits>,
     /// Paths in the parent's file area copied into the child's at the same paths.
     pub attach: Vec<String>,
     /// The tree's provider and model, over the runtime's (children inherit it).
@@ -169,7 +172,7 @@ pub(crate) async fn spawn(
                 &ctx.config.default_limits,
                 &directive.limits,
                 &req.overrides,
-                parent_doc.as_ref().map(|d| &d.limits),
+                parent_doc.as_ref().map(|d| &d.limits).or(req.cap.as_ref()),
             );
             let caps = match &parent_doc {
                 Some(p) => {

@@ -108,6 +108,9 @@ const RESERVED: &[&str] = &[
     "kv_set",
     "emit",
     "set_env",
+    "schedule",
+    "scheduled_list",
+    "scheduled_cancel",
 ];
 
 /// The command tools of a project: the user's `tools/*.yaml`, then the project's (a project

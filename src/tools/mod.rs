@@ -78,6 +78,7 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
         "kv_get" | "kv_set" => Ok(Some("kv".into())),
         "emit" => Ok(Some("emit".into())),
         "set_env" => Ok(Some("env.set".into())),
+        "schedule" | "scheduled_list" | "scheduled_cancel" => Ok(Some("schedule".into())),
         name if name.starts_with("mcp__") => match mcp::split_name(name) {
             Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),
             None => Err(format!(

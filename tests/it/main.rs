@@ -6,6 +6,7 @@ mod continuation;
 mod crash;
 mod directives;
 mod e2e_llm;
+mod effects;
 mod env;
 mod fake_llm;
 mod guarantees;

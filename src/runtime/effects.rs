@@ -1,0 +1,186 @@
+//! Running scheduled effects (see `store/effects.rs`): every runtime that can run threads keeps
+//! one task that claims the effects due, runs them and sleeps until the next is due (at most
+//! 2 s, so effects scheduled by other processes are seen; a `schedule` call in this process
+//! wakes it at once). A directive effect starts a root thread under the scheduling thread's
+//! limits as a cap; a tool effect runs the command tool in the scheduling thread's file area
+//! with its environment. Both are tracked like hook work: `Runtime::drain_hooks` waits for them.
+
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::limits::Limits;
+use crate::store::{Effect, EffectKind};
+use crate::thread::{Ctx, SpawnRequest};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Longest sleep between looks at store.db.
+const LOOK_EVERY: Duration = Duration::from_secs(2);
+
+/// Starts the effects task of a runtime (it ends when the runtime is gone).
+pub(super) fn start(ctx: &Arc<Ctx>, first_owner: bool) {
+    settle_orphans(ctx, first_owner);
+    let weak = Arc::downgrade(ctx);
+    let wake = ctx.effects_wake.clone();
+    tokio::spawn(async move {
+        loop {
+            let Some(wait) = round(&weak).await else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = wake.notified() => {}
+            }
+        }
+    });
+}
+
+/// Effects left `running` by a process that died are failed, never run again.
+fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
+    let state = ctx.project.state_dir();
+    let me = std::process::id();
+    let dead = |pid: u32| {
+        if pid == me {
+            first_owner
+        } else {
+            !super::owner::alive(&state, pid)
+        }
+    };
+    for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
+        let why = format!(
+            "interrupted: process {} ended while it ran; not run again",
+            e.claimed_by.unwrap_or(0)
+        );
+        let _ = ctx.store.finish_effect(&e.id, false, &why);
+    }
+}
+
+/// Runs what is due; returns how long to sleep, or None when the runtime is gone.
+async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
+    let ctx = weak.upgrade()?;
+    let store = ctx.store.clone();
+    let due = tokio::task::spawn_blocking(move || store.claim_due(std::process::id()))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    for e in due {
+        run(&ctx, e).await;
+    }
+    let next = ctx.store.next_due().ok().flatten();
+    let now = now_ts();
+    Some(match next {
+        Some(t) if t <= now => Duration::from_millis(20),
+        Some(t) => humantime::parse_rfc3339(&t)
+            .ok()
+            .and_then(|t| t.duration_since(std::time::SystemTime::now()).ok())
+            .map_or(LOOK_EVERY, |d| d.min(LOOK_EVERY)),
+        None => LOOK_EVERY,
+    })
+}
+
+async fn run(ctx: &Arc<Ctx>, e: Effect) {
+    match e.kind {
+        EffectKind::Directive => start_directive(ctx, e).await,
+        EffectKind::Tool => {
+            let ctx2 = ctx.clone();
+            let task = tokio::spawn(async move { run_tool(&ctx2, e).await });
+            ctx.track(task);
+        }
+    }
+}
+
+async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
+    let inputs = e.inputs.as_object().cloned().unwrap_or_default();
+    // Capped as by a parent, without the level a child would lose.
+    let cap: Option<Limits> = serde_json::from_value(e.limits.clone())
+        .ok()
+        .map(|mut l: Limits| {
+            l.depth += 1;
+            l
+        });
+    let req = SpawnRequest {
+        directive: e.target.clone(),
+        inputs,
+        overrides: Default::default(),
+        reserve: crate::core::money::Nanos::ZERO,
+        parent: None,
+        seed: None,
+        continuation: None,
+        attach: Vec::new(),
+        route: None,
+        parent_span: None,
+        cap,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    match crate::thread::spawn(ctx, req, Some(tx)).await {
+        Ok((id, _)) => {
+            let _ = ctx
+                .store
+                .finish_effect(&e.id, true, &format!("started thread {id}"));
+            tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
+            let task = tokio::spawn(async move {
+                let _ = rx.await;
+            });
+            ctx.track(task);
+        }
+        Err(err) => {
+            let _ = ctx.store.finish_effect(
+                &e.id,
+                false,
+                &format!("the thread could not start: {err}"),
+            );
+        }
+    }
+}
+
+async fn run_tool(ctx: &Arc<Ctx>, e: Effect) {
+    let Some(tool) = ctx.commands.get(&e.target).cloned() else {
+        let _ = ctx.store.finish_effect(
+            &e.id,
+            false,
+            &format!("no command tool `{}` in this project any more", e.target),
+        );
+        return;
+    };
+    let Ok(thread) = ThreadId::parse(&e.thread) else {
+        let _ = ctx
+            .store
+            .finish_effect(&e.id, false, "its thread id is not valid");
+        return;
+    };
+    let store = ctx.store.clone();
+    let t2 = thread.clone();
+    let vars = tokio::task::spawn_blocking(move || store.env_resolve(&t2)).await;
+    let vars = match vars {
+        Ok(Ok(v)) => v
+            .into_values()
+            .filter_map(|v| Some((v.name, v.value?)))
+            .collect(),
+        _ => Default::default(),
+    };
+    ctx.refresh_secrets();
+    let env = crate::tools::CallEnv {
+        vars,
+        redactor: ctx.redactor(),
+    };
+    let area = ctx.store.files_dir(&thread);
+    let r = crate::tools::run_command(
+        &tool,
+        &e.inputs,
+        &ctx.project.root,
+        &area,
+        &e.id,
+        tokio_util::sync::CancellationToken::new(),
+        &env,
+    )
+    .await;
+    let mut out = r.content;
+    if out.len() > 4096 {
+        let mut cut = 4096;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str(" […]");
+    }
+    let _ = ctx.store.finish_effect(&e.id, !r.is_error, &out);
+}

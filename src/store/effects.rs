@@ -1,0 +1,258 @@
+//! Scheduled effects (Standard Agents' `ScheduledEffect`): a directive to start or a command
+//! tool to run after a delay, kept in store.db so they survive restarts. A runtime claims a due
+//! effect with one conditional UPDATE, so of several processes exactly one runs it; an effect
+//! claimed by a process that died is settled by the next: a directive effect whose thread was
+//! started is done (recovery finishes the thread), a tool effect is marked failed, never run
+//! twice (its side effects may have happened).
+
+use super::{storage, FileStore, StoreError};
+use crate::core::ids::{now_ts, ThreadId};
+use rusqlite::{params, OptionalExtension};
+use serde_json::Value;
+
+/// What an effect does.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EffectKind {
+    /// Start a root thread of a directive.
+    Directive,
+    /// Run a command tool.
+    Tool,
+}
+
+/// One scheduled effect.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Effect {
+    /// Its id (`fx-…`).
+    pub id: String,
+    /// The thread that scheduled it.
+    pub thread: String,
+    /// Directive or tool.
+    pub kind: EffectKind,
+    /// The directive or tool name.
+    pub target: String,
+    /// Its inputs.
+    pub inputs: Value,
+    /// When it is due (RFC 3339).
+    pub due_at: String,
+    /// pending, running, done, failed, cancelled.
+    pub status: String,
+    /// What it gave: the thread started, the tool's output, or why it failed.
+    pub result: Option<String>,
+    /// The process that claimed it.
+    pub claimed_by: Option<u32>,
+    /// The scheduling thread's resolved limits (a directive effect runs under them as a cap).
+    pub limits: Value,
+}
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, thread TEXT NOT NULL,
+    kind TEXT NOT NULL, target TEXT NOT NULL, inputs TEXT NOT NULL, due_at TEXT NOT NULL,
+    created_at TEXT NOT NULL, status TEXT NOT NULL, result TEXT, claimed_by INTEGER,
+    limits TEXT NOT NULL);
+    CREATE INDEX IF NOT EXISTS effects_due ON effects(status, due_at);";
+
+const COLS: &str = "id, thread, kind, target, inputs, due_at, status, result, claimed_by, limits";
+
+fn effect_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Effect> {
+    let kind: String = r.get(2)?;
+    let text = |i: usize| -> rusqlite::Result<Value> {
+        Ok(serde_json::from_str(&r.get::<_, String>(i)?).unwrap_or(Value::Null))
+    };
+    Ok(Effect {
+        id: r.get(0)?,
+        thread: r.get(1)?,
+        kind: if kind == "tool" {
+            EffectKind::Tool
+        } else {
+            EffectKind::Directive
+        },
+        target: r.get(3)?,
+        inputs: text(4)?,
+        due_at: r.get(5)?,
+        status: r.get(6)?,
+        result: r.get(7)?,
+        claimed_by: r.get(8)?,
+        limits: text(9)?,
+    })
+}
+
+/// Most effects one thread may have pending.
+pub(crate) const MAX_PENDING: usize = 16;
+
+impl FileStore {
+    fn effects<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.idx(|c| {
+            c.execute_batch(SCHEMA).map_err(storage)?;
+            f(c)
+        })
+    }
+
+    /// Schedules an effect of `thread`; returns it.
+    pub fn schedule(
+        &self,
+        thread: &ThreadId,
+        kind: EffectKind,
+        target: &str,
+        inputs: &Value,
+        due_at: &str,
+        limits: &Value,
+    ) -> Result<Effect, StoreError> {
+        let pending = self
+            .scheduled(Some(thread))?
+            .iter()
+            .filter(|e| e.status == "pending")
+            .count();
+        if pending >= MAX_PENDING {
+            return Err(StoreError::Invalid {
+                rule: "schedule.pending",
+                detail: format!("thread {thread} already has {pending} effects pending (at most {MAX_PENDING}); cancel one first"),
+            });
+        }
+        let id = format!("fx-{}", &ThreadId::generate("e").as_str()[2..]);
+        let kind_s = match kind {
+            EffectKind::Directive => "directive",
+            EffectKind::Tool => "tool",
+        };
+        self.effects(|c| {
+            c.execute(
+                "INSERT INTO effects(id, thread, kind, target, inputs, due_at, created_at, status, limits)
+                 VALUES(?1,?2,?3,?4,?5,?6,?7,'pending',?8)",
+                params![id, thread.as_str(), kind_s, target, inputs.to_string(), due_at, now_ts(), limits.to_string()],
+            )
+            .map_err(storage)
+        })?;
+        self.one_effect(&id)?
+            .ok_or_else(|| storage("the effect just written is gone"))
+    }
+
+    fn one_effect(&self, id: &str) -> Result<Option<Effect>, StoreError> {
+        self.effects(|c| {
+            c.query_row(
+                &format!("SELECT {COLS} FROM effects WHERE id=?1"),
+                [id],
+                effect_of,
+            )
+            .optional()
+            .map_err(storage)
+        })
+    }
+
+    /// The effects of `thread` (all when None), soonest first.
+    pub fn scheduled(&self, thread: Option<&ThreadId>) -> Result<Vec<Effect>, StoreError> {
+        self.effects(|c| {
+            let mut stmt = c
+                .prepare(&format!(
+                    "SELECT {COLS} FROM effects WHERE ?1 IS NULL OR thread=?1 ORDER BY due_at, id"
+                ))
+                .map_err(storage)?;
+            let rows = stmt
+                .query_map([thread.map(ThreadId::as_str)], effect_of)
+                .map_err(storage)?;
+            rows.collect::<Result<_, _>>().map_err(storage)
+        })
+    }
+
+    /// Cancels a pending effect (of `thread`, when given). Err when it is not pending.
+    pub fn cancel_effect(&self, id: &str, thread: Option<&ThreadId>) -> Result<Effect, StoreError> {
+        let found = self
+            .one_effect(id)?
+            .filter(|e| thread.is_none_or(|t| t.as_str() == e.thread));
+        let Some(e) = found else {
+            return Err(StoreError::Invalid {
+                rule: "schedule.id",
+                detail: format!(
+                    "no effect {id}{}",
+                    thread
+                        .map(|t| format!(" of thread {t}"))
+                        .unwrap_or_default()
+                ),
+            });
+        };
+        let n = self.effects(|c| {
+            c.execute(
+                "UPDATE effects SET status='cancelled' WHERE id=?1 AND status='pending'",
+                [id],
+            )
+            .map_err(storage)
+        })?;
+        if n == 0 {
+            return Err(StoreError::Invalid {
+                rule: "schedule.status",
+                detail: format!("effect {id} is {}, not pending", e.status),
+            });
+        }
+        Ok(Effect {
+            status: "cancelled".into(),
+            ..e
+        })
+    }
+
+    /// Claims the effects due by now for process `pid` (each for exactly one process).
+    pub(crate) fn claim_due(&self, pid: u32) -> Result<Vec<Effect>, StoreError> {
+        let due: Vec<Effect> = self.effects(|c| {
+            let mut stmt = c
+                .prepare_cached(&format!("SELECT {COLS} FROM effects WHERE status='pending' AND due_at<=?1 ORDER BY due_at LIMIT 64"))
+                .map_err(storage)?;
+            let rows = stmt.query_map([now_ts()], effect_of).map_err(storage)?;
+            rows.collect::<Result<_, _>>().map_err(storage)
+        })?;
+        let mut mine = Vec::new();
+        for e in due {
+            let won = self.effects(|c| {
+                c.execute(
+                    "UPDATE effects SET status='running', claimed_by=?2 WHERE id=?1 AND status='pending'",
+                    params![e.id, pid],
+                )
+                .map_err(storage)
+            })?;
+            if won == 1 {
+                mine.push(Effect {
+                    status: "running".into(),
+                    claimed_by: Some(pid),
+                    ..e
+                });
+            }
+        }
+        Ok(mine)
+    }
+
+    /// The earliest due time of a pending effect.
+    pub(crate) fn next_due(&self) -> Result<Option<String>, StoreError> {
+        self.effects(|c| {
+            c.query_row(
+                "SELECT MIN(due_at) FROM effects WHERE status='pending'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(storage)
+        })
+    }
+
+    /// Records how a claimed effect ended.
+    pub(crate) fn finish_effect(&self, id: &str, ok: bool, result: &str) -> Result<(), StoreError> {
+        let status = if ok { "done" } else { "failed" };
+        self.effects(|c| {
+            c.execute(
+                "UPDATE effects SET status=?2, result=?3 WHERE id=?1",
+                params![id, status, result],
+            )
+            .map(|_| ())
+            .map_err(storage)
+        })
+    }
+
+    /// Effects left `running` by processes that are gone (`dead` says which).
+    pub(crate) fn orphaned_effects(
+        &self,
+        dead: impl Fn(u32) -> bool,
+    ) -> Result<Vec<Effect>, StoreError> {
+        Ok(self
+            .scheduled(None)?
+            .into_iter()
+            .filter(|e| e.status == "running" && e.claimed_by.is_some_and(&dead))
+            .collect())
+    }
+}

@@ -1,0 +1,235 @@
+//! Scheduled effects (issue 13): a thread schedules a directive and a tool and ends; the `weft
+//! run` process exits before they are due; a later process (a restart) runs each exactly once
+//! — the directive as a new root capped by the scheduler's limits, the tool in the scheduler's
+//! file area. Cancel, capabilities, and an effect orphaned by a dead process.
+
+use crate::support::{directive, weft_cmd, Fixture};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const SCRIPT: &str = r#"planner:
+  - tool_calls:
+      - { name: schedule, input: { directive: reminder, inputs: { note: "water the plants" }, delay: "1s" } }
+      - { name: schedule, input: { tool: stamp, inputs: { word: later }, delay: 1 } }
+      - { name: schedule, input: { directive: reminder, delay: "1h" } }
+  - tool_calls: [ { name: scheduled_list, input: {} } ]
+  - text: planned
+reminder:
+  - text: reminded
+greedy:
+  - tool_calls:
+      - { name: schedule, input: { directive: planner, delay: "1s" } }
+      - { name: schedule, input: { tool: stamp, delay: "40d" } }
+  - text: refused
+"#;
+
+fn fixture() -> Fixture {
+    let planner = directive(
+        "limits: { spend: 0.02 }\npermissions: [ schedule, \"thread.spawn.reminder\", tool.stamp ]",
+        "Plan.",
+    );
+    let reminder = directive(
+        "limits: { spend: 5.00 }\ninputs:\n  note: { type: string }",
+        "Remind me: {input:note?}",
+    );
+    let greedy = directive("permissions: [ schedule, tool.stamp ]", "Greedy.");
+    let fx = Fixture::new(
+        &[
+            ("planner", &planner),
+            ("reminder", &reminder),
+            ("greedy", &greedy),
+        ],
+        SCRIPT,
+        "",
+    );
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/stamp.yaml"),
+        "name: stamp\nargv: [sh, -c, 'printf \"%s\" \"$1\" > stamped.txt; echo stamped', sh, \"{input.word}\"]\ncwd: files\ninput_schema: { type: object, properties: { word: { type: string } } }\n",
+    )
+    .unwrap();
+    fx
+}
+
+fn effects(fx: &Fixture) -> Vec<Value> {
+    let out = weft_cmd(fx.root())
+        .args(["schedule", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effects_survive_the_process_that_scheduled_them_and_run_once() {
+    let fx = fixture();
+    let script = fx.root().join("script.yaml");
+    let out = weft_cmd(fx.root())
+        .args(["run", "planner", "--json", "--script"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let planner = serde_json::from_slice::<Value>(&out.stdout).unwrap()["thread_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let listed = fx
+        .events(&planner)
+        .into_iter()
+        .rfind(|l| l["type"] == "tool_result")
+        .unwrap();
+    assert!(
+        listed["content"].as_str().unwrap().contains("water")
+            || listed["content"].as_str().unwrap().contains("reminder"),
+        "{listed}"
+    );
+    let before = effects(&fx);
+    assert_eq!(before.len(), 3);
+    assert!(
+        before.iter().all(|e| e["status"] == "pending"),
+        "the run ended before any was due: {before:?}"
+    );
+    let soon = before
+        .iter()
+        .find(|e| e["due_at"].as_str().unwrap() < before[2]["due_at"].as_str().unwrap())
+        .unwrap()["id"]
+        .clone();
+    let later = before
+        .iter()
+        .max_by_key(|e| e["due_at"].as_str().unwrap().to_string())
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(soon.is_string());
+
+    // A restart: another process opens the project and runs what is due.
+    let rt = fx.runtime().await;
+    let start = Instant::now();
+    loop {
+        let now = effects(&fx);
+        if now.iter().filter(|e| e["status"] == "done").count() == 2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "effects not run: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rt.drain_hooks().await;
+    let now = effects(&fx);
+    let directive = now
+        .iter()
+        .find(|e| e["kind"] == "directive" && e["status"] == "done")
+        .unwrap();
+    let started = directive["result"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("started thread ")
+        .to_string();
+    let row = fx
+        .rows()
+        .into_iter()
+        .find(|r| r.id == started)
+        .expect("the effect's thread");
+    assert_eq!(row.status, "completed");
+    assert!(row.parent_id.is_none(), "a root of its own");
+    let doc = fx.doc(&started);
+    assert_eq!(
+        doc.limits.spend.0, 20_000_000,
+        "capped by the scheduler's $0.02, not the directive's $5"
+    );
+    let first = fx
+        .events(&started)
+        .into_iter()
+        .find(|l| l["type"] == "message")
+        .unwrap();
+    assert_eq!(first["text"], "Remind me: water the plants");
+    let tool = now.iter().find(|e| e["kind"] == "tool").unwrap();
+    assert_eq!(
+        (
+            tool["status"].as_str(),
+            tool["result"].as_str().map(str::trim)
+        ),
+        (Some("done"), Some("stamped"))
+    );
+    let stamped = fx
+        .root()
+        .join(".weft/threads")
+        .join(&planner)
+        .join("files/stamped.txt");
+    assert_eq!(
+        std::fs::read_to_string(stamped).unwrap(),
+        "later",
+        "ran in the scheduler's file area"
+    );
+
+    // The far one can be cancelled, once.
+    let c = weft_cmd(fx.root())
+        .args(["schedule", "cancel", &later])
+        .output()
+        .unwrap();
+    assert!(c.status.success());
+    let again = weft_cmd(fx.root())
+        .args(["schedule", "cancel", &later])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("cancelled, not pending"));
+    rt.shutdown();
+    let threads = fx.rows().len();
+    assert_eq!(threads, 2, "each due effect ran exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_thread_may_schedule_is_checked_and_orphans_are_failed() {
+    let fx = fixture();
+    let rt = fx.runtime().await;
+    let r = rt
+        .run("greedy", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let results: Vec<String> = fx
+        .events(r.thread_id.as_str())
+        .iter()
+        .filter(|l| l["type"] == "tool_result")
+        .map(|l| l["content"].as_str().unwrap().to_string())
+        .collect();
+    assert!(results[0].contains("thread.spawn.planner"), "{results:?}");
+    assert!(results[1].contains("30 days"), "{results:?}");
+    assert!(effects(&fx).is_empty());
+    rt.shutdown();
+
+    // An effect claimed by a process that died is failed, not run again.
+    let store = weft::FileStore::open(&fx.project()).unwrap();
+    let e = store
+        .schedule(
+            &r.thread_id,
+            weft::EffectKind::Tool,
+            "stamp",
+            &json!({}),
+            "2000-01-01T00:00:00.000Z",
+            &json!(null),
+        )
+        .unwrap();
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
+    db.execute(
+        "UPDATE effects SET status='running', claimed_by=999999 WHERE id=?1",
+        [&e.id],
+    )
+    .unwrap();
+    let rt = fx.runtime().await;
+    let now = effects(&fx);
+    assert_eq!(now[0]["status"], "failed", "{now:?}");
+    assert!(now[0]["result"].as_str().unwrap().contains("interrupted"));
+    rt.shutdown();
+}
