@@ -1,7 +1,8 @@
 //! The tools over a thread's own state (SPEC §10, Standard Agents' `ThreadState`): `kv_get` /
 //! `kv_set` on its durable key-value store (capability `kv`), `emit`, a custom event for live
 //! clients and the transcript (capability `emit`), and `set_env`, an environment value for
-//! itself and its descendants (capability `env.set`). The store calls run as tasks: the actor
+//! itself and its descendants (capability `env.set`), and `run_code`, JavaScript in a sandbox
+//! (capability `code.run`, see `tools/code.rs`). The store calls run as tasks: the actor
 //! never waits on store.db.
 
 use super::state::ThreadState;
@@ -32,6 +33,13 @@ pub(super) fn specs(allowed: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
             name: "set_env".into(),
             description: "Set an environment value for this thread and its descendants' tools (a tool receives the variables its definition lists). With secret=true it is stored encrypted and never shown: every occurrence in transcripts, events and tool results reads [secret:NAME].".into(),
             input_schema: json!({"type":"object","properties":{"name":{"type":"string"},"value":{"type":"string"},"secret":{"type":"boolean","default":false}},"required":["name","value"]}),
+        });
+    }
+    if allowed("code.run") {
+        out.push(ToolSpec {
+            name: "run_code".into(),
+            description: "Run JavaScript (QuickJS, no modules, no network) and get the value of its last expression as JSON, with what it printed through console.log. Helpers: kv.get(key) / kv.set(key, value) for this thread's store, files.read(path) / files.write(path, text) / files.list(path) for its file area, as its permissions allow. Limits: 32 MiB, `timeout` seconds (default 5, at most 30).".into(),
+            input_schema: json!({"type":"object","properties":{"source":{"type":"string"},"timeout":{"type":"number"}},"required":["source"]}),
         });
     }
     if allowed("emit") {
@@ -160,6 +168,42 @@ pub(super) fn set_env(
             Ok(Ok(v)) => ToolOutcome::ok(v),
             Ok(Err(e)) => ToolOutcome::err(e.to_string()),
             Err(e) => ToolOutcome::err(format!("set_env failed: {e}")),
+        }
+    };
+    super::tool_phase::run_as_task(me, s, call.id, work);
+    None
+}
+
+/// `run_code`, on a blocking thread (the engine runs synchronously; its interrupt handler stops
+/// it on time, memory or this thread's cancel).
+pub(super) fn run_code(
+    me: &ActorRef<ThreadMsg>,
+    s: &mut ThreadState,
+    call: ToolCall,
+) -> Option<ToolOutcome> {
+    let Some(source) = call.input["source"].as_str().map(str::to_string) else {
+        return Some(ToolOutcome::err(
+            "run_code needs `source` (JavaScript text)",
+        ));
+    };
+    let timeout = call.input["timeout"].as_f64();
+    let caps = &s.doc.capabilities;
+    let allowed = |c: &str| crate::core::capability::allowed(caps, c);
+    let env = crate::tools::CodeEnv {
+        thread: s.id().clone(),
+        store: s.ctx.store.clone(),
+        area: s.ctx.store.files_dir(s.id()),
+        limits: s.ctx.config.files,
+        allowed: (allowed("kv"), allowed("fs.read"), allowed("fs.write")),
+        cancel: s.cancel.child_token(),
+    };
+    let work = async move {
+        match tokio::task::spawn_blocking(move || crate::tools::run_code(&source, timeout, env))
+            .await
+        {
+            Ok(Ok(v)) => ToolOutcome::ok(v),
+            Ok(Err(e)) => ToolOutcome::err(e),
+            Err(e) => ToolOutcome::err(format!("run_code failed: {e}")),
         }
     };
     super::tool_phase::run_as_task(me, s, call.id, work);

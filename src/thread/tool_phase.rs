@@ -161,6 +161,7 @@ pub(super) async fn run(
         "kv_get" | "kv_set" => super::state_tools::kv(me, s, call),
         "emit" => Some(super::state_tools::emit(s, &call.input)),
         "set_env" => super::state_tools::set_env(me, s, call),
+        "run_code" => super::state_tools::run_code(me, s, call),
         "schedule" | "scheduled_list" | "scheduled_cancel" => super::schedule::run(me, s, call),
         "wait_threads" => manage::wait_threads(me, s, call),
         "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),

@@ -108,6 +108,7 @@ const RESERVED: &[&str] = &[
     "kv_set",
     "emit",
     "set_env",
+    "run_code",
     "schedule",
     "scheduled_list",
     "scheduled_cancel",

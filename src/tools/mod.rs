@@ -6,11 +6,13 @@
 //! actor's own state and live in `thread/`; command tools (`command.rs`, input checked by
 //! `schema.rs`) and the file area (`files.rs`) live here.
 
+mod code;
 mod command;
 mod files;
 mod mcp;
 mod schema;
 
+pub(crate) use code::{run as run_code, CodeEnv};
 pub use command::ToolFileError;
 pub(crate) use command::{CallEnv, CommandTool, CommandTools};
 pub(crate) use files::{
@@ -78,6 +80,7 @@ pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, Strin
         "kv_get" | "kv_set" => Ok(Some("kv".into())),
         "emit" => Ok(Some("emit".into())),
         "set_env" => Ok(Some("env.set".into())),
+        "run_code" => Ok(Some("code.run".into())),
         "schedule" | "scheduled_list" | "scheduled_cancel" => Ok(Some("schedule".into())),
         name if name.starts_with("mcp__") => match mcp::split_name(name) {
             Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),

@@ -2,6 +2,7 @@
 
 mod budget;
 mod cli;
+mod code;
 mod continuation;
 mod crash;
 mod directives;
