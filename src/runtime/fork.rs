@@ -42,16 +42,10 @@ impl Runtime {
             }
             (None, None) => src.directive.clone(),
         };
-        let path = store.transcript_path(id);
-        let report = crate::record::transcript::read(&path, id.as_str(), Some(&self.ctx.trust))
-            .map_err(|e| SpawnError::Storage(format!("{}: {e}", path.display())))?;
-        if let Some((line, m)) = report.broken {
-            return Err(SpawnError::Untrusted(format!(
-                "{}:{line}: {m}",
-                path.display()
-            )));
-        }
-        let head = report.head.as_ref().map_or(-1, |h| h.seq);
+        let lines = store
+            .verified_lines(id)
+            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        let head = lines.last().and_then(|l| l["seq"].as_i64()).unwrap_or(-1);
         let at = fork.at.unwrap_or(head);
         if at < 0 || at > head {
             return Err(SpawnError::Limit(format!(
@@ -59,7 +53,7 @@ impl Runtime {
             )));
         }
         // Edits apply wherever they were recorded, also to lines before `at`.
-        let upto: Vec<Value> = crate::store::apply_edits(&report.events)
+        let upto: Vec<Value> = crate::store::apply_edits(&lines)
             .into_iter()
             .filter(|l| l["seq"].as_i64().is_some_and(|s| s <= at))
             .collect();

@@ -34,21 +34,10 @@ impl Runtime {
                 "thread {id} was already continued by {next}; resume that one"
             )));
         }
-        let report = crate::record::transcript::read(
-            &store.transcript_path(id),
-            id.as_str(),
-            Some(&self.ctx.trust),
-        )
-        .map_err(|e| {
-            SpawnError::Storage(format!("{}: {e}", store.transcript_path(id).display()))
-        })?;
-        if let Some((line, m)) = report.broken {
-            return Err(SpawnError::Untrusted(format!(
-                "{}:{line}: {m}",
-                store.transcript_path(id).display()
-            )));
-        }
-        let (mut messages, calls_made) = crate::thread::rebuild_conversation(&report.events);
+        let lines = store
+            .verified_lines(id)
+            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        let (mut messages, calls_made) = crate::thread::rebuild_conversation(&lines);
         messages.push(crate::provider::Message::user(message));
         let row = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Get {
             id: id.clone(),

@@ -152,7 +152,13 @@ impl FileStore {
         Err(StoreError::NotFound(id.clone()))
     }
 
-    /// A finished thread's verified lines (torn last line left out).
+    /// A thread's lines, its chain and checkpoints verified (a torn last line left out, a
+    /// broken one an error naming file and line) — what resume and fork build on.
+    pub(crate) fn verified_lines(&self, id: &ThreadId) -> Result<Vec<Value>, StoreError> {
+        self.lines(id).map(|(lines, _)| lines)
+    }
+
+    /// [`Self::verified_lines`], and whether a torn last line was left out.
     fn lines(&self, id: &ThreadId) -> Result<(Vec<Value>, bool), StoreError> {
         let path = self.transcript_path(id);
         let rep = transcript::read(&path, id.as_str(), Some(&self.trust))

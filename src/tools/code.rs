@@ -205,18 +205,29 @@ fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rqui
     let (area, max) = (env.area.clone(), env.limits.max_file_bytes);
     g.set(
         "__read",
-        Function::new(ctx.clone(), move |ctx: Ctx<'js>, rel: String| -> rquickjs::Result<String> {
-            if !read_ok {
-                return Err(throw(&ctx, "permission denied: this thread may not read its file area (`fs.read`)"));
-            }
-            // The exact text (file_read's lines are for models); confined like every file tool.
-            let path = super::files::resolve(&area, &rel).map_err(|e| throw(&ctx, &e))?;
-            let size = std::fs::metadata(&path).map_err(|e| throw(&ctx, &format!("{rel}: {e}")))?.len();
-            if size > max {
-                return Err(throw(&ctx, &format!("{rel} is {size} bytes; files.read reads at most {max}")));
-            }
-            std::fs::read_to_string(&path).map_err(|e| throw(&ctx, &format!("{rel}: {e}")))
-        })?,
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, rel: String| -> rquickjs::Result<String> {
+                if !read_ok {
+                    return Err(throw(
+                        &ctx,
+                        "permission denied: this thread may not read its file area (`fs.read`)",
+                    ));
+                }
+                // The exact text (file_read's lines are for models); confined like every file tool.
+                let path = super::files::resolve(&area, &rel).map_err(|e| throw(&ctx, &e))?;
+                let size = std::fs::metadata(&path)
+                    .map_err(|e| throw(&ctx, &format!("{rel}: {e}")))?
+                    .len();
+                if size > max {
+                    return Err(throw(
+                        &ctx,
+                        &format!("{rel} is {size} bytes; files.read reads at most {max}"),
+                    ));
+                }
+                std::fs::read_to_string(&path).map_err(|e| throw(&ctx, &format!("{rel}: {e}")))
+            },
+        )?,
     )?;
     g.set(
         "__log",

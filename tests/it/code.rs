@@ -46,10 +46,17 @@ fn results(fx: &Fixture, id: &str) -> Vec<(bool, Value)> {
     lines
         .iter()
         .filter(|l| l["type"] == "tool_use")
-        .filter_map(|u| lines.iter().find(|l| l["type"] == "tool_result" && l["id"] == u["id"]))
+        .filter_map(|u| {
+            lines
+                .iter()
+                .find(|l| l["type"] == "tool_result" && l["id"] == u["id"])
+        })
         .map(|l| {
             let text = l["content"].as_str().unwrap();
-            (l["is_error"] == true, serde_json::from_str(text).unwrap_or(json!(text)))
+            (
+                l["is_error"] == true,
+                serde_json::from_str(text).unwrap_or(json!(text)),
+            )
         })
         .collect()
 }
