@@ -221,6 +221,31 @@ async fn a_secret_reaches_its_tool_and_nothing_else() {
         String::from_utf8_lossy(&stranger.stderr)
     );
     assert!(weft_home().join("secrets.key").exists());
+
+    // Over real SSE from `weft serve`: a run started through the API, every event read.
+    let script = fx.root().join("script.yaml");
+    let srv = crate::serve::Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    let mut stream = Box::pin(srv.events("/v1/events", None).await);
+    let (status, started) = srv
+        .call(
+            "POST",
+            "/v1/threads",
+            Some(serde_json::json!({ "directive": "leaky" })),
+        )
+        .await;
+    assert_eq!(status, 201, "{started}");
+    let root = started["thread_id"].as_str().unwrap().to_string();
+    let got =
+        crate::serve::until_root_finishes(&mut stream, |d| d["thread_id"] == root.as_str()).await;
+    let all = serde_json::to_string(&got.iter().map(|e| e.2.clone()).collect::<Vec<_>>()).unwrap();
+    assert!(got.iter().any(|e| e.0 == "tool_result"), "{all}");
+    assert!(all.contains("[secret:API_TOKEN_T]"), "{all}");
+    assert!(
+        !all.contains(SECRET) && !all.contains(MODEL_SECRET),
+        "an SSE event leaked a secret: {all}"
+    );
+    drop(srv);
+
     let short = weft_cmd(fx.root())
         .args(["env", "set", "PIN", "1234", "--secret"])
         .output()

@@ -99,7 +99,7 @@ impl Server {
 }
 
 /// Reads `stream` until the root `root`'s `thread_finished` (30 s bound).
-async fn until_root_finishes(
+pub async fn until_root_finishes(
     stream: &mut (impl futures_util::Stream<Item = (String, String, Value)> + Unpin),
     root: impl Fn(&Value) -> bool,
 ) -> Vec<(String, String, Value)> {
