@@ -140,29 +140,7 @@ pub enum Cmd {
         json: bool,
     },
     /// Start a new thread from a copy of another's conversation (its own budget).
-    Fork {
-        /// Thread to copy.
-        id: String,
-        /// Copy up to this transcript line (see `weft log`).
-        #[arg(long)]
-        at: Option<i64>,
-        /// A new user message to go on with (without one, the last user message is answered
-        /// afresh).
-        #[arg(short = 'm', long = "message")]
-        message: Option<String>,
-        /// Run under this directive instead of the source's (needed for imported threads).
-        #[arg(long)]
-        directive: Option<String>,
-        /// Scripted provider file.
-        #[arg(long)]
-        script: Option<PathBuf>,
-        /// Limit override, as name=value.
-        #[arg(long = "limit")]
-        limits: Vec<String>,
-        /// JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Fork(ForkArgs),
     /// Delete a finished thread: its files, registry row and search entries.
     Delete {
         /// Thread id.
@@ -391,4 +369,30 @@ pub enum MessageChange {
         /// The message's transcript line.
         seq: i64,
     },
+}
+
+/// What `weft fork` is given.
+#[derive(clap::Args, Debug)]
+pub struct ForkArgs {
+    /// Thread to copy.
+    pub id: String,
+    /// Copy up to this transcript line (see `weft log`).
+    #[arg(long)]
+    pub at: Option<i64>,
+    /// A new user message to go on with (without one, the last user message is answered
+    /// afresh).
+    #[arg(short = 'm', long = "message")]
+    pub message: Option<String>,
+    /// Run under this directive instead of the source's (needed for imported threads).
+    #[arg(long)]
+    pub directive: Option<String>,
+    /// Scripted provider file.
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// Limit override, as name=value.
+    #[arg(long = "limit")]
+    pub limits: Vec<String>,
+    /// JSON.
+    #[arg(long)]
+    pub json: bool,
 }

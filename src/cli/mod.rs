@@ -10,7 +10,7 @@ use crate::registry::Store;
 use crate::runtime::OpenError;
 use crate::thread::SpawnError;
 
-pub(crate) use args::{Cmd, EnvAction, MessageChange, ScheduleAction, ThreadsSub};
+pub(crate) use args::{Cmd, EnvAction, ForkArgs, MessageChange, ScheduleAction, ThreadsSub};
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -141,25 +141,7 @@ pub async fn main(cli: Cli) -> i32 {
             });
             history::search(cli.project, q, backfill, json)
         }
-        Cmd::Fork {
-            id,
-            at,
-            message,
-            directive,
-            script,
-            limits,
-            json,
-        } => {
-            let fork = run::ForkArgs {
-                id,
-                at,
-                message,
-                directive,
-                script,
-                limits,
-            };
-            run::fork(cli.project, fork, json).await
-        }
+        Cmd::Fork(fork) => run::fork(cli.project, fork).await,
         Cmd::Gc {
             older_than,
             status,

@@ -238,21 +238,8 @@ pub(super) async fn resume(
     follow(rt, control, &project, handle, events, as_json).await
 }
 
-/// What `weft fork` was given.
-pub(super) struct ForkArgs {
-    pub id: String,
-    pub at: Option<i64>,
-    pub message: Option<String>,
-    pub directive: Option<String>,
-    pub script: Option<PathBuf>,
-    pub limits: Vec<String>,
-}
-
-pub(super) async fn fork(
-    explicit: Option<PathBuf>,
-    args: ForkArgs,
-    as_json: bool,
-) -> Result<i32, Exit> {
+pub(super) async fn fork(explicit: Option<PathBuf>, args: super::ForkArgs) -> Result<i32, Exit> {
+    let as_json = args.json;
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&args.id).map_err(usage)?;
     let fork = crate::runtime::Fork {

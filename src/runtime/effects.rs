@@ -36,14 +36,7 @@ pub(super) fn start(ctx: &Arc<Ctx>, first_owner: bool) {
 /// Effects left `running` by a process that died are failed, never run again.
 fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
     let state = ctx.project.state_dir();
-    let me = std::process::id();
-    let dead = |pid: u32| {
-        if pid == me {
-            first_owner
-        } else {
-            !super::owner::alive(&state, pid)
-        }
-    };
+    let dead = |pid: u32| super::owner::dead(&state, pid, first_owner);
     for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
         let why = format!(
             "interrupted: process {} ended while it ran; not run again",

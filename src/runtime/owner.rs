@@ -85,3 +85,14 @@ pub(crate) fn alive(state_dir: &Path, pid: u32) -> bool {
         }
     }
 }
+
+/// Is the process `pid` that ran threads of this project gone? `first_owner`: this process is
+/// the first owner since the project's last process died, so rows carrying its own pid are
+/// from a dead process that had it.
+pub(crate) fn dead(state_dir: &Path, pid: u32, first_owner: bool) -> bool {
+    if pid == std::process::id() {
+        first_owner
+    } else {
+        !alive(state_dir, pid)
+    }
+}

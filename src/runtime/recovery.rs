@@ -22,14 +22,7 @@ use std::sync::Arc;
 /// never repair one thread twice.
 pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered> {
     let state = ctx.project.state_dir();
-    let me = std::process::id();
-    let dead = |pid: u32| {
-        if pid == me {
-            first_owner
-        } else {
-            !super::owner::alive(&state, pid)
-        }
-    };
+    let dead = |pid: u32| super::owner::dead(&state, pid, first_owner);
     let rows = match ractor::call!(ctx.registry, |reply| RegistryMsg::Unfinished { reply }) {
         Ok(Ok(rows)) => rows,
         other => {

@@ -212,3 +212,16 @@ pub(super) fn check_kv(key: &str, value: Option<&Value>) -> Result<(), StoreErro
     }
     Ok(())
 }
+
+/// The status a thread is written whole with (`ThreadStore::create`): completed, error or
+/// cancelled.
+pub(crate) fn ended_status(status: &str) -> Result<crate::core::status::Status, StoreError> {
+    crate::core::status::Status::parse(status)
+        .filter(|s| s.is_terminal() && *s != crate::core::status::Status::Continued)
+        .ok_or_else(|| {
+            invalid(
+                "thread.status",
+                format!("`{status}` is not a status a thread can be written with; use completed, error or cancelled"),
+            )
+        })
+}

@@ -184,15 +184,7 @@ impl FileStore {
 
 impl ThreadStore for FileStore {
     fn create(&self, t: NewThread) -> Result<ThreadId, StoreError> {
-        let status = Status::parse(&t.status)
-            .filter(|s| s.is_terminal() && *s != Status::Continued)
-            .ok_or_else(|| StoreError::Invalid {
-                rule: "thread.status",
-                detail: format!(
-                    "`{}` is not a status a thread can be written with; use completed, error or cancelled",
-                    t.status
-                ),
-            })?;
+        let status = super::check::ended_status(&t.status)?;
         for (i, e) in t.events.iter().enumerate() {
             check_event(e)?;
             check_target(&numbered(&t.events[..i]), e)?;

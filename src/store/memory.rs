@@ -10,7 +10,6 @@ use super::{
     StoreError, ThreadStore, ThreadView, TranscriptPage,
 };
 use crate::core::ids::{now_ts, ThreadId};
-use crate::core::status::Status;
 use crate::registry::{is_terminal, ThreadFilter, ThreadRow};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -123,15 +122,7 @@ impl Mem {
 
 impl ThreadStore for MemoryStore {
     fn create(&self, t: NewThread) -> Result<ThreadId, StoreError> {
-        let status = Status::parse(&t.status)
-            .filter(|s| s.is_terminal() && *s != Status::Continued)
-            .ok_or_else(|| StoreError::Invalid {
-                rule: "thread.status",
-                detail: format!(
-                    "`{}` is not a status a thread can be written with; use completed, error or cancelled",
-                    t.status
-                ),
-            })?;
+        let status = super::check::ended_status(&t.status)?;
         let mut lines = Vec::new();
         for e in &t.events {
             check_event(e)?;
