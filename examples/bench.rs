@@ -194,6 +194,84 @@ async fn bench_tree(w: usize, d: usize, strict: bool) -> Value {
 /// The `w`×`d` tree with the HTTP server up, without clients and then with `clients` SSE
 /// clients on `/v1/events` (each in this process, reading and parsing every event): the wall
 /// times, their ratio, and the events delivered per second to all clients together.
+/// The search index at scale: `n` finished threads of six varied messages each (words drawn
+/// from a 2,000-word vocabulary, Zipf-like), written through the store; then the time to index
+/// them all from nothing (`backfill` after store.db is removed), a second backfill with nothing
+/// to do, and the latency of two-word queries (best hit per thread, 3 messages of context).
+fn bench_search(n: usize) -> Value {
+    use weft::ThreadStore;
+    let p = project(&[], "", false);
+    let store = weft::FileStore::open(&Project {
+        root: p.root.clone(),
+    })
+    .unwrap();
+    let vocab: Vec<String> = (0..2000).map(|i| format!("w{i:x}q")).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // Zipf-like: small ranks far more often.
+    let word = |r: &mut dyn FnMut() -> u64| {
+        let u = (r() % 1_000_000) as f64 / 1_000_000.0;
+        vocab[((u * u * u) * 2000.0) as usize % 2000].clone()
+    };
+    let t0 = Instant::now();
+    for i in 0..n {
+        let events = (0..6)
+            .map(|m| {
+                let text: Vec<String> = (0..24).map(|_| word(&mut next)).collect();
+                if m % 2 == 0 {
+                    json!({ "type": "message", "role": "user", "text": text.join(" ") })
+                } else {
+                    json!({ "type": "assistant_text", "text": text.join(" ") })
+                }
+            })
+            .collect();
+        store
+            .create(weft::NewThread {
+                directive: format!("bench/d{}", i % 10),
+                status: "completed".into(),
+                events,
+                ..Default::default()
+            })
+            .unwrap();
+    }
+    let write_s = t0.elapsed().as_secs_f64();
+    drop(store);
+    for f in ["store.db", "store.db-wal", "store.db-shm"] {
+        let _ = std::fs::remove_file(p.root.join(".weft/state").join(f));
+    }
+    let store = weft::FileStore::open(&Project {
+        root: p.root.clone(),
+    })
+    .unwrap();
+    let t1 = Instant::now();
+    let full = store.backfill().unwrap();
+    let backfill_s = t1.elapsed().as_secs_f64();
+    assert_eq!(full.indexed, n);
+    let t2 = Instant::now();
+    let again = store.backfill().unwrap();
+    let noop_s = t2.elapsed().as_secs_f64();
+    assert_eq!(again.indexed, 0);
+    let mut lat = Vec::new();
+    let mut hits = 0;
+    for _ in 0..200 {
+        let q = format!("{} {}", word(&mut next), word(&mut next));
+        let t = Instant::now();
+        hits += store.search(&weft::SearchQuery::new(&q)).unwrap().len();
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(f64::total_cmp);
+    json!({
+        "threads": n, "messages": n * 6, "write_s": write_s, "backfill_s": backfill_s,
+        "threads_indexed_per_s": n as f64 / backfill_s, "noop_backfill_s": noop_s,
+        "query_p50_ms": pct(&lat, 0.5), "query_p95_ms": pct(&lat, 0.95), "hits_per_query": hits as f64 / 200.0,
+    })
+}
+
 async fn bench_sse(w: usize, d: usize, clients: usize) -> Value {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let n = tree_size(w, d);
@@ -788,6 +866,7 @@ async fn main() {
         "ledger",
         "langgraph",
         "sse",
+        "search",
     ];
     if a.what == "all" {
         // Each scenario in a fresh process, so memory figures are not polluted by the others.
@@ -837,6 +916,7 @@ async fn main() {
             }
             "langgraph" => bench_langgraph(w, d),
             "sse" => bench_sse(w, d, if a.tiny { 10 } else { 100 }).await,
+            "search" => bench_search(if a.tiny { 300 } else { 10_000 }),
             other => {
                 eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
                 std::process::exit(2);
@@ -989,6 +1069,27 @@ async fn main() {
                 f(e, "events_per_s"),
                 e["events_delivered"],
                 e["events_expected"]
+            ),
+            "",
+        );
+    }
+    if let Some(s) = v.get("search") {
+        row(
+            &format!("search: index {} threads from nothing", s["threads"]),
+            format!("{:.2} s", f(s, "backfill_s")),
+            &format!("{:.0} threads/s", f(s, "threads_indexed_per_s")),
+        );
+        row(
+            "  backfill with nothing to do",
+            format!("{:.2} s", f(s, "noop_backfill_s")),
+            "",
+        );
+        row(
+            "  query (2 words, best per thread) p50 / p95",
+            format!(
+                "{:.1} / {:.1} ms",
+                f(s, "query_p50_ms"),
+                f(s, "query_p95_ms")
             ),
             "",
         );
