@@ -16,15 +16,8 @@ pub enum Cmd {
         /// Input, as key=value (repeatable).
         #[arg(short = 'i', long = "input")]
         inputs: Vec<String>,
-        /// Scripted provider file.
-        #[arg(long)]
-        script: Option<PathBuf>,
-        /// Provider (a name under `providers:` in config) for every thread.
-        #[arg(long)]
-        provider: Option<String>,
-        /// Model id for every thread.
-        #[arg(long)]
-        model: Option<String>,
+        #[command(flatten)]
+        choice: ChoiceArgs,
         /// Limit override, as name=value (repeatable).
         #[arg(long = "limit")]
         limits: Vec<String>,
@@ -258,15 +251,8 @@ pub enum Cmd {
         /// Allow an address other machines can reach.
         #[arg(long)]
         public: bool,
-        /// Scripted provider file (every thread started here plays it).
-        #[arg(long)]
-        script: Option<PathBuf>,
-        /// Provider (a name under `providers:` in config) for every thread.
-        #[arg(long)]
-        provider: Option<String>,
-        /// Model id for every thread.
-        #[arg(long)]
-        model: Option<String>,
+        #[command(flatten)]
+        choice: ChoiceArgs,
     },
     /// Verify signatures and transcript chains.
     Verify {
@@ -395,4 +381,28 @@ pub struct ForkArgs {
     /// JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Which provider and model the threads of `weft run` / `weft serve` use.
+#[derive(clap::Args, Debug)]
+pub struct ChoiceArgs {
+    /// Scripted provider file (every thread started here plays it).
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// Provider (a name under `providers:` in config) for every thread.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Model id for every thread.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+impl From<ChoiceArgs> for crate::provider::Choice {
+    fn from(c: ChoiceArgs) -> Self {
+        crate::provider::Choice {
+            script: c.script,
+            provider: c.provider,
+            model: c.model,
+        }
+    }
 }

@@ -82,19 +82,10 @@ pub async fn main(cli: Cli) -> i32 {
         Cmd::Run {
             directive,
             inputs,
-            script,
-            provider,
-            model,
+            choice,
             limits,
             json,
-        } => {
-            let choice = crate::provider::Choice {
-                script,
-                provider,
-                model,
-            };
-            run::run(cli.project, directive, inputs, choice, limits, json).await
-        }
+        } => run::run(cli.project, directive, inputs, choice.into(), limits, json).await,
         Cmd::Threads {
             sub: Some(ThreadsSub::Chain { id, json }),
             ..
@@ -169,17 +160,8 @@ pub async fn main(cli: Cli) -> i32 {
         Cmd::Serve {
             addr,
             public,
-            script,
-            provider,
-            model,
-        } => {
-            let choice = crate::provider::Choice {
-                script,
-                provider,
-                model,
-            };
-            serve::serve(cli.project, addr, public, choice).await
-        }
+            choice,
+        } => serve::serve(cli.project, addr, public, choice.into()).await,
         Cmd::Verify { ids, all, json } => verify::verify(cli.project, ids, all, json),
     };
     match res {

@@ -3,7 +3,7 @@
 //! (no require/process/fetch/modules, no path out of the area); a runaway loop, a memory hog and
 //! deep recursion stopped by their limits; a cancel stops a script at once.
 
-use crate::support::{directive, weft_cmd, Fixture};
+use crate::support::{directive, tool_values, weft_cmd, Fixture};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -40,24 +40,12 @@ fn fixture() -> Fixture {
     )
 }
 
-/// Each call's result, in call order (calls of one turn run at once and may finish in any).
+/// Each call's (is_error, result), in call order (calls of one turn run at once and may
+/// finish in any).
 fn results(fx: &Fixture, id: &str) -> Vec<(bool, Value)> {
-    let lines = fx.events(id);
-    lines
-        .iter()
-        .filter(|l| l["type"] == "tool_use")
-        .filter_map(|u| {
-            lines
-                .iter()
-                .find(|l| l["type"] == "tool_result" && l["id"] == u["id"])
-        })
-        .map(|l| {
-            let text = l["content"].as_str().unwrap();
-            (
-                l["is_error"] == true,
-                serde_json::from_str(text).unwrap_or(json!(text)),
-            )
-        })
+    tool_values(fx, id)
+        .into_iter()
+        .map(|(v, e)| (e, v))
         .collect()
 }
 

@@ -4,7 +4,7 @@
 //! — not in any file under `.weft/`, not in live events (what SSE is built from), not in a tool
 //! result, not in streamed text — and another user's key cannot open it.
 
-use crate::support::{directive, weft_cmd, weft_home, Fixture};
+use crate::support::{directive, tool_results, weft_cmd, weft_home, Fixture};
 use serde_json::Value;
 use std::io::Write;
 
@@ -18,13 +18,9 @@ fn weft(fx: &Fixture, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-/// The tool results of a thread, in order.
+/// The tool results of a thread, in call order.
 fn results(fx: &Fixture, id: &str) -> Vec<String> {
-    fx.events(id)
-        .iter()
-        .filter(|l| l["type"] == "tool_result")
-        .map(|l| l["content"].as_str().unwrap_or_default().to_string())
-        .collect()
+    tool_results(fx, id).into_iter().map(|(c, _)| c).collect()
 }
 
 const ORDER_SCRIPT: &str = r#"parent:
@@ -71,12 +67,7 @@ async fn values_resolve_thread_then_parents_then_project_then_user() {
         .unwrap();
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let p = report.thread_id.to_string();
-    let kid = fx
-        .rows()
-        .into_iter()
-        .find(|r| r.directive == "child")
-        .unwrap()
-        .id;
+    let kid = fx.id_of("child");
     let pr = results(&fx, &p);
     assert_eq!(
         (pr[0].as_str(), pr[2].as_str()),

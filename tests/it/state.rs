@@ -2,7 +2,7 @@
 //! tools (capability `kv`, not shared with children, shown by `weft kv`) and `emit`, a custom
 //! event that reaches live listeners and the transcript.
 
-use crate::support::{directive, weft_cmd, Fixture};
+use crate::support::{directive, tool_values, weft_cmd, Fixture};
 use serde_json::{json, Value};
 use weft::{Status, ThreadStore};
 
@@ -23,28 +23,6 @@ nokv:
   - tool_calls: [ { name: kv_set, input: { key: k, value: 1 } } ]
   - text: refused
 "#;
-
-fn results(fx: &Fixture, id: &str) -> Vec<(String, Value)> {
-    let ev = fx.events(id);
-    let names: std::collections::HashMap<String, String> = ev
-        .iter()
-        .filter(|l| l["type"] == "tool_use")
-        .map(|l| {
-            (
-                l["id"].as_str().unwrap().to_string(),
-                l["name"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    ev.iter()
-        .filter(|l| l["type"] == "tool_result")
-        .map(|l| {
-            let content: Value =
-                serde_json::from_str(l["content"].as_str().unwrap()).unwrap_or(Value::Null);
-            (names[l["id"].as_str().unwrap()].clone(), content)
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_keeps_its_own_values_and_emits_events() {
@@ -68,9 +46,13 @@ async fn a_thread_keeps_its_own_values_and_emits_events() {
     assert_eq!(report.status, Status::Completed, "{report:?}");
     let id = report.thread_id.to_string();
 
-    let got = results(&fx, &id);
-    let get = got.iter().find(|(n, _)| n == "kv_get").unwrap();
-    assert_eq!(get.1["value"], json!({ "steps": 3, "done": [] }), "{got:?}");
+    // Calls in order: kv_set ×2, then kv_set (null), kv_get, emit, spawn_thread.
+    let got = tool_values(&fx, &id);
+    assert_eq!(
+        got[3].0["value"],
+        json!({ "steps": 3, "done": [] }),
+        "{got:?}"
+    );
     let stored = rt.store().kv_list(&report.thread_id).unwrap();
     assert_eq!(
         Value::Object(stored),
@@ -79,14 +61,9 @@ async fn a_thread_keeps_its_own_values_and_emits_events() {
     );
 
     // Not copied to children: the child's store is its own, and empty.
-    let child = fx
-        .rows()
-        .into_iter()
-        .find(|r| r.directive == "peeker")
-        .unwrap()
-        .id;
-    let peeked = results(&fx, &child);
-    assert_eq!(peeked[0].1["value"], Value::Null, "{peeked:?}");
+    let child = fx.id_of("peeker");
+    let peeked = tool_values(&fx, &child);
+    assert_eq!(peeked[0].0["value"], Value::Null, "{peeked:?}");
 
     // emit: in the transcript and to live listeners.
     let line = fx
@@ -109,8 +86,8 @@ async fn a_thread_keeps_its_own_values_and_emits_events() {
         .run("nokv", Default::default(), weft::LimitSet::default())
         .await
         .unwrap();
-    let r = results(&fx, denied.thread_id.as_str());
-    assert!(r[0].1.to_string().contains("kv"), "{r:?}");
+    let r = tool_values(&fx, denied.thread_id.as_str());
+    assert!(r[0].1 && r[0].0.to_string().contains("kv"), "{r:?}");
     rt.shutdown();
 
     // `weft kv` shows it from any process.

@@ -473,12 +473,7 @@ async fn delete_takes_a_tree_only_whole_and_never_a_running_thread() {
     assert_eq!(report.status, Status::Completed, "{report:?}");
     rt.drain_hooks().await;
     let root = report.thread_id.clone();
-    let kid_id = fx
-        .rows()
-        .into_iter()
-        .find(|r| r.directive == "kid")
-        .unwrap()
-        .id;
+    let kid_id = fx.id_of("kid");
     let store = rt.store();
     assert_eq!(
         store.delete(&root, false).unwrap_err(),

@@ -87,6 +87,15 @@ impl Fixture {
         (report, rt)
     }
 
+    /// The id of the (first) thread of `directive`.
+    pub fn id_of(&self, directive: &str) -> String {
+        self.rows()
+            .into_iter()
+            .find(|r| r.directive == directive)
+            .unwrap_or_else(|| panic!("no thread of {directive}"))
+            .id
+    }
+
     /// Every registry row of the project.
     pub fn rows(&self) -> Vec<weft::internals::ThreadRow> {
         weft::internals::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
@@ -230,6 +239,14 @@ pub fn tool_results(fx: &Fixture, id: &str) -> Vec<(String, bool)> {
                 r["is_error"] == true,
             )
         })
+        .collect()
+}
+
+/// [`tool_results`] with each content read as JSON (a plain text stays a JSON string).
+pub fn tool_values(fx: &Fixture, id: &str) -> Vec<(Value, bool)> {
+    tool_results(fx, id)
+        .into_iter()
+        .map(|(c, e)| (serde_json::from_str(&c).unwrap_or(Value::String(c)), e))
         .collect()
 }
 
