@@ -268,3 +268,57 @@ fn all_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Streamed text from the real llama server passes the secret hold-back (a redactor is active:
+/// a secret is set) delta by delta, and what live listeners get adds up to exactly the text the
+/// transcript keeps — nothing held back is lost at the end of the call, nothing is doubled.
+/// (The redaction itself is checked above and in `core::redact`'s split-secret test: a real
+/// model cannot be made to say a given secret.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_models_stream_passes_the_secret_holdback_whole() {
+    let Some(url) = crate::e2e_llm::server() else {
+        return;
+    };
+    let _serial = crate::e2e_llm::SERIAL.lock().await;
+    let d = directive(
+        "model: { tier: fast }\nlimits: { turns: 1 }",
+        "Name three colours.",
+    );
+    let fx = Fixture::raw(
+        &[("colours", &d)],
+        "",
+        &crate::e2e_llm::config("openai", &url, 48),
+    );
+    let store = weft::FileStore::open(&fx.project()).unwrap();
+    store
+        .env_set(
+            &weft::Scope::Project,
+            "NEVER_SAID",
+            "zq-never-said-41f7",
+            true,
+        )
+        .unwrap();
+    let rt = fx.runtime_configured().await;
+    let mut live = rt.events();
+    let report = rt
+        .run("colours", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let (mut streamed, mut deltas) = (String::new(), 0);
+    while let Ok(ev) = live.try_recv() {
+        if let weft::Event::Token { text, .. } = ev {
+            streamed.push_str(&text);
+            deltas += 1;
+        }
+    }
+    let kept: String = fx
+        .events(report.thread_id.as_str())
+        .iter()
+        .filter(|l| l["type"] == "assistant_text")
+        .map(|l| l["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(deltas > 1, "the server streamed in pieces ({deltas})");
+    assert_eq!(streamed, kept);
+    rt.shutdown();
+}

@@ -116,14 +116,14 @@ fn sql(path: &std::path::Path, statement: &str) {
 #[test]
 fn doctor_finds_planted_inconsistencies_and_fixes_them() {
     let fx = fixture();
-    let [a, b, c, d] = [0; 4].map(|_| run(&fx, "chat"));
+    let [a, b, c, d, e] = [0; 5].map(|_| run(&fx, "chat"));
     let state = fx.root().join(".weft/state");
     let (code, clean) = weft(&fx, &["doctor"]);
     assert_eq!((code, clean["problems"].clone()), (0, json!([])), "{clean}");
     let h = &clean["health"];
     assert_eq!(
         (h["threads"].as_u64(), h["active"].as_u64()),
-        (Some(4), Some(0)),
+        (Some(5), Some(0)),
         "{h}"
     );
     assert!(h["context_max_tokens"].as_u64().unwrap() >= 1200, "{h}");
@@ -149,6 +149,12 @@ fn doctor_finds_planted_inconsistencies_and_fixes_them() {
         &state.join("ledger.db"),
         &format!("UPDATE accounts SET closed=0 WHERE id='{d}'"),
     );
+    // A reservation left open (as a process killed mid-call leaves one), on a finished thread.
+    let body = json!({ "id": 999, "chain": [e], "amount": 5000, "edges": [] });
+    sql(
+        &state.join("ledger.db"),
+        &format!("UPDATE accounts SET closed=0, inflight=5000 WHERE id='{e}'; INSERT INTO reservations(id, thread, body) VALUES(999, '{e}', '{body}')"),
+    );
 
     let (code, sick) = weft(&fx, &["doctor"]);
     assert_eq!(code, 1, "{sick}");
@@ -169,6 +175,7 @@ fn doctor_finds_planted_inconsistencies_and_fixes_them() {
         ("folder_without_row", "junk-1-00000000"),
         ("status_mismatch", c.as_str()),
         ("open_account", d.as_str()),
+        ("open_reservations", e.as_str()),
     ]
     .into_iter()
     .map(|(k, t)| (k.to_string(), t.to_string()))
@@ -201,6 +208,12 @@ fn doctor_finds_planted_inconsistencies_and_fixes_them() {
     assert!(rows.iter().all(|r| r.id != a));
     assert!(rows.iter().any(|r| r.id == c && r.status == "completed"));
     assert!(fx.verify_all().is_empty());
+    assert_eq!(
+        open_in_ledger(&state, &e),
+        (0, 0),
+        "reservation released, account closed"
+    );
+    assert_eq!(open_in_ledger(&state, &d), (0, 0));
 }
 
 #[test]
@@ -222,4 +235,25 @@ fn a_broken_registry_is_reported_as_broken_not_as_stale_threads() {
     assert!(up["health"].is_null());
     let human = weft_cmd(fx.root()).arg("doctor").output().unwrap();
     assert!(String::from_utf8_lossy(&human.stdout).contains("BROKEN"));
+}
+
+/// After `doctor --fix`, the planted reservation is released and its account closed in
+/// ledger.db itself (checked from the file, not from what doctor says).
+fn open_in_ledger(state: &std::path::Path, id: &str) -> (i64, i64) {
+    let db = rusqlite::Connection::open(state.join("ledger.db")).unwrap();
+    let res: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM reservations WHERE thread=?1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let open: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM accounts WHERE id=?1 AND closed=0",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (res, open)
 }
