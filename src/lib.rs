@@ -111,6 +111,11 @@ pub mod internals {
     pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
     pub use crate::server::http::serve as serve_http;
 
+    /// The names of weft's built-in tools (no command tool may take one).
+    pub fn builtin_tool_names() -> Vec<&'static str> {
+        crate::thread::builtin_names()
+    }
+
     /// The registry and ledger actors of a runtime (for benchmarks that drive them directly).
     pub fn actors(
         rt: &crate::Runtime,

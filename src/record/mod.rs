@@ -6,6 +6,7 @@
 //! what it is given and reads back what is there, naming the file and line of any damage.
 
 pub(crate) mod batch;
+pub(crate) mod disk;
 pub(crate) mod render;
 pub(crate) mod signing;
 pub(crate) mod thread_doc;

@@ -160,7 +160,7 @@ impl ThreadDoc {
                 f.write_all(&bytes)?;
                 if fsync {
                     off_workers(|| f.sync_all())?;
-                    sync_parent(path)?;
+                    crate::record::disk::sync_parent(path)?;
                 }
                 return Ok(());
             }
@@ -178,7 +178,7 @@ impl ThreadDoc {
         std::fs::rename(&tmp, path)?;
         if fsync {
             // The rename is only durable once the directory entry is.
-            sync_parent(path)?;
+            crate::record::disk::sync_parent(path)?;
         }
         Ok(())
     }
@@ -198,15 +198,5 @@ impl ThreadDoc {
             o.remove("signature");
         }
         serde_json::from_value(body).map_err(|e| err(format!("signed but not a thread.json: {e}")))
-    }
-}
-
-/// Fsyncs the directory holding `path`, so a create or rename in it survives a power loss.
-pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => {
-            off_workers(|| std::fs::File::open(dir)?.sync_all())
-        }
-        _ => Ok(()),
     }
 }

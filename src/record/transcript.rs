@@ -88,9 +88,9 @@ impl TranscriptWriter {
             .open(path)?;
         if durability == Durability::Strict {
             // The new file, and the thread's folder holding it, survive a power loss.
-            crate::record::thread_doc::sync_parent(path)?;
+            crate::record::disk::sync_parent(path)?;
             if let Some(dir) = path.parent() {
-                crate::record::thread_doc::sync_parent(dir)?;
+                crate::record::disk::sync_parent(dir)?;
             }
         }
         Ok(TranscriptWriter {

@@ -127,7 +127,7 @@ impl RuntimeBuilder {
         // listens) before a slow listener lags.
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
-        let commands = crate::tools::CommandTools::load(&project)?;
+        let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
         let store = Arc::new(crate::store::FileStore::new(
             project.clone(),
             signer.clone(),
@@ -147,6 +147,7 @@ impl RuntimeBuilder {
             config.builtin_hooks,
         )?;
         let ctx = Arc::new(Ctx {
+            launch: crate::thread::launch,
             effects_wake: Default::default(),
             secrets: Default::default(),
             store,

@@ -40,7 +40,7 @@ pub struct FileStore {
     /// Environment changes made through this store (see `env.rs`).
     pub(super) env_changes: std::sync::atomic::AtomicU64,
     /// Threads waiting to be indexed (see `later.rs`).
-    pub(super) later: super::later::Later,
+    pub(super) later: super::queue::Later,
 }
 
 impl FileStore {

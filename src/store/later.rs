@@ -3,28 +3,9 @@
 //! one store.db transaction, so an ending thread never waits for store.db and a burst of
 //! endings shares one commit.
 
-use super::{index, FileStore, SearchMessage, ThreadStore};
-use crate::core::ids::ThreadId;
-use std::sync::{Arc, Condvar, Mutex};
-
-/// A thread to index.
-pub(crate) struct Ended {
-    /// The thread.
-    pub id: ThreadId,
-    /// Its directive.
-    pub directive: String,
-    /// Its transcript's last seq.
-    pub head: i64,
-    /// Its user and assistant messages as the actor logged them; None: read the transcript.
-    pub said: Option<Vec<SearchMessage>>,
-}
-
-/// The queue of threads to index and whether a worker is draining it.
-#[derive(Default)]
-pub(crate) struct Later {
-    state: Mutex<(Vec<Ended>, bool)>,
-    idle: Condvar,
-}
+use super::queue::Ended;
+use super::{index, FileStore, ThreadStore};
+use std::sync::Arc;
 
 impl FileStore {
     /// Indexes an ended thread soon, on the indexing worker (see the module doc).

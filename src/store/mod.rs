@@ -24,16 +24,17 @@ mod interop;
 mod later;
 mod maintain;
 mod memory;
+mod queue;
 
 pub use check::{apply_edits, check_event, APPENDABLE};
 pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;
 pub use interop::{export, import_deepagents, import_nova, Imported};
-pub(crate) use later::Ended;
 pub use maintain::Collected;
 pub(crate) use maintain::{db_size, size_of};
 pub use memory::MemoryStore;
+pub(crate) use queue::Ended;
 
 /// What the store refuses or fails at. Each names the thread and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

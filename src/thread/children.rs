@@ -1,183 +1,200 @@
-//! Children and waits: a spawned child joins the thread's state, a finished child's report
-//! resolves waiters or is announced, and `on_child_error` decides what a failure does.
+//! Children and waits: a child starts as a task and joins the thread's state when it runs, a
+//! finished child's report resolves waiters or is announced, and `on_child_error` decides what
+//! a failure does.
 
-use super::state::{Phase, ThreadState};
-use super::{manage_tools, Child, ThreadReport, ToolOutcome, Waiter};
-use super::{ThreadActor, ThreadMsg};
+use super::msg::ThreadMsg;
+use super::parts::Waiter;
+use super::report::ThreadReport;
+use super::spawn::{ParentLink, SpawnRequest};
+use super::state::{Phase, Thread};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::directive::OnChildError;
+use crate::tools::ToolOutcome;
 use ractor::ActorRef;
 use serde_json::json;
 
-impl ThreadActor {
-    pub(super) async fn child_spawned(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
+impl Thread {
+    /// Starts a child of this thread as a task (`spawn_thread`, a hook's `spawn`); it reports
+    /// back as [`ThreadMsg::ChildSpawned`] or [`ThreadMsg::SpawnRefused`] under `call_id`, and
+    /// the thread does not end while it is under way.
+    pub(crate) fn start_child(&mut self, call_id: String, mut req: SpawnRequest, wait: bool) {
+        self.kids.spawning.insert(call_id.clone());
+        req.parent_span = self.work.spans.get(&call_id).cloned();
+        req.parent = Some(ParentLink {
+            id: self.doc.id.clone(),
+            actor: self.me.clone(),
+        });
+        let (ctx, me) = (self.ctx.clone(), self.me.clone());
+        tokio::spawn(async move {
+            match super::spawn::spawn(&ctx, req, None).await {
+                Ok((child, actor)) => {
+                    let msg = ThreadMsg::ChildSpawned {
+                        call_id,
+                        child,
+                        actor: actor.clone(),
+                        wait,
+                    };
+                    if me.cast(msg).is_err() {
+                        // The parent is already gone (e.g. killed after its cancel grace): the
+                        // child must not outlive it.
+                        let _ = actor.cast(ThreadMsg::Cancel {
+                            reason: "its parent ended before it started".into(),
+                        });
+                    }
+                }
+                Err(e) => {
+                    let _ = me.cast(ThreadMsg::SpawnRefused {
+                        call_id,
+                        error: format!("spawn refused: {e}"),
+                    });
+                }
+            }
+        });
+    }
+
+    /// A child's spawn reported it running.
+    pub(crate) async fn child_spawned(
+        &mut self,
         call_id: String,
         child: ThreadId,
         actor: ActorRef<ThreadMsg>,
         wait: bool,
     ) {
-        s.spawning.remove(&call_id);
+        self.kids.spawning.remove(&call_id);
         // The child may have handed off before its spawn was reported: act on its continuation.
-        let (mut child, mut actor) = (child, actor);
-        while let Some(next) = s.continued_children.get(&child).cloned() {
-            if let Some(a) = s.children.get(&next).and_then(|c| c.actor.clone()) {
-                actor = a;
-            }
-            child = next;
-        }
-        let doomed = s.doomed.remove(&call_id);
-        let entry = s.children.entry(child.clone()).or_insert(Child {
-            actor: None,
-            report: None,
-            claimed: false,
-        });
+        let (child, actor) = self.kids.latest(child, actor);
+        let doomed = self.kids.doomed.remove(&call_id);
+        let entry = self.kids.entry(&child);
         entry.actor = Some(actor.clone());
-        if doomed && entry.report.is_none() {
+        let reported = entry.report.is_some();
+        if doomed && !reported {
             let _ = actor.cast(ThreadMsg::Cancel {
                 reason: "a sibling failed (on_child_error: cancel_siblings)".into(),
             });
         }
-        if matches!(s.phase, Phase::Draining(_)) {
-            if entry.report.is_none() {
+        if matches!(self.phase, Phase::Draining(_)) {
+            if !reported {
                 let _ = actor.cast(ThreadMsg::Cancel {
                     reason: "parent is ending".into(),
                 });
             }
-            self.drained(me, s).await;
+            self.drained().await;
             return;
         }
-        s.log(
+        self.log(
             "child_spawned",
             json!({ "id": child, "wait": wait, "call_id": call_id }),
         );
         if !wait {
-            return self
-                .tool_done(
-                    me,
-                    s,
-                    call_id,
-                    ToolOutcome::ok(json!({ "thread_id": child, "status": "running" })),
-                )
-                .await;
+            let running = ToolOutcome::ok(json!({ "thread_id": child, "status": "running" }));
+            return self.tool_done(call_id, running).await;
         }
-        entry_claim(s, &child);
-        s.waiters.push(Waiter {
+        self.kids.claim(&child);
+        self.kids.waiters.push(Waiter {
             call_id,
             ids: vec![child],
         });
-        self.resolve_waiters(me, s).await;
+        self.resolve_waiters().await;
     }
 
-    pub(super) async fn child_finished(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        r: ThreadReport,
-    ) {
+    /// A child's spawn was refused: the call (or the hook) that asked gets the error.
+    pub(crate) async fn spawn_refused(&mut self, call_id: String, error: String) {
+        self.kids.spawning.remove(&call_id);
+        if let Some(hook) = call_id.strip_prefix("hook:") {
+            self.log("hook_failed", json!({ "id": hook, "error": error }));
+        }
+        self.kids.doomed.remove(&call_id);
+        if !self.drained().await {
+            self.tool_done(call_id, ToolOutcome::err(error)).await;
+        }
+    }
+
+    /// A child ended.
+    pub(crate) async fn child_finished(&mut self, r: ThreadReport) {
         let id = r.thread_id.clone();
-        s.log(
+        self.log(
             "child_finished",
             json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }),
         );
         if r.status == Status::Continued && r.error.is_none() {
             // Handed off: its continuation answers in its place (`ChildContinued` re-keys the
             // waits, whichever of the two messages comes first); this report is nobody's result.
-            let entry = s.children.entry(id).or_insert(Child {
-                actor: None,
-                report: None,
-                claimed: false,
-            });
-            entry.report = Some(r);
-            self.drained(me, s).await;
+            self.kids.entry(&id).report = Some(r);
+            self.drained().await;
             return;
         }
-        if super::hook_run::wants(s, "child_finished") {
-            let ctx = json!({ "thread_id": s.doc.id, "child": {
+        if self.hooks.wants("child_finished") {
+            let ctx = json!({ "thread_id": self.doc.id, "child": {
                 "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
                 "outputs": r.outputs, "error": r.error } });
-            super::hook_run::fire(me, s, "child_finished", ctx);
+            self.fire("child_finished", ctx);
         }
-        let entry = s.children.entry(id.clone()).or_insert(Child {
-            actor: None,
-            report: None,
-            claimed: false,
-        });
+        let entry = self.kids.entry(&id);
         if entry.report.is_some() {
             return;
         }
         entry.report = Some(r.clone());
         let claimed = entry.claimed;
-        if self.drained(me, s).await {
+        if self.drained().await {
             return;
         }
-        if r.status == Status::Error {
-            match s.directive.on_child_error {
-                OnChildError::Continue => {}
-                OnChildError::CancelSiblings => {
-                    // Siblings still being spawned are cancelled as they arrive.
-                    let spawning: Vec<String> = s.spawning.iter().cloned().collect();
-                    s.doomed.extend(spawning);
-                    for c in s.live_children() {
-                        if let Some(a) = s.children.get(&c).and_then(|c| c.actor.clone()) {
-                            let _ = a.cast(ThreadMsg::Cancel {
-                                reason: format!("sibling {id} failed"),
-                            });
-                        }
-                    }
-                }
-                OnChildError::Fail => {
-                    let msg = format!("child {id} failed: {}", r.error.clone().unwrap_or_default());
-                    return self.fail(me, s, msg).await;
-                }
+        if r.status == Status::Error && self.on_child_error(&r).await {
+            return;
+        }
+        let waited = self.kids.waiters.iter().any(|w| w.ids.contains(&id));
+        if !claimed && !waited {
+            self.kids.announce.push(r);
+        }
+        self.resolve_waiters().await;
+    }
+
+    /// What the directive's `on_child_error` does about child `r`'s failure. Returns whether
+    /// the thread is ending.
+    async fn on_child_error(&mut self, r: &ThreadReport) -> bool {
+        let id = &r.thread_id;
+        match self.directive.on_child_error {
+            OnChildError::Continue => false,
+            OnChildError::CancelSiblings => {
+                // Siblings still being spawned are cancelled as they arrive.
+                let spawning: Vec<String> = self.kids.spawning.iter().cloned().collect();
+                self.kids.doomed.extend(spawning);
+                self.kids.cancel_live(&format!("sibling {id} failed"));
+                false
+            }
+            OnChildError::Fail => {
+                let msg = format!("child {id} failed: {}", r.error.clone().unwrap_or_default());
+                self.fail(msg).await;
+                true
             }
         }
-        let waited = s.waiters.iter().any(|w| w.ids.contains(&id));
-        if !claimed && !waited {
-            s.announce.push(r);
-        }
-        self.resolve_waiters(me, s).await;
     }
 
-    pub(super) async fn resolve_waiters(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
-        let ready: Vec<usize> = s
-            .waiters
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| {
-                w.ids
-                    .iter()
-                    .all(|id| s.children.get(id).is_some_and(|c| c.report.is_some()))
-            })
-            .map(|(i, _)| i)
-            .collect();
-        for i in ready.into_iter().rev() {
-            let w = s.waiters.remove(i);
-            let outcome = manage_tools::wait_result(s, &w.ids, false);
-            self.tool_done(me, s, w.call_id, outcome).await;
+    /// Answers every wait whose children have all reported.
+    pub(crate) async fn resolve_waiters(&mut self) {
+        for w in self.kids.take_ready() {
+            let outcome = self.kids.wait_result(&w.ids, false);
+            self.tool_done(w.call_id, outcome).await;
         }
     }
 
-    pub(super) async fn wait_timeout(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        call_id: String,
-    ) {
-        let Some(i) = s.waiters.iter().position(|w| w.call_id == call_id) else {
+    /// A `wait_threads` timeout fired.
+    pub(crate) async fn wait_timeout(&mut self, call_id: String) {
+        let Some(w) = self.kids.take_waiter(&call_id) else {
             return;
         };
-        let w = s.waiters.remove(i);
-        let outcome = manage_tools::wait_result(s, &w.ids, true);
-        self.tool_done(me, s, w.call_id, outcome).await;
+        let outcome = self.kids.wait_result(&w.ids, true);
+        self.tool_done(w.call_id, outcome).await;
     }
-}
 
-pub(super) fn entry_claim(s: &mut ThreadState, id: &ThreadId) {
-    if let Some(c) = s.children.get_mut(id) {
-        c.claimed = true;
+    /// A child handed off: its continuation takes its place (waits included).
+    pub(crate) fn child_continued(
+        &mut self,
+        old: ThreadId,
+        new: ThreadId,
+        actor: ActorRef<ThreadMsg>,
+    ) {
+        self.kids.rekey(&old, new.clone(), actor);
+        self.log("child_continued", json!({ "old": old, "new": new }));
     }
 }

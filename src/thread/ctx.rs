@@ -1,7 +1,8 @@
 //! What every thread of a runtime shares ([`Ctx`]: project, config, key, trust, directive
 //! library, providers, the registry and ledger actors, live events) and the live [`Event`]s.
 
-use super::ThreadReport;
+use super::msg::{ThreadArgs, ThreadMsg};
+use super::report::ThreadReport;
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
 use crate::directive::Library;
@@ -191,7 +192,6 @@ impl Event {
 /// ~10 s while another process holds the write lock, as BEGIN and the write each wait 5 s).
 const STORE_ATTEMPTS: u32 = 4;
 
-/// Shared wiring of a runtime, handed to every thread actor.
 /// How often a runtime looks whether another process changed the secrets.
 const STAMP_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -208,7 +208,18 @@ pub(crate) struct Secrets {
     pub redactor: Arc<crate::core::redact::Redactor>,
 }
 
+/// Starts a thread actor from its arguments, linked under `parent` when given (see
+/// `thread::launch`): the spawn stages call it last, without knowing the actor.
+pub(crate) type Launch = fn(
+    Arc<Ctx>,
+    ThreadArgs,
+    Option<ractor::ActorCell>,
+) -> crate::provider::BoxFuture<Result<ActorRef<ThreadMsg>, String>>;
+
+/// Shared wiring of a runtime, handed to every thread actor.
 pub(crate) struct Ctx {
+    /// Starts a thread actor (the last spawn stage).
+    pub launch: Launch,
     /// Wakes the runtime's scheduled-effects task (a `schedule` call made an effect).
     pub effects_wake: Arc<tokio::sync::Notify>,
     /// What secrets to hide (see [`Ctx::refresh_secrets`]).

@@ -3,7 +3,8 @@
 //! non-terminal. The one place besides a thread's own actor that writes its transcript and
 //! thread.json, and only when no actor of it runs.
 
-use super::{Ctx, ThreadReport};
+use super::ctx::Ctx;
+use super::report::ThreadReport;
 use crate::core::ids::{now_ts, ThreadId};
 use crate::core::money::Nanos;
 use crate::core::status::Status;

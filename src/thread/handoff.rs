@@ -6,25 +6,25 @@
 //! remaining budget on the same ledger account chain. A child's continuation takes its place
 //! under the same parent (the parent re-keys the child); a root's hands its waiter over.
 
-use super::state::{Child, ThreadState};
-use super::{Continuation, ParentLink, SpawnRequest, ThreadMsg};
+use super::spawn::{Continuation, ParentLink, SpawnRequest};
+use super::state::Thread;
 use crate::core::ids::ThreadId;
 use crate::provider::{Block, Message, Role};
-use ractor::ActorRef;
-use serde_json::json;
 
-/// Whether this thread may hand off now: it has taken a turn (a thread, or a continuation, whose
-/// very first prompt is already too big would only hand the same prompt on, forever), and
-/// nothing of its own is under way that would be lost.
-pub(super) fn possible(s: &ThreadState) -> bool {
-    s.doc.cost.turns > 0
-        && s.live_children().is_empty()
-        && s.spawning.is_empty()
-        && s.tool_tasks.is_empty()
+impl Thread {
+    /// Whether this thread may hand off now: it has taken a turn (a thread, or a continuation,
+    /// whose very first prompt is already too big would only hand the same prompt on, forever),
+    /// and nothing of its own is under way that would be lost.
+    pub(crate) fn can_hand_off(&self) -> bool {
+        self.doc.cost.turns > 0
+            && self.kids.live().is_empty()
+            && self.kids.spawning.is_empty()
+            && self.work.tasks.is_empty()
+    }
 }
 
 /// The conversation a continuation starts from, within `budget_bytes` (≈ tokens, one per byte).
-pub(super) fn trimmed(messages: &[Message], budget_bytes: usize, from: &ThreadId) -> Vec<Message> {
+pub(crate) fn trimmed(messages: &[Message], budget_bytes: usize, from: &ThreadId) -> Vec<Message> {
     let size = |m: &Message| -> usize {
         m.content
             .iter()
@@ -73,104 +73,66 @@ pub(super) fn trimmed(messages: &[Message], budget_bytes: usize, from: &ThreadId
     out
 }
 
-/// Starts the continuation of `s` (terminal, `continued`, its ledger account closed) and hands
-/// it the parent link or the root's waiter. Returns the new thread, or why it could not start.
-pub(super) async fn start(s: &mut ThreadState, messages: Vec<Message>) -> Result<ThreadId, String> {
-    let row = ractor::call!(s.ctx.registry, |reply| crate::registry::RegistryMsg::Get {
-        id: s.doc.id.clone(),
-        reply
-    });
-    let spawn_count = match row {
-        Ok(Ok(Some(r))) => r.spawn_count,
-        _ => 0,
-    };
-    let req = SpawnRequest {
-        directive: s.doc.directive.clone(),
-        inputs: Default::default(),
-        overrides: Default::default(),
-        reserve: crate::core::money::Nanos::ZERO,
-        parent: s.parent.as_ref().map(|(id, actor)| ParentLink {
+impl Thread {
+    /// Starts the continuation of this thread (terminal, `continued`, its ledger account
+    /// closed) and hands it the parent link or the root's waiter. Returns the new thread, or
+    /// why it could not start.
+    pub(crate) async fn start_continuation(
+        &mut self,
+        messages: Vec<Message>,
+    ) -> Result<ThreadId, String> {
+        let row = ractor::call!(self.ctx.registry, |reply| {
+            crate::registry::RegistryMsg::Get {
+                id: self.doc.id.clone(),
+                reply,
+            }
+        });
+        let spawn_count = match row {
+            Ok(Ok(Some(r))) => r.spawn_count,
+            _ => 0,
+        };
+        let mut req = SpawnRequest::new(self.doc.directive.clone(), Default::default());
+        req.parent = self.parent.as_ref().map(|(id, actor)| ParentLink {
             id: id.clone(),
             actor: actor.clone(),
-        }),
-        cap: None,
-        seed: None,
-        continuation: Some(Continuation {
-            of: s.doc.clone(),
+        });
+        req.continuation = Some(Continuation {
+            of: self.doc.clone(),
             messages,
-            calls_made: s.calls_made,
+            calls_made: self.calls.made,
             spawn_count,
-        }),
-        attach: Vec::new(),
-        route: s.route.clone(),
-        parent_span: None,
-    };
-    // A root's waiter gets the continuation's report, but only once this thread has finished
-    // ending (its registry row and thread.json): a process that exits on that report leaves
-    // nothing of the chain half-written.
-    let on_finish = match s.on_finish.take() {
-        Some(waiter) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
-            s.ended = Some(ended_tx);
-            tokio::spawn(async move {
-                if let Ok(report) = rx.await {
-                    let _ = ended_rx.await;
-                    let _ = waiter.send(report);
-                }
-            });
-            Some(tx)
+        });
+        req.route = self.route.clone();
+        let on_finish = self.hand_over_waiter();
+        // The continuation itself tells the parent (`ChildContinued`, as it starts), so the
+        // parent hears of it before its report.
+        let (id, _) = super::spawn::spawn(&self.ctx, req, on_finish)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Ok(mut m) = self.ctx.successors.lock() {
+            m.insert(self.doc.id.clone(), id.clone());
         }
-        None => None,
-    };
-    let (id, actor) = super::spawn(&s.ctx, req, on_finish)
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Ok(mut m) = s.ctx.successors.lock() {
-        m.insert(s.doc.id.clone(), id.clone());
+        Ok(id)
     }
-    // The continuation itself tells the parent (`ChildContinued`, as it starts), so the parent
-    // hears of it before its report.
-    let _ = actor;
-    Ok(id)
-}
 
-/// The parent's side: the continuation takes the old child's place (waits included). The old
-/// child stays a live child until its own end is reported (so the parent never ends before it),
-/// but its `continued` report is nobody's result.
-pub(super) fn rekey(
-    s: &mut ThreadState,
-    old: &ThreadId,
-    new: ThreadId,
-    actor: ActorRef<ThreadMsg>,
-) {
-    let entry = s.children.entry(old.clone()).or_insert(Child {
-        actor: None,
-        report: None,
-        claimed: false,
-    });
-    let entry = Child {
-        actor: None,
-        report: None,
-        claimed: std::mem::replace(&mut entry.claimed, true),
-    };
-    s.children.insert(
-        new.clone(),
-        Child {
-            actor: Some(actor),
-            report: None,
-            claimed: entry.claimed,
-        },
-    );
-    for w in &mut s.waiters {
-        for id in &mut w.ids {
-            if id == old {
-                *id = new.clone();
+    /// A root's waiter gets the continuation's report, but only once this thread has finished
+    /// ending (its registry row and thread.json): a process that exits on that report leaves
+    /// nothing of the chain half-written.
+    fn hand_over_waiter(
+        &mut self,
+    ) -> Option<tokio::sync::oneshot::Sender<crate::thread::report::ThreadReport>> {
+        let waiter = self.life.on_finish.take()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
+        self.life.ended = Some(ended_tx);
+        tokio::spawn(async move {
+            if let Ok(report) = rx.await {
+                let _ = ended_rx.await;
+                let _ = waiter.send(report);
             }
-        }
+        });
+        Some(tx)
     }
-    s.continued_children.insert(old.clone(), new.clone());
-    s.log("child_continued", json!({ "old": old, "new": new }));
 }
 
 #[cfg(test)]
@@ -223,6 +185,6 @@ mod tests {
     }
 
     fn conversation_text(m: &Message) -> String {
-        super::super::conversation::message_text(m)
+        crate::thread::conversation::message_text(m)
     }
 }

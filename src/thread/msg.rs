@@ -1,68 +1,18 @@
 //! The thread actor's messages, what it starts from, and what it reports when it ends.
 
-use super::Ctx;
+use super::report::{StatusSnapshot, ThreadReport};
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
-use crate::core::money::{Nanos, Price};
-use crate::core::status::Status;
+use crate::core::money::Price;
 use crate::directive::Directive;
 use crate::provider::{LlmResponse, Message, ProviderError};
 use crate::record::thread_doc::ThreadDoc;
 use crate::record::transcript::TranscriptWriter;
 use crate::tools::ToolOutcome;
 use ractor::{ActorRef, RpcReplyPort};
-use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::oneshot;
-
-/// What a finished thread reports to its parent (and to `weft run`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ThreadReport {
-    /// Thread id.
-    pub thread_id: ThreadId,
-    /// Directive name.
-    pub directive: String,
-    /// Terminal status.
-    pub status: Status,
-    /// Final text.
-    pub result: Option<String>,
-    /// Structured outputs.
-    pub outputs: Option<Value>,
-    /// Error message.
-    pub error: Option<String>,
-    /// LLM calls made.
-    pub turns: u64,
-    /// Prompt tokens of the thread's own calls.
-    pub input_tokens: u64,
-    /// Output tokens of the thread's own calls.
-    pub output_tokens: u64,
-    /// Prompt tokens of the thread's own calls read from the provider's cache.
-    #[serde(default)]
-    pub cache_read_tokens: u64,
-    /// The thread's own spend.
-    pub own_spend_nanos: Nanos,
-    /// The whole subtree's spend.
-    pub spend_nanos: Nanos,
-    /// What providers billed beyond the thread's reservations (zero unless a provider broke
-    /// its prompt bound; the thread then ended and its subtree made no further call).
-    #[serde(default)]
-    pub overrun_nanos: Nanos,
-    /// Files the thread returned, copied into its parent's file area (paths there).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub files: Vec<String>,
-}
-
-/// A snapshot for `Status` queries.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct StatusSnapshot {
-    /// Current status.
-    pub status: Status,
-    /// Turns so far.
-    pub turns: u64,
-    /// Live children.
-    pub live_children: Vec<ThreadId>,
-}
 
 /// Messages of a thread actor.
 pub(crate) enum ThreadMsg {
@@ -151,10 +101,8 @@ pub(crate) enum ThreadMsg {
     Status(RpcReplyPort<StatusSnapshot>),
 }
 
-/// Everything a thread actor starts from (built by [`crate::thread::spawn`]).
+/// Everything a thread actor starts from (built by the spawn stages).
 pub(crate) struct ThreadArgs {
-    /// Runtime wiring.
-    pub ctx: Arc<Ctx>,
     /// The LLM backend this thread calls.
     pub provider: Arc<dyn crate::provider::Provider>,
     /// The directive.

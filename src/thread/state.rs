@@ -1,170 +1,167 @@
-//! A thread actor's state: its phase, children, waiters, and the helpers that turn it into a
-//! registry row, a report and a signed thread.json.
+//! The living thread: [`Thread`], the state of one thread actor — who it is, what it was
+//! started with, and its parts (calls, children, tool work, hooks, conversation, record,
+//! lifetime) — with the helpers that turn it into transcript lines, a registry row, a report
+//! and a signed thread.json.
+//!
+//! What a thread *does* is in the files beside this one, each an `impl Thread` block over one
+//! concern; the actor (`actor.rs`) only routes messages to them.
 
-use super::{Ctx, ThreadMsg, ThreadReport, ToolOutcome};
+use super::ctx::{Ctx, Event};
+use super::msg::ThreadMsg;
+use super::parts::{Calls, HookState, Kids, Life, Record, Talk, ToolWork};
+use super::report::ThreadReport;
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
-use crate::core::money::{Nanos, Price, Usage};
+use crate::core::money::{Nanos, Price};
 use crate::core::status::Status;
 use crate::directive::Directive;
-use crate::provider::{Message, ToolSpec};
+use crate::provider::{Provider, Route};
 use crate::record::thread_doc::ThreadDoc;
-use crate::record::transcript::TranscriptWriter;
-use crate::registry::ThreadRow;
+use crate::registry::{RegistryMsg, ThreadRow};
+use crate::tools::ToolOutcome;
 use ractor::ActorRef;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use std::time::Duration;
 
 /// How a thread is ending.
 #[derive(Debug, Clone)]
-pub(super) struct Ending {
-    pub(super) status: Status,
-    pub(super) result: Option<String>,
-    pub(super) outputs: Option<Value>,
-    pub(super) error: Option<String>,
+pub(crate) struct Ending {
+    /// Its terminal status.
+    pub(crate) status: Status,
+    /// Its final text.
+    pub(crate) result: Option<String>,
+    /// Its structured outputs.
+    pub(crate) outputs: Option<Value>,
+    /// Its error message.
+    pub(crate) error: Option<String>,
 }
 
-pub(super) enum Phase {
+impl Ending {
+    /// Ends with `status` and nothing else.
+    pub(crate) fn with(status: Status) -> Ending {
+        Ending {
+            status,
+            result: None,
+            outputs: None,
+            error: None,
+        }
+    }
+
+    /// Ends `error` with `message`.
+    pub(crate) fn error(message: String) -> Ending {
+        Ending {
+            error: Some(message),
+            ..Ending::with(Status::Error)
+        }
+    }
+}
+
+/// Where the turn loop stands.
+pub(crate) enum Phase {
     /// Between turns.
     Idle,
     /// Waiting for the LLM.
     Thinking,
     /// Waiting for tool results.
     Tools {
+        /// The calls of the turn, in the order the model made them.
         order: Vec<String>,
+        /// The results in so far.
         results: HashMap<String, ToolOutcome>,
+        /// The outputs of a valid `directive_return` among them.
         returned: Option<Value>,
     },
-    /// Ending: waiting for children to acknowledge a cancel.
+    /// Ending: waiting for children, tasks and the call under way to finish.
     Draining(Ending),
     /// Finalized.
     Done,
 }
 
-/// The LLM call under way: what was reserved for it and what its prompt was.
-pub(super) struct Call {
-    pub(super) reservation: u64,
-    pub(super) reserved: Nanos,
-    pub(super) prompt_bytes: u64,
-    pub(super) messages: usize,
-    /// The prompt-token bound and the output tokens granted: what a call whose bill the
-    /// provider did not report is settled at.
-    pub(super) prompt_tokens: u64,
-    pub(super) max_output: u64,
+impl Phase {
+    /// Draining or done: nothing new starts.
+    pub(crate) fn ending(&self) -> bool {
+        matches!(self, Phase::Draining(_) | Phase::Done)
+    }
 }
 
-/// What the last successful call's prompt was billed, for a tighter bound on the next one.
-#[derive(Clone, Copy)]
-pub(super) struct Billed {
-    pub(super) prompt_tokens: u64,
-    pub(super) prompt_bytes: u64,
-    pub(super) messages: usize,
-}
-
-pub(super) struct Child {
-    pub(super) actor: Option<ActorRef<ThreadMsg>>,
-    pub(super) report: Option<ThreadReport>,
-    /// Some call (spawn wait=true or wait_threads) has consumed or will consume the report.
-    pub(super) claimed: bool,
-}
-
-pub(super) struct Waiter {
-    pub(super) call_id: String,
-    pub(super) ids: Vec<ThreadId>,
-}
-
-/// State of a thread actor.
-pub(crate) struct ThreadState {
-    pub(super) ctx: Arc<Ctx>,
-    pub(super) provider: Arc<dyn crate::provider::Provider>,
-    pub(super) directive: Arc<Directive>,
-    pub(super) parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
-    pub(super) limits: Limits,
-    pub(super) price: Price,
-    pub(super) doc: ThreadDoc,
-    pub(super) transcript: TranscriptWriter,
-    pub(super) on_finish: Option<oneshot::Sender<ThreadReport>>,
-    /// Shared with in-flight requests (no copy per call); appended through `Arc::make_mut`.
-    pub(super) system: Arc<str>,
-    pub(super) messages: Arc<Vec<Message>>,
-    pub(super) tools: Arc<Vec<ToolSpec>>,
-    pub(super) phase: Phase,
-    pub(super) calls_made: u64,
-    pub(super) usage: Usage,
-    pub(super) own_spend: Nanos,
-    pub(super) started: Instant,
-    pub(super) cancel: CancellationToken,
-    pub(super) children: HashMap<ThreadId, Child>,
-    pub(super) waiters: Vec<Waiter>,
-    pub(super) announce: Vec<ThreadReport>,
-    pub(super) timers: Vec<tokio::task::JoinHandle<()>>,
-    /// The LLM call under way.
-    pub(super) call: Option<Call>,
-    /// The last successful call's billed prompt.
-    pub(super) billed: Option<Billed>,
-    /// Retries used for the current turn's call.
-    pub(super) attempt: u32,
-    /// `spawn_thread` calls whose task is still under way (by call id): a thread never
-    /// finalizes before they report, so no child can start after its parent has ended.
-    pub(super) spawning: std::collections::HashSet<String>,
-    /// Tool calls running as tasks (commands, file operations): a thread ends only after each
-    /// has reported (a cancel kills a command's process group at once).
-    pub(super) tool_tasks: std::collections::HashSet<String>,
-    /// Files named by `directive_return` (in this thread's area until the end, then copied to
-    /// the parent's area, and these become the paths there).
-    pub(super) returned_files: Vec<String>,
-    /// File tools of one thread run one at a time (a size check and the write it allows are
-    /// not interleaved with another call's).
-    pub(super) files_lock: Arc<std::sync::Mutex<()>>,
-    /// The hooks this thread runs, in order.
-    pub(super) hooks: Arc<Vec<crate::hooks::Hook>>,
-    /// Children that handed off, to the continuation that took each one's place.
-    pub(super) continued_children: HashMap<ThreadId, ThreadId>,
-    /// Signalled once this thread has finished ending, when its continuation holds its waiter.
-    pub(super) ended: Option<tokio::sync::oneshot::Sender<()>>,
-    /// Set when the thread ends `continued`: the conversation its continuation starts from.
-    pub(super) handoff: Option<Vec<crate::provider::Message>>,
-    /// Retries ordered by `error` hooks so far.
-    pub(super) hook_retries: u32,
-    /// Limits a `limit` hook has lifted once already.
-    pub(super) lifted: Vec<String>,
-    /// The inputs it was started with.
-    pub(super) inputs: serde_json::Value,
+/// One thread actor's state.
+pub(crate) struct Thread {
+    /// Its own actor: where its tasks report back.
+    pub(crate) me: ActorRef<ThreadMsg>,
+    /// What every thread of the runtime shares.
+    pub(crate) ctx: Arc<Ctx>,
+    /// The LLM backend it calls.
+    pub(crate) provider: Arc<dyn Provider>,
+    /// Its directive.
+    pub(crate) directive: Arc<Directive>,
+    /// Its parent's id and actor (None for a root).
+    pub(crate) parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
+    /// Its resolved limits (a `limit` hook may lift turns or tokens once).
+    pub(crate) limits: Limits,
+    /// Its model's price.
+    pub(crate) price: Price,
+    /// The inputs it was started with (hooks interpolate `{input:k}`).
+    pub(crate) inputs: Value,
     /// The tree's provider and model, passed on to children.
-    pub(super) route: Option<Arc<crate::provider::Route>>,
-    /// Its `invoke_agent` span (ended when it finishes).
-    pub(super) span: tracing::Span,
-    /// The `chat` span of the LLM call under way.
-    pub(super) chat_span: Option<tracing::Span>,
-    /// The `execute_tool` spans of calls not yet answered, by call id.
-    pub(super) tool_spans: std::collections::HashMap<String, tracing::Span>,
-    /// Messages waiting for the next turn: (from — "person" or a child's id, text).
-    pub(super) inbox: Vec<(String, String)>,
-    /// The thread's own status line (`set_status`).
-    pub(super) status_text: Option<String>,
-    /// Calls parked until a person approves or denies them, in the order they were made.
-    pub(super) pending_approvals: Vec<crate::provider::ToolCall>,
-    /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
-    pub(super) doomed: std::collections::HashSet<String>,
-    /// The user and assistant messages logged so far, for the search index when it ends.
-    pub(super) said: Vec<crate::store::SearchMessage>,
+    pub(crate) route: Option<Arc<Route>>,
+    /// Its thread.json as it stands (signed at every transition).
+    pub(crate) doc: ThreadDoc,
+    /// Its short status line (`set_status`).
+    pub(crate) status_text: Option<String>,
+    /// Where its turn loop stands.
+    pub(crate) phase: Phase,
+    /// Its transcript.
+    pub(crate) record: Record,
+    /// Its conversation.
+    pub(crate) talk: Talk,
+    /// Its LLM calls.
+    pub(crate) calls: Calls,
+    /// Its children and the calls waiting for them.
+    pub(crate) kids: Kids,
+    /// Its tool work under way.
+    pub(crate) work: ToolWork,
+    /// Its hooks.
+    pub(crate) hooks: HookState,
+    /// Its lifetime.
+    pub(crate) life: Life,
 }
 
-impl ThreadState {
-    pub(super) fn id(&self) -> &ThreadId {
+impl Thread {
+    /// Its id.
+    pub(crate) fn id(&self) -> &ThreadId {
         &self.doc.id
     }
 
     /// Appends a line to the transcript and, when anyone listens, publishes it as an event.
-    pub(super) fn log(&mut self, kind: &str, mut payload: Value) {
+    /// A failed append is kept: the actor ends the thread `error` once the message at hand is
+    /// handled (see [`Thread::record_failure`]).
+    pub(crate) fn log(&mut self, kind: &str, mut payload: Value) {
         // No secret reaches the transcript, live events or the search index.
         self.ctx.redactor().redact_value(&mut payload);
-        let seq = self.transcript.head().seq + 1;
+        let seq = self.record.next_seq();
         let copy = self.ctx.publish_lines().then(|| payload.clone());
+        self.remember_said(kind, seq, &payload);
+        if let Err(e) = self.record.transcript.append(kind, payload) {
+            tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
+            let lost =
+                format!("the transcript could not be written (a `{kind}` line was lost): {e}");
+            self.record.failed.get_or_insert(lost);
+            return;
+        }
+        if let Some(data) = copy {
+            let _ = self.ctx.events.send(Event::Line {
+                id: self.doc.id.clone(),
+                seq,
+                kind: kind.to_string(),
+                data: Arc::new(data),
+            });
+        }
+    }
+
+    /// Keeps a user or assistant message for the search index.
+    fn remember_said(&mut self, kind: &str, seq: i64, payload: &Value) {
         let role = match kind {
             "message" => payload["role"].as_str().or(Some("user")),
             "assistant_text" => Some("assistant"),
@@ -172,46 +169,36 @@ impl ThreadState {
         };
         if let (Some(role), Some(text)) = (role, payload["text"].as_str()) {
             if !text.trim().is_empty() {
-                self.said.push(crate::store::SearchMessage {
+                self.record.said.push(crate::store::SearchMessage {
                     seq,
                     role: role.to_string(),
                     text: text.to_string(),
                 });
             }
         }
-        if let Err(e) = self.transcript.append(kind, payload) {
-            tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
-            return;
-        }
-        if let Some(data) = copy {
-            let _ = self.ctx.events.send(super::Event::Line {
-                id: self.doc.id.clone(),
-                seq,
-                kind: kind.to_string(),
-                data: std::sync::Arc::new(data),
-            });
-        }
     }
 
-    pub(super) fn live_children(&self) -> Vec<ThreadId> {
-        self.children
-            .iter()
-            .filter(|(_, c)| c.report.is_none() && c.actor.is_some())
-            .map(|(id, _)| id.clone())
-            .collect()
+    /// The failure of a transcript append not yet acted on (taken).
+    pub(crate) fn record_failure(&mut self) -> Option<String> {
+        match self.phase {
+            Phase::Done => None,
+            _ => self.record.failed.take(),
+        }
     }
 
     /// Brings thread.json's cost and head up to date (before signing).
-    pub(super) fn refresh_doc(&mut self) {
-        self.doc.cost.input_tokens = self.usage.input_tokens;
-        self.doc.cost.output_tokens = self.usage.output_tokens;
-        self.doc.cost.cache_read_tokens = self.usage.cache_read_tokens;
-        self.doc.cost.own_spend_nanos = self.own_spend.0;
-        self.doc.cost.elapsed_ms = self.started.elapsed().as_millis() as u64;
-        self.doc.transcript_head = self.transcript.head().clone();
+    pub(crate) fn refresh_doc(&mut self) {
+        let usage = self.calls.usage;
+        self.doc.cost.input_tokens = usage.input_tokens;
+        self.doc.cost.output_tokens = usage.output_tokens;
+        self.doc.cost.cache_read_tokens = usage.cache_read_tokens;
+        self.doc.cost.own_spend_nanos = self.calls.own_spend.0;
+        self.doc.cost.elapsed_ms = self.life.started.elapsed().as_millis() as u64;
+        self.doc.transcript_head = self.record.transcript.head().clone();
     }
 
-    pub(super) fn sign_doc(&mut self, fsync: bool) {
+    /// Signs and writes thread.json as it stands.
+    pub(crate) fn sign_doc(&mut self, fsync: bool) {
         self.refresh_doc();
         let path = self.ctx.store.doc_path(self.id());
         let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
@@ -223,7 +210,9 @@ impl ThreadState {
         }
     }
 
-    pub(super) fn row(&self) -> ThreadRow {
+    /// Its registry row as it stands.
+    pub(crate) fn row(&self) -> ThreadRow {
+        let usage = self.calls.usage;
         ThreadRow {
             id: self.doc.id.to_string(),
             directive: self.doc.directive.clone(),
@@ -234,21 +223,31 @@ impl ThreadState {
             updated_at: crate::core::ids::now_ts(),
             model: self.doc.model.clone(),
             turns: self.doc.cost.turns,
-            input_tokens: self.usage.input_tokens,
-            output_tokens: self.usage.output_tokens,
-            own_spend_nanos: self.own_spend.0,
-            spend_nanos: self.doc.cost.spend_nanos.max(self.own_spend.0),
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            own_spend_nanos: self.calls.own_spend.0,
+            spend_nanos: self.doc.cost.spend_nanos.max(self.calls.own_spend.0),
             result: self.doc.result.clone(),
             outputs: self.doc.outputs.clone(),
             error: self.doc.error.clone(),
             owner_pid: std::process::id(),
-            waiting: super::approval::marker(self),
+            waiting: self.work.waiting_marker(),
             status_text: self.status_text.clone(),
             ..Default::default()
         }
     }
 
-    pub(super) fn report(&self) -> ThreadReport {
+    /// Sends its row to the registry (not waited for: the registry's batch writes it).
+    pub(crate) fn publish_row(&self) {
+        let _ = self.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(self.row()),
+            reply: None,
+        });
+    }
+
+    /// Its report as it stands.
+    pub(crate) fn report(&self) -> ThreadReport {
+        let usage = self.calls.usage;
         ThreadReport {
             thread_id: self.doc.id.clone(),
             directive: self.doc.directive.clone(),
@@ -257,13 +256,22 @@ impl ThreadState {
             outputs: self.doc.outputs.clone(),
             error: self.doc.error.clone(),
             turns: self.doc.cost.turns,
-            input_tokens: self.usage.input_tokens,
-            output_tokens: self.usage.output_tokens,
-            cache_read_tokens: self.usage.cache_read_tokens,
-            own_spend_nanos: self.own_spend,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cache_read_tokens: usage.cache_read_tokens,
+            own_spend_nanos: self.calls.own_spend,
             spend_nanos: Nanos(self.doc.cost.spend_nanos),
             overrun_nanos: Nanos(self.doc.cost.overrun_nanos),
-            files: self.returned_files.clone(),
+            files: self.work.returned_files.clone(),
         }
+    }
+
+    /// Sends itself `msg` after `wait` (a timer aborted when the thread ends).
+    pub(crate) fn after(&mut self, wait: Duration, msg: ThreadMsg) {
+        let me = self.me.clone();
+        self.life.timers.push(tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = me.cast(msg);
+        }));
     }
 }

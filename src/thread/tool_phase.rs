@@ -1,35 +1,191 @@
-//! The tool phase of a turn: results collected in call order, then the next turn (or the end,
-//! after a valid `directive_return`).
+//! The tool phase of a turn: each call through the capability gate (and, if it needs one, a
+//! person's approval) to the built-in, MCP or command tool that runs it; results collected in
+//! call order, then the next turn (or the end, after a valid `directive_return`).
 
-use super::state::{Ending, Phase, ThreadState};
-use super::{manage, ToolOutcome};
-use super::{ThreadActor, ThreadMsg};
+use super::builtin::{Builtin, Needs};
+use super::msg::ThreadMsg;
+use super::state::{Ending, Phase, Thread};
 use crate::core::status::Status;
-use crate::provider::ToolCall;
-use crate::provider::{Block, Message, Role};
-use crate::tools::{check, needed_capability};
-use ractor::ActorRef;
+use crate::provider::{Block, Message, Role, ToolCall};
+use crate::tools::{check, needed_capability, ToolOutcome};
 use serde_json::json;
-use std::sync::Arc;
+use std::collections::HashMap;
 
-impl ThreadActor {
-    pub(super) async fn tool_done(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
+impl Thread {
+    /// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will
+    /// answer.
+    pub(crate) async fn dispatch_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        crate::core::failpoint::hit("tool.dispatch");
+        let span = super::spans::tool(&self.life.span, &call.name, &call.id);
+        self.work.spans.insert(call.id.clone(), span);
+        if !self.talk.tools.iter().any(|t| t.name == call.name) {
+            let names: Vec<&str> = self.talk.tools.iter().map(|t| t.name.as_str()).collect();
+            return Some(ToolOutcome::err(format!(
+                "unknown or ungranted tool `{}` (available: {})",
+                call.name,
+                names.join(", ")
+            )));
+        }
+        let needed = match Builtin::parse(&call.name) {
+            Some(b) => b.needs(&call.input).map(|n| match n {
+                Needs::Nothing => None,
+                Needs::Capability(c) => Some(c),
+            }),
+            None => needed_capability(&call).map(Some),
+        };
+        let needed = match needed {
+            Ok(n) => n,
+            Err(m) => return Some(ToolOutcome::err(m)),
+        };
+        if let Some(cap) = &needed {
+            if let Err(denied) = check(&self.doc.capabilities, cap, self.doc.id.as_str()) {
+                self.log(
+                    "tool_denied",
+                    json!({ "id": call.id, "name": call.name, "capability": cap }),
+                );
+                return Some(ToolOutcome::err(denied));
+            }
+        }
+        if self.needs_approval(&call, needed.as_deref()) {
+            self.park_for_approval(call);
+            return None;
+        }
+        self.run_tool(call).await
+    }
+
+    /// Runs or starts one call that passed the gate (and, if it needed one, a person's
+    /// approval).
+    pub(crate) async fn run_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        if let Some(b) = Builtin::parse(&call.name) {
+            return self.run_builtin(b, call).await;
+        }
+        if call.name.starts_with("mcp__") {
+            return self.mcp_tool(call);
+        }
+        if self.ctx.commands.get(&call.name).is_some() {
+            return self.command_tool(call);
+        }
+        Some(ToolOutcome::err(format!(
+            "tool `{}` has no implementation in this build",
+            call.name
+        )))
+    }
+
+    /// Runs `work` as a task that reports its outcome as [`ThreadMsg::ToolFinished`]; the
+    /// thread does not end before it has.
+    pub(crate) fn run_as_task(
+        &mut self,
         call_id: String,
-        mut outcome: ToolOutcome,
+        work: impl std::future::Future<Output = ToolOutcome> + Send + 'static,
     ) {
+        self.work.tasks.insert(call_id.clone());
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let outcome = work.await;
+            let _ = me.cast(ThreadMsg::ToolFinished { call_id, outcome });
+        });
+    }
+
+    /// A tool of an MCP server, on a task (abandoned on cancel).
+    fn mcp_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        let Some((server, tool)) = crate::tools::split_mcp_name(&call.name) else {
+            return Some(ToolOutcome::err(format!(
+                "`{}` is not an MCP tool name",
+                call.name
+            )));
+        };
+        let (server, tool) = (server.to_string(), tool.to_string());
+        let ctx = self.ctx.clone();
+        let cancel = self.life.cancel.child_token();
+        let area = self.ctx.store.files_dir(self.id());
+        let (id, input) = (call.id.clone(), call.input);
+        self.ctx.refresh_secrets();
+        let redactor = self.ctx.redactor();
+        self.run_as_task(call.id, async move {
+            let (content, is_error) = ctx
+                .mcp
+                .call((&server, &tool), &input, &area, &id, cancel, &redactor)
+                .await;
+            ToolOutcome {
+                content,
+                is_error,
+                returned: None,
+            }
+        });
+        None
+    }
+
+    /// A command tool, as a process on a task.
+    fn command_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        let tool = self.ctx.commands.get(&call.name)?.clone();
+        let root = self.ctx.project.root.clone();
+        let area = self.ctx.store.files_dir(self.id());
+        let cancel = self.life.cancel.child_token();
+        let (id, input) = (call.id.clone(), call.input);
+        self.ctx.refresh_secrets();
+        let redactor = self.ctx.redactor();
+        let (store, thread) = (self.ctx.store.clone(), self.id().clone());
+        self.run_as_task(call.id, async move {
+            // The thread's values, read when the call starts (a `set_env` of an ancestor
+            // reaches it here).
+            let vars = match tool.env.is_empty() {
+                true => Ok(Default::default()),
+                false => tokio::task::spawn_blocking(move || store.env_resolve(&thread))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string())),
+            };
+            let vars = match vars {
+                Ok(v) => v
+                    .into_values()
+                    .filter_map(|e| Some((e.name, e.value?)))
+                    .collect(),
+                Err(e) => {
+                    return ToolOutcome::err(format!(
+                        "tool `{}`: its environment cannot be read: {e}",
+                        tool.name
+                    ))
+                }
+            };
+            let env = crate::tools::CallEnv { vars, redactor };
+            let r = crate::tools::run_command(&tool, &input, &root, &area, &id, cancel, &env).await;
+            ToolOutcome {
+                content: r.content,
+                is_error: r.is_error,
+                returned: None,
+            }
+        });
+        None
+    }
+
+    /// A tool running as a task ended.
+    pub(crate) async fn tool_finished(&mut self, call_id: String, outcome: ToolOutcome) {
+        self.work.tasks.remove(&call_id);
+        if matches!(self.phase, Phase::Draining(_)) {
+            // Ending anyway, but what the tool did (or that it was killed) is recorded.
+            self.log(
+                "tool_result",
+                json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
+            );
+        }
+        if !self.drained().await {
+            self.tool_done(call_id, outcome).await;
+        }
+    }
+
+    /// One call's result is in: recorded, and once the turn's results are all in, the next
+    /// turn (or the end, after a valid `directive_return`).
+    pub(crate) async fn tool_done(&mut self, call_id: String, mut outcome: ToolOutcome) {
         // A tool may print a secret (its env holds them): the model never reads it.
-        s.ctx.refresh_secrets();
-        if let std::borrow::Cow::Owned(clean) = s.ctx.redactor().redact(&outcome.content) {
+        self.ctx.refresh_secrets();
+        if let std::borrow::Cow::Owned(clean) = self.ctx.redactor().redact(&outcome.content) {
             outcome.content = clean;
         }
         let Phase::Tools {
             order,
             results,
             returned,
-        } = &mut s.phase
+        } = &mut self.phase
         else {
             return;
         };
@@ -41,24 +197,28 @@ impl ThreadActor {
         }
         results.insert(call_id.clone(), outcome.clone());
         let done = results.len() == order.len();
-        if let Some(span) = s.tool_spans.remove(&call_id) {
+        if let Some(span) = self.work.spans.remove(&call_id) {
             if outcome.is_error {
                 span.record("error.type", "tool_error");
             }
         }
-        s.log(
+        self.log(
             "tool_result",
             json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
         );
         crate::core::failpoint::hit("tool.result");
-        if !done {
-            return;
+        if done {
+            self.results_in().await;
         }
+    }
+
+    /// Every result of the turn is in: they join the conversation in call order.
+    async fn results_in(&mut self) {
         let Phase::Tools {
             order,
             mut results,
             returned,
-        } = std::mem::replace(&mut s.phase, Phase::Idle)
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
@@ -72,193 +232,70 @@ impl ThreadActor {
                 })
             })
             .collect();
-        Arc::make_mut(&mut s.messages).push(Message {
+        self.talk.push(Message {
             role: Role::User,
             content: blocks,
         });
-        if let Some(outputs) = returned {
-            if super::hook_run::wants(s, "directive_return") {
-                let ctx = json!({ "thread_id": s.doc.id, "outputs": outputs,
-                                  "cost": { "turns": s.doc.cost.turns, "spend_nanos": s.own_spend } });
-                super::hook_run::fire(me, s, "directive_return", ctx);
-            }
-            let e = Ending {
-                status: Status::Completed,
-                result: None,
-                outputs: Some(outputs),
-                error: None,
-            };
-            return self.finalize(me, s, e).await;
+        let Some(outputs) = returned else {
+            let _ = self.me.cast(ThreadMsg::NextTurn);
+            return;
+        };
+        if self.hooks.wants("directive_return") {
+            let ctx = json!({ "thread_id": self.doc.id, "outputs": outputs,
+                              "cost": { "turns": self.doc.cost.turns, "spend_nanos": self.calls.own_spend } });
+            self.fire("directive_return", ctx);
         }
-        let _ = me.cast(ThreadMsg::NextTurn);
+        let e = Ending {
+            outputs: Some(outputs),
+            ..Ending::with(Status::Completed)
+        };
+        self.finalize(e).await;
     }
-}
 
-/// Runs `work` as a task that reports its outcome as [`ThreadMsg::ToolFinished`]; the thread
-/// does not end before it has.
-pub(super) fn run_as_task(
-    me: &ActorRef<ThreadMsg>,
-    s: &mut ThreadState,
-    call_id: String,
-    work: impl std::future::Future<Output = ToolOutcome> + Send + 'static,
-) {
-    s.tool_tasks.insert(call_id.clone());
-    let me = me.clone();
-    tokio::spawn(async move {
-        let outcome = work.await;
-        let _ = me.cast(ThreadMsg::ToolFinished { call_id, outcome });
-    });
-}
-
-/// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will answer.
-pub(super) async fn dispatch(
-    me: &ActorRef<ThreadMsg>,
-    s: &mut ThreadState,
-    call: ToolCall,
-) -> Option<ToolOutcome> {
-    crate::core::failpoint::hit("tool.dispatch");
-    let span = super::spans::tool(&s.span, &call.name, &call.id);
-    s.tool_spans.insert(call.id.clone(), span);
-    if !s.tools.iter().any(|t| t.name == call.name) {
-        let names: Vec<&str> = s.tools.iter().map(|t| t.name.as_str()).collect();
-        return Some(ToolOutcome::err(format!(
-            "unknown or ungranted tool `{}` (available: {})",
-            call.name,
-            names.join(", ")
-        )));
-    }
-    let needed = match needed_capability(&call) {
-        Ok(n) => n,
-        Err(m) => return Some(ToolOutcome::err(m)),
-    };
-    if let Some(cap) = &needed {
-        if let Err(denied) = check(&s.doc.capabilities, cap, s.doc.id.as_str()) {
-            s.log(
-                "tool_denied",
-                json!({ "id": call.id, "name": call.name, "capability": cap }),
-            );
-            return Some(ToolOutcome::err(denied));
-        }
-    }
-    if super::approval::required(s, &call, needed.as_deref()) {
-        super::approval::park(s, call);
-        return None;
-    }
-    run(me, s, call).await
-}
-
-/// Runs or starts one call that passed the gate (and, if it needed one, a person's approval).
-pub(super) async fn run(
-    me: &ActorRef<ThreadMsg>,
-    s: &mut ThreadState,
-    call: ToolCall,
-) -> Option<ToolOutcome> {
-    match call.name.as_str() {
-        "directive_return" => Some(manage::directive_return(s, &call.input)),
-        "notify_parent" => Some(super::messages::notify_parent(s, &call.input)),
-        "set_status" => Some(super::messages::set_status(s, &call.input)),
-        "spawn_thread" => manage::spawn_thread(me, s, call),
-        "kv_get" | "kv_set" => super::state_tools::kv(me, s, call),
-        "emit" => Some(super::state_tools::emit(s, &call.input)),
-        "set_env" => super::state_tools::set_env(me, s, call),
-        "run_code" => super::state_tools::run_code(me, s, call),
-        "schedule" | "scheduled_list" | "scheduled_cancel" => super::schedule::run(me, s, call),
-        "wait_threads" => manage::wait_threads(me, s, call),
-        "cancel_thread" => Some(manage::cancel_thread(s, &call.input).await),
-        "thread_status" => Some(manage::thread_status(s, &call.input).await),
-        name if crate::tools::FILE_TOOLS.iter().any(|(n, _)| *n == name) => {
-            let area = s.ctx.store.files_dir(s.id());
-            let limits = s.ctx.config.files;
-            let (name, input) = (call.name.clone(), call.input.clone());
-            let lock = s.files_lock.clone();
-            run_as_task(me, s, call.id, async move {
-                let res = tokio::task::spawn_blocking(move || {
-                    let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    crate::tools::run_file_tool(&name, &input, &area, limits)
-                })
-                .await;
-                match res {
-                    Ok(Ok(v)) => ToolOutcome::ok(v),
-                    Ok(Err(m)) => ToolOutcome::err(m),
-                    Err(e) => ToolOutcome::err(format!("file tool failed: {e}")),
-                }
-            });
-            None
-        }
-        name if name.starts_with("mcp__") => {
-            let Some((server, tool)) = crate::tools::split_mcp_name(name) else {
-                return Some(ToolOutcome::err(format!(
-                    "`{name}` is not an MCP tool name"
-                )));
-            };
-            let (server, tool) = (server.to_string(), tool.to_string());
-            let ctx = s.ctx.clone();
-            let cancel = s.cancel.child_token();
-            let input = call.input.clone();
-            let area = s.ctx.store.files_dir(s.id());
+    /// Starts the calls of a model's turn, in order.
+    pub(crate) async fn start_tools(&mut self, calls: Vec<ToolCall>) {
+        self.phase = Phase::Tools {
+            order: calls.iter().map(|c| c.id.clone()).collect(),
+            results: HashMap::new(),
+            returned: None,
+        };
+        for call in calls {
             let id = call.id.clone();
-            s.ctx.refresh_secrets();
-            let redactor = s.ctx.redactor();
-            run_as_task(me, s, call.id, async move {
-                let (content, is_error) = ctx
-                    .mcp
-                    .call((&server, &tool), &input, &area, &id, cancel, &redactor)
-                    .await;
-                ToolOutcome {
-                    content,
-                    is_error,
-                    returned: None,
-                }
-            });
-            None
+            if let Some(outcome) = self.dispatch_tool(call).await {
+                self.tool_done(id, outcome).await;
+            }
         }
-        name if s.ctx.commands.get(name).is_some() => {
-            let Some(tool) = s.ctx.commands.get(name).cloned() else {
-                return Some(ToolOutcome::err("unknown tool"));
-            };
-            let root = s.ctx.project.root.clone();
-            let area = s.ctx.store.files_dir(s.id());
-            let cancel = s.cancel.child_token();
-            let (id, input) = (call.id.clone(), call.input.clone());
-            s.ctx.refresh_secrets();
-            let redactor = s.ctx.redactor();
-            let (store, thread) = (s.ctx.store.clone(), s.id().clone());
-            run_as_task(me, s, call.id, async move {
-                // The thread's values, read when the call starts (a `set_env` of an ancestor
-                // reaches it here).
-                let vars = match tool.env.is_empty() {
-                    true => Ok(Default::default()),
-                    false => tokio::task::spawn_blocking(move || store.env_resolve(&thread))
-                        .await
-                        .map_err(|e| e.to_string())
-                        .and_then(|r| r.map_err(|e| e.to_string())),
-                };
-                let vars = match vars {
-                    Ok(v) => v
-                        .into_values()
-                        .filter_map(|e| Some((e.name, e.value?)))
-                        .collect(),
-                    Err(e) => {
-                        return ToolOutcome::err(format!(
-                            "tool `{}`: its environment cannot be read: {e}",
-                            tool.name
-                        ))
-                    }
-                };
-                let env = crate::tools::CallEnv { vars, redactor };
-                let r =
-                    crate::tools::run_command(&tool, &input, &root, &area, &id, cancel, &env).await;
-                ToolOutcome {
-                    content: r.content,
-                    is_error: r.is_error,
-                    returned: None,
-                }
-            });
-            None
+    }
+
+    /// A person's decision on a parked call (`call` None: the only one parked).
+    pub(crate) async fn decide(
+        &mut self,
+        call: Option<String>,
+        approve: bool,
+        reason: Option<String>,
+    ) -> Result<String, String> {
+        if self.phase.ending() {
+            return Err(format!("thread {} is ending", self.doc.id));
         }
-        _ => Some(ToolOutcome::err(format!(
-            "tool `{}` has no implementation in this build",
-            call.name
-        ))),
+        let parked = self
+            .work
+            .take_parked(call.as_deref(), self.doc.id.as_str())?;
+        self.log(
+            "approval_decided",
+            json!({ "id": parked.id, "name": parked.name, "approved": approve, "reason": reason, "by": "person" }),
+        );
+        self.publish_waiting();
+        let id = parked.id.clone();
+        let outcome = match approve {
+            true => self.run_tool(parked).await,
+            false => {
+                let why = reason.unwrap_or_else(|| "no reason given".into());
+                Some(ToolOutcome::err(format!("denied by a person: {why}")))
+            }
+        };
+        if let Some(outcome) = outcome {
+            self.tool_done(id.clone(), outcome).await;
+        }
+        Ok(id)
     }
 }

@@ -2,287 +2,223 @@
 //! every attempt, retries with backoff, and the answer that ends a thread.
 
 use super::conversation::message_text;
-use super::state::{Billed, Call, Ending, Phase, ThreadState};
-use super::Event;
-use super::{ThreadActor, ThreadMsg};
+use super::ctx::Event;
+use super::msg::ThreadMsg;
+use super::parts::{backoff, unique_call_ids, Billed, Call};
+use super::spawn::MIN_OUTPUT_TOKENS;
+use super::state::{Ending, Phase, Thread};
 use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
-use crate::ledger::LedgerMsg;
+use crate::hooks::Control;
+use crate::ledger::{Grant, LedgerError, LedgerMsg};
 use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
-use crate::registry::RegistryMsg;
-use ractor::ActorRef;
 use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-impl ThreadActor {
-    pub(super) async fn start(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
+/// A call ready to start: its request, the flush of its streamed text, its reservation.
+struct Prepared {
+    req: LlmRequest,
+    flush: Option<Box<dyn FnOnce() + Send>>,
+    grant: Grant,
+}
+
+/// Why a turn does not make its call.
+enum Stop {
+    /// A limit was hit (`limit`, what was used, the maximum).
+    Limit(&'static str, String, String),
+    /// The thread fails with this message.
+    Fail(String),
+    /// The prompt passes the continuation threshold: hand off with this window.
+    HandOff(u64),
+    /// Nothing to do (cancelled).
+    Quiet,
+}
+
+impl Thread {
+    /// `Start`: the thread runs — its first records, its start hooks, its duration timer, then
+    /// its first turn.
+    pub(crate) async fn start(&mut self) {
         // Announced before anything else of the thread, so a subtree's watchers know it as theirs.
-        let _ = s.ctx.events.send(Event::Started {
-            id: s.id().clone(),
-            parent: s.doc.parent_id.clone(),
-            directive: s.doc.directive.clone(),
+        let _ = self.ctx.events.send(Event::Started {
+            id: self.id().clone(),
+            parent: self.doc.parent_id.clone(),
+            directive: self.doc.directive.clone(),
         });
-        s.doc.transition(Status::Running);
-        s.log("status", json!({ "status": "running" }));
-        let continued = s.doc.continuation_of.clone();
+        self.doc.transition(Status::Running);
+        self.log("status", json!({ "status": "running" }));
+        let continued = self.doc.continuation_of.clone();
         // A child's continuation tells the parent it takes its predecessor's place before it can
         // report anything (one sender: the parent sees this before this thread's end).
-        if let (Some(old), Some((_, parent))) = (&continued, &s.parent) {
+        if let (Some(old), Some((_, parent))) = (&continued, &self.parent) {
             let _ = parent.cast(ThreadMsg::ChildContinued {
                 old: old.clone(),
-                new: s.doc.id.clone(),
-                actor: me.clone(),
+                new: self.doc.id.clone(),
+                actor: self.me.clone(),
             });
         }
-        let event = if continued.is_some() {
-            "thread_continued"
-        } else {
-            "thread_started"
+        let event = match continued {
+            Some(_) => "thread_continued",
+            None => "thread_started",
         };
-        if super::hook_run::wants(s, event) {
+        if self.hooks.wants(event) {
             let ctx = json!({
-                "thread_id": s.doc.id, "directive": s.doc.directive, "directive_body": s.directive.body,
-                "model": s.doc.model, "limits": s.limits, "inputs": s.inputs, "previous_thread_id": continued,
+                "thread_id": self.doc.id, "directive": self.doc.directive, "directive_body": self.directive.body,
+                "model": self.doc.model, "limits": self.limits, "inputs": self.inputs, "previous_thread_id": continued,
             });
-            let fired = super::hook_run::fire(me, s, event, ctx);
-            super::hook_run::inject_into_conversation(s, fired.injected);
+            let fired = self.fire(event, ctx);
+            self.inject_context(fired.injected);
         }
-        // A continuation records the conversation it inherits, so it can be continued in turn.
-        if let Some((last, inherited)) = s.messages.split_last() {
-            if !inherited.is_empty() {
-                let inherited = serde_json::to_value(inherited).unwrap_or(Value::Null);
-                let text = message_text(last);
-                let calls = s.calls_made;
-                s.log(
-                    "conversation",
-                    json!({ "messages": inherited, "calls_made": calls }),
-                );
-                s.log("message", json!({ "role": "user", "text": text }));
-            } else {
-                let text = message_text(last);
-                s.log("message", json!({ "role": "user", "text": text }));
-            }
+        self.log_first_messages();
+        self.sign_doc(false);
+        self.publish_row();
+        self.after(self.limits.duration(), ThreadMsg::DurationExpired);
+        let _ = self.me.cast(ThreadMsg::NextTurn);
+    }
+
+    /// The prompt as the transcript's first message; a continuation also records the
+    /// conversation it inherits, so it can be continued in turn.
+    fn log_first_messages(&mut self) {
+        let Some((last, inherited)) = self.talk.messages.split_last() else {
+            return;
+        };
+        let text = message_text(last);
+        if !inherited.is_empty() {
+            let inherited = serde_json::to_value(inherited).unwrap_or(Value::Null);
+            let calls = self.calls.made;
+            self.log(
+                "conversation",
+                json!({ "messages": inherited, "calls_made": calls }),
+            );
         }
-        s.sign_doc(false);
-        let row = s.row();
-        let _ = s.ctx.registry.cast(RegistryMsg::Update {
-            row: Box::new(row),
-            reply: None,
-        });
-        let me2 = me.clone();
-        let d = s.limits.duration();
-        s.timers.push(tokio::spawn(async move {
-            tokio::time::sleep(d).await;
-            let _ = me2.cast(ThreadMsg::DurationExpired);
-        }));
-        let _ = me.cast(ThreadMsg::NextTurn);
+        self.log("message", json!({ "role": "user", "text": text }));
     }
 
     /// A provider billed more than the call's reservation: the ledger has settled the actual
     /// cost; the overrun is recorded and this thread's subtree makes no further call.
-    pub(super) async fn overran(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        reservation: u64,
-        cost: Nanos,
-        overrun: Nanos,
-    ) {
-        s.doc.cost.overrun_nanos += overrun.0;
-        let model = s.doc.model.clone();
-        s.log(
+    async fn overran(&mut self, reservation: u64, cost: Nanos, overrun: Nanos) {
+        self.doc.cost.overrun_nanos += overrun.0;
+        let model = self.doc.model.clone();
+        self.log(
             "spend_overrun",
             json!({ "reservation": reservation, "cost_nanos": cost, "overrun_nanos": overrun, "model": model }),
         );
-        if matches!(s.phase, Phase::Draining(_) | Phase::Done) {
+        if self.phase.ending() {
             return;
         }
         let msg = format!(
             "spend overrun: a call to `{model}` was billed {cost}, {overrun} more than reserved for it; this thread's subtree makes no further call (if `{model}`'s chat template is larger than assumed, raise prompt_overhead_tokens for it)"
         );
-        self.fail(me, s, msg).await;
+        self.fail(msg).await;
     }
 
-    pub(super) async fn limit_hit(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        limit: &str,
-        used: String,
-        max: String,
-    ) {
-        s.log(
+    /// A limit was hit: a `limit` hook may lift it once or hand off; otherwise the thread ends.
+    async fn limit_hit(&mut self, limit: &str, used: String, max: String) {
+        self.log(
             "limit_hit",
             json!({ "limit": limit, "used": used, "max": max }),
         );
-        s.span.record("weft.limit", limit);
-        let ctx = json!({ "thread_id": s.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
-        let fired = super::hook_run::fire(me, s, "limit", ctx);
-        if fired.control == Some(crate::hooks::Control::Continue) && lift_once(s, limit) {
-            let _ = me.cast(ThreadMsg::NextTurn);
+        self.life.span.record("weft.limit", limit);
+        let ctx = json!({ "thread_id": self.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
+        let fired = self.fire("limit", ctx);
+        if fired.control == Some(Control::Continue) && self.lift_once(limit) {
+            let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
         }
         let money = matches!(limit, "spend");
-        if fired.control == Some(crate::hooks::Control::Handoff)
-            && !money
-            && super::handoff::possible(s)
-        {
-            s.log(
+        if fired.control == Some(Control::Handoff) && !money && self.can_hand_off() {
+            self.log(
                 "hook_control",
                 json!({ "action": "handoff", "limit": limit }),
             );
-            let window = s.ctx.config.context_window_of(&s.doc.model);
-            return self.hand_off(me, s, window).await;
+            let window = self.ctx.config.context_window_of(&self.doc.model);
+            return self.hand_off(window).await;
         }
-        let e = Ending {
-            status: Status::Error,
-            result: None,
-            outputs: None,
-            error: Some(format!("limit exceeded: {limit} {used}/{max}")),
-        };
-        self.finalize(me, s, e).await;
+        let msg = format!("limit exceeded: {limit} {used}/{max}");
+        self.finalize(Ending::error(msg)).await;
     }
 
     /// Ends this thread `continued`; its continuation starts from the trimmed conversation
     /// (half the window, when there is one).
-    pub(super) async fn hand_off(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        window: Option<u64>,
-    ) {
+    async fn hand_off(&mut self, window: Option<u64>) {
         let budget = window.map_or(usize::MAX, |w| (w / 2) as usize);
-        s.handoff = Some(super::handoff::trimmed(&s.messages, budget, s.id()));
-        let e = Ending {
-            status: Status::Continued,
-            result: None,
-            outputs: None,
-            error: None,
-        };
-        self.finalize(me, s, e).await;
+        let trimmed = super::handoff::trimmed(&self.talk.messages, budget, self.id());
+        self.life.handoff = Some(trimmed);
+        self.finalize(Ending::with(Status::Continued)).await;
     }
 
-    pub(super) async fn next_turn(&self, me: &ActorRef<ThreadMsg>, s: &mut ThreadState) {
-        if !matches!(s.phase, Phase::Idle) {
+    /// `NextTurn`: messages delivered, limits checked, the worst case reserved, the call
+    /// started as a task.
+    pub(crate) async fn next_turn(&mut self) {
+        if !matches!(self.phase, Phase::Idle) {
             return;
         }
-        super::messages::deliver(s);
-        if !s.announce.is_empty() {
-            let reports: Vec<Value> = s.announce.drain(..).map(|r| json!(r)).collect();
-            let text = format!("Children finished: {}", Value::Array(reports));
-            s.log("message", json!({ "role": "user", "text": text }));
-            Arc::make_mut(&mut s.messages).push(Message::user(text));
-        }
-        let turns = s.doc.cost.turns;
-        if turns >= s.limits.turns {
-            let max = s.limits.turns.to_string();
-            return self.limit_hit(me, s, "turns", turns.to_string(), max).await;
-        }
-        let used_tokens = s.usage.input_tokens + s.usage.output_tokens + s.usage.cache_read_tokens;
-        if used_tokens >= s.limits.tokens {
-            let max = s.limits.tokens.to_string();
-            return self
-                .limit_hit(me, s, "tokens", used_tokens.to_string(), max)
-                .await;
-        }
-        if s.cancel.is_cancelled() {
-            return;
-        }
-        let mut req = LlmRequest {
-            model: s.doc.model.clone(),
-            system: s.system.clone(),
-            messages: s.messages.clone(),
-            tools: s.tools.clone(),
-            max_tokens: 0,
-            directive: s.directive.name.clone(),
-            thread_id: s.id().clone(),
-            call_index: s.calls_made,
-            on_text: None,
+        self.deliver_inbox();
+        self.announce_children();
+        let req = match self.prepare_call().await {
+            Ok(req) => req,
+            Err(stop) => return self.stop_turn(stop).await,
         };
-        let (sink, flush) = s.ctx.text_stream(s.id());
+        self.call_llm(req);
+    }
+
+    /// Reports of children nobody waits for, as one user message.
+    fn announce_children(&mut self) {
+        if self.kids.announce.is_empty() {
+            return;
+        }
+        let reports: Vec<Value> = self.kids.announce.drain(..).map(|r| json!(r)).collect();
+        let text = format!("Children finished: {}", Value::Array(reports));
+        self.log("message", json!({ "role": "user", "text": text }));
+        self.talk.push(Message::user(text));
+    }
+
+    async fn stop_turn(&mut self, stop: Stop) {
+        match stop {
+            Stop::Limit(limit, used, max) => self.limit_hit(limit, used, max).await,
+            Stop::Fail(msg) => self.fail(msg).await,
+            Stop::HandOff(window) => self.hand_off(Some(window)).await,
+            Stop::Quiet => {}
+        }
+    }
+
+    /// The request of the next call, its prompt bounded and its worst case reserved.
+    async fn prepare_call(&mut self) -> Result<Prepared, Stop> {
+        let turns = self.doc.cost.turns;
+        if turns >= self.limits.turns {
+            return Err(Stop::Limit(
+                "turns",
+                turns.to_string(),
+                self.limits.turns.to_string(),
+            ));
+        }
+        let used_tokens = self.calls.tokens_used();
+        if used_tokens >= self.limits.tokens {
+            let max = self.limits.tokens.to_string();
+            return Err(Stop::Limit("tokens", used_tokens.to_string(), max));
+        }
+        if self.life.cancel.is_cancelled() {
+            return Err(Stop::Quiet);
+        }
+        let mut req = self.request();
+        let (sink, flush) = self.ctx.text_stream(self.id());
         req.on_text = sink;
         let prompt_bytes = crate::provider::prompt_bytes(&req);
-        let prompt_tokens = prompt_bound(s, &req, prompt_bytes);
-        let token_room = s.limits.tokens - used_tokens;
+        let prompt_tokens = self.prompt_bound(&req, prompt_bytes);
+        let token_room = self.limits.tokens - used_tokens;
         if prompt_tokens >= token_room {
-            let max = s.limits.tokens.to_string();
-            return self
-                .limit_hit(
-                    me,
-                    s,
-                    "tokens",
-                    (used_tokens + prompt_tokens).to_string(),
-                    max,
-                )
-                .await;
+            let used = (used_tokens + prompt_tokens).to_string();
+            return Err(Stop::Limit("tokens", used, self.limits.tokens.to_string()));
         }
-        let mut want = s
+        let want = self
             .ctx
             .config
             .max_output_tokens
             .min(token_room - prompt_tokens);
-        if let Some(window) = s.ctx.config.context_window_of(&s.doc.model) {
-            if super::hook_run::wants(s, "context_window_pressure") {
-                let ctx = json!({ "thread_id": s.doc.id, "pressure_ratio": prompt_tokens as f64 / window as f64,
-                                  "tokens_used": prompt_tokens, "window": window });
-                super::hook_run::fire(me, s, "context_window_pressure", ctx);
-            }
-            let threshold = (window as f64 * s.ctx.config.continuation_threshold) as u64;
-            if prompt_tokens > threshold
-                && s.ctx.config.builtin_hooks.continuation
-                && super::handoff::possible(s)
-            {
-                s.log(
-                    "context_filling",
-                    json!({ "prompt_tokens": prompt_tokens, "window": window, "threshold": threshold }),
-                );
-                return self.hand_off(me, s, Some(window)).await;
-            }
-            if prompt_tokens >= window {
-                let msg = format!(
-                    "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",
-                    s.doc.model
-                );
-                return self.fail(me, s, msg).await;
-            }
-            want = want.min(window - prompt_tokens);
-        }
-        let min_out = crate::thread::MIN_OUTPUT_TOKENS.min(want);
-        // Every prompt token is reserved at the dearer of the input and cache-read prices: the
-        // bound covers both, and the provider decides which it bills.
-        let mut reserve_price = s.price;
-        reserve_price.input = reserve_price.input.max(reserve_price.cache_read);
-        let grant = ractor::call!(s.ctx.ledger, |reply| LedgerMsg::Reserve {
-            id: s.doc.id.clone(),
-            price: reserve_price,
-            prompt_tokens,
-            want_output: want,
-            min_output: min_out,
-            reply
-        });
-        let grant = match grant {
-            Ok(Ok(g)) => g,
-            Ok(Err(crate::ledger::LedgerError::Insufficient {
-                needed, available, ..
-            })) => {
-                return self
-                    .limit_hit(
-                        me,
-                        s,
-                        "spend",
-                        format!("{} used, {} needed", s.own_spend, needed),
-                        format!("{} available", available),
-                    )
-                    .await;
-            }
-            Ok(Err(e)) => return self.fail(me, s, format!("ledger: {e}")).await,
-            Err(e) => return self.fail(me, s, format!("ledger unreachable: {e}")).await,
-        };
+        let want = self.fit_window(prompt_tokens, want)?;
+        let grant = self.reserve(prompt_tokens, want).await?;
         crate::core::failpoint::hit("turn.reserved");
         req.max_tokens = grant.max_output_tokens;
-        s.call = Some(Call {
+        self.calls.current = Some(Call {
             reservation: grant.reservation,
             reserved: grant.amount,
             prompt_bytes,
@@ -290,71 +226,221 @@ impl ThreadActor {
             prompt_tokens,
             max_output: grant.max_output_tokens,
         });
-        s.phase = Phase::Thinking;
-        s.chat_span = Some(super::spans::chat(
-            &s.span,
-            &s.doc.provider,
+        Ok(Prepared { req, flush, grant })
+    }
+
+    /// The next call's request (`max_tokens` and the text sink set later).
+    fn request(&self) -> LlmRequest {
+        LlmRequest {
+            model: self.doc.model.clone(),
+            system: self.talk.system.clone(),
+            messages: self.talk.messages.clone(),
+            tools: self.talk.tools.clone(),
+            max_tokens: 0,
+            directive: self.directive.name.clone(),
+            thread_id: self.id().clone(),
+            call_index: self.calls.made,
+            on_text: None,
+        }
+    }
+
+    /// The output tokens a call may ask for within the model's context window (when known):
+    /// past the continuation threshold the thread hands off; a prompt that does not fit fails.
+    fn fit_window(&mut self, prompt_tokens: u64, want: u64) -> Result<u64, Stop> {
+        let Some(window) = self.ctx.config.context_window_of(&self.doc.model) else {
+            return Ok(want);
+        };
+        if self.hooks.wants("context_window_pressure") {
+            let ctx = json!({ "thread_id": self.doc.id, "pressure_ratio": prompt_tokens as f64 / window as f64,
+                              "tokens_used": prompt_tokens, "window": window });
+            self.fire("context_window_pressure", ctx);
+        }
+        let threshold = (window as f64 * self.ctx.config.continuation_threshold) as u64;
+        if prompt_tokens > threshold
+            && self.ctx.config.builtin_hooks.continuation
+            && self.can_hand_off()
+        {
+            self.log(
+                "context_filling",
+                json!({ "prompt_tokens": prompt_tokens, "window": window, "threshold": threshold }),
+            );
+            return Err(Stop::HandOff(window));
+        }
+        if prompt_tokens >= window {
+            return Err(Stop::Fail(format!(
+                "context overflow: the prompt (~{prompt_tokens} tokens) does not fit the {window}-token window of `{}`",
+                self.doc.model
+            )));
+        }
+        Ok(want.min(window - prompt_tokens))
+    }
+
+    /// Reserves the call's worst case up the ancestor chain.
+    async fn reserve(&mut self, prompt_tokens: u64, want: u64) -> Result<Grant, Stop> {
+        let min_out = MIN_OUTPUT_TOKENS.min(want);
+        // Every prompt token is reserved at the dearer of the input and cache-read prices: the
+        // bound covers both, and the provider decides which it bills.
+        let mut price = self.price;
+        price.input = price.input.max(price.cache_read);
+        let grant = ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Reserve {
+            id: self.doc.id.clone(),
+            price,
+            prompt_tokens,
+            want_output: want,
+            min_output: min_out,
+            reply
+        });
+        match grant {
+            Ok(Ok(g)) => Ok(g),
+            Ok(Err(LedgerError::Insufficient {
+                needed, available, ..
+            })) => Err(Stop::Limit(
+                "spend",
+                format!("{} used, {} needed", self.calls.own_spend, needed),
+                format!("{} available", available),
+            )),
+            Ok(Err(e)) => Err(Stop::Fail(format!("ledger: {e}"))),
+            Err(e) => Err(Stop::Fail(format!("ledger unreachable: {e}"))),
+        }
+    }
+
+    /// Starts the call as a task; it reports back as [`ThreadMsg::LlmDone`].
+    fn call_llm(&mut self, prepared: Prepared) {
+        let Prepared { req, flush, grant } = prepared;
+        self.phase = Phase::Thinking;
+        self.calls.span = Some(super::spans::chat(
+            &self.life.span,
+            &self.doc.provider,
             &req.model,
             req.max_tokens,
             grant.amount.0,
         ));
-        let provider = s.provider.clone();
-        let token = s.cancel.child_token();
-        let me2 = me.clone();
+        let provider = self.provider.clone();
+        let token = self.life.cancel.child_token();
+        let me = self.me.clone();
         let reservation = grant.reservation;
         tokio::spawn(async move {
             let outcome = provider.complete(req, token).await;
             if let Some(flush) = flush {
                 flush();
             }
-            let _ = me2.cast(ThreadMsg::LlmDone {
+            let _ = me.cast(ThreadMsg::LlmDone {
                 reservation,
                 outcome,
             });
         });
     }
 
-    pub(super) async fn llm_done(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
+    /// `LlmDone`: every attempt is recorded and settled on its own, for what it actually cost;
+    /// then a retry, the end, or the model's answer.
+    pub(crate) async fn llm_done(
+        &mut self,
         reservation: u64,
         outcome: Result<LlmResponse, ProviderError>,
     ) {
-        // Every attempt is recorded and settled on its own, for what it actually cost: first the
-        // transcript line (with the reservation id, so recovery can settle it if the ledger never
-        // heard), then the settlement, cast: the next reservation queues behind it in the ledger.
-        let (reported, incomplete) = match &outcome {
+        let call = self
+            .calls
+            .current
+            .take()
+            .filter(|c| c.reservation == reservation);
+        let ending = self.phase.ending();
+        let (cost, retry) = self.record_attempt(reservation, call.as_ref(), &outcome, ending);
+        let overrun = call
+            .as_ref()
+            .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));
+        if overrun > Nanos::ZERO {
+            self.overran(reservation, cost, overrun).await;
+            if ending {
+                self.drained().await;
+            }
+            return;
+        }
+        self.remember_billed(&outcome, call.as_ref());
+        if ending {
+            self.drained().await;
+            return;
+        }
+        self.phase = Phase::Idle;
+        match outcome {
+            Ok(resp) => self.answered(resp).await,
+            Err(e) if e.kind == ErrorKind::Cancelled => {}
+            Err(_) if retry.is_some() => {
+                self.calls.attempt += 1;
+                self.after(retry.unwrap_or_default(), ThreadMsg::NextTurn);
+            }
+            Err(e) => self.call_failed(e).await,
+        }
+    }
+
+    /// The attempt's transcript line (with the reservation id, so recovery can settle it if the
+    /// ledger never heard), then its settlement — cast: the next reservation queues behind it in
+    /// the ledger. Returns its cost and, when it is to be retried, the wait.
+    fn record_attempt(
+        &mut self,
+        reservation: u64,
+        call: Option<&Call>,
+        outcome: &Result<LlmResponse, ProviderError>,
+        ending: bool,
+    ) -> (Nanos, Option<Duration>) {
+        let (reported, incomplete) = match outcome {
             Ok(r) => (r.usage, r.usage_incomplete),
             Err(e) => (e.usage, e.usage_incomplete),
         };
-        let call = s.call.take().filter(|c| c.reservation == reservation);
-        let usage = match (&call, incomplete) {
-            (Some(c), true) => upper_bound(reported, c),
+        let usage = match (call, incomplete) {
+            (Some(c), true) => c.upper_bound(reported),
             _ => reported,
         };
-        s.calls_made += 1;
-        let cost = s.price.cost(&usage);
-        add_usage(&mut s.usage, &usage);
-        s.own_spend = s.own_spend.plus(cost);
-        let ending = matches!(s.phase, Phase::Draining(_) | Phase::Done);
-        let retry = match &outcome {
+        let cost = self.price.cost(&usage);
+        self.calls.count(&usage, cost);
+        let retry = match outcome {
             Err(e)
                 if !ending
                     && e.kind != ErrorKind::Cancelled
                     && e.kind.retryable()
-                    && s.attempt < s.ctx.config.retries =>
+                    && self.calls.attempt < self.ctx.config.retries =>
             {
-                Some(e.retry_after.unwrap_or_else(|| backoff(s.attempt)))
+                Some(e.retry_after.unwrap_or_else(|| backoff(self.calls.attempt)))
             }
             _ => None,
         };
-        let model = s.doc.model.clone();
-        let (kind, event) = match (&outcome, retry) {
+        let (kind, line) = self.attempt_line(outcome, retry, &usage, cost, reservation, incomplete);
+        self.log(kind, line);
+        if let Some(span) = self.calls.span.take() {
+            super::spans::chat_done(&span, &self.doc.model, outcome, &usage, cost.0);
+        }
+        crate::core::failpoint::hit("turn.recorded");
+        let _ = self.ctx.ledger.cast(LedgerMsg::Settle {
+            reservation,
+            actual: cost,
+            reply: None,
+        });
+        crate::core::failpoint::hit("settle.cast");
+        if self.hooks.wants("after_step") {
+            let step = json!({
+                "thread_id": self.doc.id, "turn": self.calls.made,
+                "cost": { "spend_nanos": self.calls.own_spend, "input_tokens": self.calls.usage.input_tokens, "output_tokens": self.calls.usage.output_tokens },
+            });
+            self.fire("after_step", step);
+        }
+        (cost, retry)
+    }
+
+    /// An attempt's transcript line: `llm_retry` when it is retried, else `llm_call`.
+    fn attempt_line(
+        &self,
+        outcome: &Result<LlmResponse, ProviderError>,
+        retry: Option<Duration>,
+        usage: &Usage,
+        cost: Nanos,
+        reservation: u64,
+        incomplete: bool,
+    ) -> (&'static str, Value) {
+        let model = &self.doc.model;
+        match (outcome, retry) {
             (Err(e), Some(wait)) => (
                 "llm_retry",
                 json!({
-                    "attempt": s.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
+                    "attempt": self.calls.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
                     "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
                     "usage": usage, "cost_nanos": cost, "reservation": reservation,
                     "usage_incomplete": incomplete,
@@ -367,101 +453,65 @@ impl ThreadActor {
             ),
             (Ok(r), _) => (
                 "llm_call",
-                json!({ "model": model, "provider": s.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
+                json!({ "model": model, "provider": self.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
                         "usage_incomplete": incomplete, "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
             ),
-        };
-        s.log(kind, event);
-        if let Some(span) = s.chat_span.take() {
-            super::spans::chat_done(&span, &model, &outcome, &usage, cost.0);
         }
-        crate::core::failpoint::hit("turn.recorded");
-        let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
-            reservation,
-            actual: cost,
-            reply: None,
-        });
-        crate::core::failpoint::hit("settle.cast");
-        if super::hook_run::wants(s, "after_step") {
-            let step = json!({
-                "thread_id": s.doc.id, "turn": s.calls_made,
-                "cost": { "spend_nanos": s.own_spend, "input_tokens": s.usage.input_tokens, "output_tokens": s.usage.output_tokens },
+    }
+
+    /// What a fully reported call's prompt was billed, for a tighter bound on the next one.
+    fn remember_billed(
+        &mut self,
+        outcome: &Result<LlmResponse, ProviderError>,
+        call: Option<&Call>,
+    ) {
+        let (Ok(r), Some(c)) = (outcome, call) else {
+            return;
+        };
+        let billed = r.usage.input_tokens + r.usage.cache_read_tokens;
+        if !r.usage_incomplete && billed > 0 {
+            self.calls.billed = Some(Billed {
+                prompt_tokens: billed,
+                prompt_bytes: c.prompt_bytes,
+                messages: c.messages,
             });
-            super::hook_run::fire(me, s, "after_step", step);
         }
-        let overrun = call
-            .as_ref()
-            .map_or(Nanos::ZERO, |c| cost.minus(c.reserved));
-        if overrun > Nanos::ZERO {
-            self.overran(me, s, reservation, cost, overrun).await;
-            if ending {
-                self.drained(me, s).await;
-            }
-            return;
-        }
-        if let (Ok(r), Some(c), false) = (&outcome, &call, incomplete) {
-            let billed = r.usage.input_tokens + r.usage.cache_read_tokens;
-            if billed > 0 {
-                s.billed = Some(Billed {
-                    prompt_tokens: billed,
-                    prompt_bytes: c.prompt_bytes,
-                    messages: c.messages,
-                });
-            }
-        }
-        if ending {
-            self.drained(me, s).await;
-            return;
-        }
-        s.phase = Phase::Idle;
-        let mut resp = match outcome {
-            Ok(r) => r,
-            Err(e) if e.kind == ErrorKind::Cancelled => return,
-            Err(_) if retry.is_some() => {
-                s.attempt += 1;
-                let wait = retry.unwrap_or_default();
-                let me2 = me.clone();
-                s.timers.push(tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    let _ = me2.cast(ThreadMsg::NextTurn);
-                }));
-                return;
-            }
-            Err(e) => {
-                let msg = format!(
-                    "LLM call failed ({:?}) after {} attempt(s): {}",
-                    e.kind,
-                    s.attempt + 1,
-                    e.message
-                );
-                let class =
-                    json!({ "category": "llm", "kind": e.kind, "retryable": e.kind.retryable() });
-                return self.fail_classified(me, s, msg, class).await;
-            }
-        };
-        s.attempt = 0;
+    }
+
+    /// The call failed for good (retries used up or not retryable).
+    async fn call_failed(&mut self, e: ProviderError) {
+        let msg = format!(
+            "LLM call failed ({:?}) after {} attempt(s): {}",
+            e.kind,
+            self.calls.attempt + 1,
+            e.message
+        );
+        let class = json!({ "category": "llm", "kind": e.kind, "retryable": e.kind.retryable() });
+        self.fail_classified(msg, class).await;
+    }
+
+    /// The model answered: its text and tool calls join the conversation; the calls start, or
+    /// a text-only answer ends the thread.
+    async fn answered(&mut self, mut resp: LlmResponse) {
+        self.calls.attempt = 0;
         unique_call_ids(&mut resp.tool_calls);
-        s.doc.cost.turns += 1;
-        let row = s.row();
-        let _ = s.ctx.registry.cast(RegistryMsg::Update {
-            row: Box::new(row),
-            reply: None,
-        });
-        let _ = s.ctx.events.send(Event::Turn {
-            id: s.id().clone(),
-            turns: s.doc.cost.turns,
-            spend: s.own_spend,
+        self.doc.cost.turns += 1;
+        self.publish_row();
+        let _ = self.ctx.events.send(Event::Turn {
+            id: self.id().clone(),
+            turns: self.doc.cost.turns,
+            spend: self.calls.own_spend,
         });
         let mut content = Vec::new();
         if !resp.text.is_empty() {
-            s.log("assistant_text", json!({ "text": resp.text }));
+            self.log("assistant_text", json!({ "text": resp.text }));
             content.push(Block::Text {
                 text: resp.text.clone(),
             });
         }
         for c in &resp.tool_calls {
-            let input = super::state_tools::loggable_input(c);
-            s.log(
+            let input = super::builtin::loggable_input(c);
+            self.log(
                 "tool_use",
                 json!({ "id": c.id, "name": c.name, "input": input }),
             );
@@ -471,161 +521,99 @@ impl ThreadActor {
                 input: c.input.clone(),
             });
         }
-        Arc::make_mut(&mut s.messages).push(Message {
+        self.talk.push(Message {
             role: Role::Assistant,
             content,
         });
         if resp.tool_calls.is_empty() {
-            return self.answer_without_tools(me, s, resp.text).await;
+            return self.answer_without_tools(resp.text).await;
         }
-        s.phase = Phase::Tools {
-            order: resp.tool_calls.iter().map(|c| c.id.clone()).collect(),
-            results: HashMap::new(),
-            returned: None,
-        };
-        for call in resp.tool_calls {
-            if let Some(outcome) = super::tool_phase::dispatch(me, s, call.clone()).await {
-                self.tool_done(me, s, call.id, outcome).await;
-            }
-        }
+        self.start_tools(resp.tool_calls).await;
     }
 
     /// A call still under way when the thread ends regardless (its provider ignored the cancel
     /// past the grace): recorded and settled at its upper bound.
-    pub(super) fn abandon_call(&self, s: &mut ThreadState) {
-        let Some(c) = s.call.take() else {
+    pub(crate) fn abandon_call(&mut self) {
+        let Some(c) = self.calls.current.take() else {
             return;
         };
-        let usage = upper_bound(Usage::default(), &c);
-        let cost = s.price.cost(&usage);
-        add_usage(&mut s.usage, &usage);
-        s.own_spend = s.own_spend.plus(cost);
-        s.calls_made += 1;
-        let model = s.doc.model.clone();
-        s.log(
+        let usage = c.upper_bound(Usage::default());
+        let cost = self.price.cost(&usage);
+        self.calls.count(&usage, cost);
+        let model = self.doc.model.clone();
+        self.log(
             "llm_call",
             json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": c.reservation, "usage_incomplete": true,
                     "error": { "kind": ErrorKind::Cancelled, "message": "abandoned: the provider did not return within cancel_grace" } }),
         );
-        let _ = s.ctx.ledger.cast(LedgerMsg::Settle {
+        let _ = self.ctx.ledger.cast(LedgerMsg::Settle {
             reservation: c.reservation,
             actual: cost,
             reply: None,
         });
     }
 
-    pub(super) async fn answer_without_tools(
-        &self,
-        me: &ActorRef<ThreadMsg>,
-        s: &mut ThreadState,
-        text: String,
-    ) {
-        let missing = s.directive.check_outputs(&serde_json::Map::new()).is_err();
+    /// A text-only answer: the thread completes with it, unless its directive declares
+    /// required outputs (then the model is asked once more for `directive_return`).
+    async fn answer_without_tools(&mut self, text: String) {
+        let missing = self
+            .directive
+            .check_outputs(&serde_json::Map::new())
+            .is_err();
         if missing {
             let nudge =
                 "You must call directive_return with the declared outputs to finish.".to_string();
-            s.log("message", json!({ "role": "user", "text": nudge }));
-            Arc::make_mut(&mut s.messages).push(Message::user(nudge));
-            let _ = me.cast(ThreadMsg::NextTurn);
+            self.log("message", json!({ "role": "user", "text": nudge }));
+            self.talk.push(Message::user(nudge));
+            let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
         }
         let e = Ending {
-            status: Status::Completed,
             result: Some(text),
-            outputs: None,
-            error: None,
+            ..Ending::with(Status::Completed)
         };
-        self.finalize(me, s, e).await;
+        self.finalize(e).await;
     }
-}
 
-/// Gives every tool call of one response its own id: a model (or server) that repeats an id or
-/// sends none would otherwise leave one call without its result, and the thread waiting for it.
-/// A renamed id is what the transcript and the conversation carry from then on.
-fn unique_call_ids(calls: &mut [crate::provider::ToolCall]) {
-    let mut seen = std::collections::HashSet::new();
-    for (i, c) in calls.iter_mut().enumerate() {
-        if c.id.is_empty() || seen.contains(&c.id) {
-            let base = if c.id.is_empty() { "call" } else { &c.id };
-            let mut n = i + 1;
-            let mut id = format!("{base}_{n}");
-            while seen.contains(&id) {
-                n += 1;
-                id = format!("{base}_{n}");
-            }
-            c.id = id;
-        }
-        seen.insert(c.id.clone());
+    /// An upper bound on the prompt tokens of `req`: the provider's bound, tightened by what the
+    /// previous call's prompt was actually billed plus at most one token per byte appended since
+    /// (and the template's tokens again). Never an estimate: the ledger reserves it as a worst
+    /// case.
+    fn prompt_bound(&self, req: &LlmRequest, prompt_bytes: u64) -> u64 {
+        let overhead = self.ctx.config.prompt_overhead_of(&self.doc.model);
+        let bound = self.provider.prompt_token_bound(req, overhead);
+        let Some(b) = self.calls.billed else {
+            return bound;
+        };
+        let new_messages = req.messages.len().saturating_sub(b.messages) as u64 + 1;
+        let grown = prompt_bytes.saturating_sub(b.prompt_bytes)
+            + crate::provider::PER_MESSAGE_TOKENS * new_messages;
+        bound.min(b.prompt_tokens + grown + overhead)
     }
-}
 
-/// What a call the provider did not fully report may have been billed: the prompt tokens it
-/// reported, else the prompt bound; and every output token granted.
-fn upper_bound(reported: Usage, c: &Call) -> Usage {
-    let prompt_reported = reported.input_tokens + reported.cache_read_tokens > 0;
-    Usage {
-        input_tokens: if prompt_reported {
-            reported.input_tokens
-        } else {
-            c.prompt_tokens
-        },
-        output_tokens: reported.output_tokens.max(c.max_output),
-        cache_read_tokens: reported.cache_read_tokens,
-    }
-}
-
-fn add_usage(total: &mut Usage, u: &Usage) {
-    total.input_tokens += u.input_tokens;
-    total.output_tokens += u.output_tokens;
-    total.cache_read_tokens += u.cache_read_tokens;
-}
-
-/// Exponential backoff with jitter: 250 ms × 2^n (±25 %), capped at 30 s.
-fn backoff(attempt: u32) -> Duration {
-    let base = 250u64.saturating_mul(1 << attempt.min(7)).min(30_000);
-    let mut b = [0u8; 2];
-    let _ = getrandom::fill(&mut b);
-    let jitter = u64::from(u16::from_le_bytes(b)) % (base / 2 + 1);
-    Duration::from_millis(base - base / 4 + jitter)
-}
-
-/// An upper bound on the prompt tokens of `req`: the provider's bound, tightened by what the
-/// previous call's prompt was actually billed plus at most one token per byte appended since
-/// (and the template's tokens again). Never an estimate: the ledger reserves it as a worst case.
-fn prompt_bound(s: &ThreadState, req: &LlmRequest, prompt_bytes: u64) -> u64 {
-    let overhead = s.ctx.config.prompt_overhead_of(&s.doc.model);
-    let bound = s.provider.prompt_token_bound(req, overhead);
-    let Some(b) = s.billed else {
-        return bound;
-    };
-    let new_messages = req.messages.len().saturating_sub(b.messages) as u64 + 1;
-    let grown = prompt_bytes.saturating_sub(b.prompt_bytes)
-        + crate::provider::PER_MESSAGE_TOKENS * new_messages;
-    bound.min(b.prompt_tokens + grown + overhead)
-}
-
-/// `control: continue` on a limit: lifts `limit` once (a turn or a tenth more tokens); spend,
-/// duration and depth are never lifted (money and time are not a hook's to give).
-fn lift_once(s: &mut ThreadState, limit: &str) -> bool {
-    if s.lifted.iter().any(|l| l == limit) {
-        s.log(
-            "hook_control",
-            json!({ "action": "continue", "limit": limit, "refused": "already lifted once" }),
-        );
-        return false;
-    }
-    match limit {
-        "turns" => s.limits.turns += 1,
-        "tokens" => s.limits.tokens += (s.limits.tokens / 10).max(1),
-        other => {
-            s.log("hook_control", json!({ "action": "continue", "limit": other, "refused": "this limit is never lifted" }));
+    /// `control: continue` on a limit: lifts `limit` once (a turn or a tenth more tokens);
+    /// spend, duration and depth are never lifted (money and time are not a hook's to give).
+    fn lift_once(&mut self, limit: &str) -> bool {
+        if self.hooks.lifted.iter().any(|l| l == limit) {
+            self.log(
+                "hook_control",
+                json!({ "action": "continue", "limit": limit, "refused": "already lifted once" }),
+            );
             return false;
         }
+        match limit {
+            "turns" => self.limits.turns += 1,
+            "tokens" => self.limits.tokens += (self.limits.tokens / 10).max(1),
+            other => {
+                self.log("hook_control", json!({ "action": "continue", "limit": other, "refused": "this limit is never lifted" }));
+                return false;
+            }
+        }
+        self.hooks.lifted.push(limit.to_string());
+        self.log(
+            "hook_control",
+            json!({ "action": "continue", "limit": limit }),
+        );
+        true
     }
-    s.lifted.push(limit.to_string());
-    s.log(
-        "hook_control",
-        json!({ "action": "continue", "limit": limit }),
-    );
-    true
 }

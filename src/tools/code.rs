@@ -183,19 +183,20 @@ fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rqui
         Function::new(
             ctx.clone(),
             move |ctx: Ctx<'js>, op: String, input: String| -> rquickjs::Result<String> {
-                let ok = match super::files::capability(&op) {
+                let tool = super::files::FileTool::parse(&op);
+                let ok = match tool.map(|t| t.capability()) {
                     Some("fs.read") => read_ok,
                     Some("fs.write") => write_ok,
                     _ => false,
                 };
-                if !ok {
+                let (Some(tool), true) = (tool, ok) else {
                     return Err(throw(
                         &ctx,
                         &format!("permission denied: this thread may not {op}"),
                     ));
-                }
+                };
                 let input: Value = serde_json::from_str(&input).unwrap_or(Value::Null);
-                match super::files::run(&op, &input, &area, limits) {
+                match super::files::run(tool, &input, &area, limits) {
                     Ok(v) => Ok(v.to_string()),
                     Err(e) => Err(throw(&ctx, &e)),
                 }

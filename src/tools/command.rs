@@ -95,25 +95,6 @@ pub struct ToolFileError {
     pub message: String,
 }
 
-/// Names a command tool may not take (the built-ins').
-const RESERVED: &[&str] = &[
-    "spawn_thread",
-    "wait_threads",
-    "cancel_thread",
-    "thread_status",
-    "directive_return",
-    "notify_parent",
-    "set_status",
-    "kv_get",
-    "kv_set",
-    "emit",
-    "set_env",
-    "run_code",
-    "schedule",
-    "scheduled_list",
-    "scheduled_cancel",
-];
-
 /// The command tools of a project: the user's `tools/*.yaml`, then the project's (a project
 /// tool replaces a user tool of the same name).
 #[derive(Debug, Clone, Default)]
@@ -122,8 +103,12 @@ pub(crate) struct CommandTools {
 }
 
 impl CommandTools {
-    /// Loads every `*.yaml` of `<user dir>/tools/` and `<project>/tools/`.
-    pub(crate) fn load(project: &Project) -> Result<CommandTools, ToolFileError> {
+    /// Loads every `*.yaml` of `<user dir>/tools/` and `<project>/tools/`; a tool may not take
+    /// one of the `reserved` names (the built-in tools').
+    pub(crate) fn load(
+        project: &Project,
+        reserved: &[&str],
+    ) -> Result<CommandTools, ToolFileError> {
         let mut out = CommandTools::default();
         for dir in [
             crate::project::user_dir().join("tools"),
@@ -144,7 +129,7 @@ impl CommandTools {
                     line: None,
                     message: format!("cannot read: {e}"),
                 })?;
-                let tool = parse(&f, &text, &project.root)?;
+                let tool = parse(&f, &text, &project.root, reserved)?;
                 out.by_name.insert(tool.name.clone(), tool);
             }
         }
@@ -163,7 +148,12 @@ impl CommandTools {
 }
 
 /// Parses and checks one tool file.
-pub(crate) fn parse(file: &Path, text: &str, root: &Path) -> Result<CommandTool, ToolFileError> {
+pub(crate) fn parse(
+    file: &Path,
+    text: &str,
+    root: &Path,
+    reserved: &[&str],
+) -> Result<CommandTool, ToolFileError> {
     let err = |field: Option<&str>, message: String| ToolFileError {
         file: file.to_path_buf(),
         line: field.and_then(|f| find_line(text, f)).map(|(l, _)| l),
@@ -192,7 +182,7 @@ pub(crate) fn parse(file: &Path, text: &str, root: &Path) -> Result<CommandTool,
             ),
         ));
     }
-    if RESERVED.contains(&raw.name.as_str())
+    if reserved.contains(&raw.name.as_str())
         || raw.name.starts_with("file_")
         || raw.name.starts_with("mcp__")
     {
@@ -613,7 +603,12 @@ mod tests {
     use super::*;
 
     fn p(text: &str) -> Result<CommandTool, ToolFileError> {
-        parse(Path::new("tools/t.yaml"), text, Path::new("/proj"))
+        parse(
+            Path::new("tools/t.yaml"),
+            text,
+            Path::new("/proj"),
+            &["spawn_thread"],
+        )
     }
 
     #[test]

@@ -21,31 +21,65 @@ const MAX_HITS: usize = 500;
 /// Files larger than this are not searched by `file_grep`.
 const MAX_GREP_FILE: u64 = 10 * 1024 * 1024;
 
-/// The names of the file tools, and the capability each needs.
-pub(crate) const FILE_TOOLS: &[(&str, &str)] = &[
-    ("file_read", "fs.read"),
-    ("file_list", "fs.read"),
-    ("file_find", "fs.read"),
-    ("file_grep", "fs.read"),
-    ("file_write", "fs.write"),
-    ("file_delete", "fs.write"),
-];
-
-/// The capability a file tool needs (None: not a file tool).
-pub(crate) fn capability(tool: &str) -> Option<&'static str> {
-    FILE_TOOLS.iter().find(|(n, _)| *n == tool).map(|(_, c)| *c)
+/// A file tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileTool {
+    /// `file_read`.
+    Read,
+    /// `file_list`.
+    List,
+    /// `file_find`.
+    Find,
+    /// `file_grep`.
+    Grep,
+    /// `file_write`.
+    Write,
+    /// `file_delete`.
+    Delete,
 }
 
-/// The specs of the file tools `allowed` lets through (`allowed(capability)`); built once.
-pub(crate) fn specs(allowed: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
-    static ALL: std::sync::LazyLock<Vec<ToolSpec>> = std::sync::LazyLock::new(all_specs);
-    if !allowed("fs.read") && !allowed("fs.write") {
-        return Vec::new();
+impl FileTool {
+    /// Every file tool, in the order they are offered.
+    pub(crate) const ALL: [FileTool; 6] = [
+        FileTool::Read,
+        FileTool::List,
+        FileTool::Find,
+        FileTool::Grep,
+        FileTool::Write,
+        FileTool::Delete,
+    ];
+
+    /// Its name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            FileTool::Read => "file_read",
+            FileTool::List => "file_list",
+            FileTool::Find => "file_find",
+            FileTool::Grep => "file_grep",
+            FileTool::Write => "file_write",
+            FileTool::Delete => "file_delete",
+        }
     }
-    ALL.iter()
-        .filter(|t| capability(&t.name).is_some_and(&allowed))
-        .cloned()
-        .collect()
+
+    /// The capability it needs.
+    pub(crate) fn capability(self) -> &'static str {
+        match self {
+            FileTool::Read | FileTool::List | FileTool::Find | FileTool::Grep => "fs.read",
+            FileTool::Write | FileTool::Delete => "fs.write",
+        }
+    }
+
+    /// The file tool called `name`.
+    pub(crate) fn parse(name: &str) -> Option<FileTool> {
+        FileTool::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Its spec (built once).
+    pub(crate) fn spec(self) -> ToolSpec {
+        static ALL: std::sync::LazyLock<Vec<ToolSpec>> = std::sync::LazyLock::new(all_specs);
+        let i = FileTool::ALL.iter().position(|t| *t == self).unwrap_or(0);
+        ALL[i].clone()
+    }
 }
 
 fn all_specs() -> Vec<ToolSpec> {
@@ -93,22 +127,21 @@ fn all_specs() -> Vec<ToolSpec> {
 
 /// Runs one file tool on `area`. `Ok` is the JSON result, `Err` the error message.
 pub(crate) fn run(
-    tool: &str,
+    tool: FileTool,
     input: &Value,
     area: &Path,
     limits: FileLimits,
 ) -> Result<Value, String> {
     std::fs::create_dir_all(area).map_err(|e| format!("the file area cannot be created: {e}"))?;
     let s = |k: &str| input.get(k).and_then(Value::as_str);
-    let need = |k: &str| s(k).ok_or_else(|| format!("{tool} needs `{k}` (a string)"));
+    let need = |k: &str| s(k).ok_or_else(|| format!("{} needs `{k}` (a string)", tool.name()));
     match tool {
-        "file_read" => read(area, need("path")?, input),
-        "file_list" => list(area, s("path").unwrap_or(".")),
-        "file_find" => find(area, need("glob")?),
-        "file_grep" => grep(area, need("pattern")?, s("path").unwrap_or(".")),
-        "file_write" => write(area, need("path")?, need("content")?, limits),
-        "file_delete" => delete(area, need("path")?),
-        other => Err(format!("`{other}` is not a file tool")),
+        FileTool::Read => read(area, need("path")?, input),
+        FileTool::List => list(area, s("path").unwrap_or(".")),
+        FileTool::Find => find(area, need("glob")?),
+        FileTool::Grep => grep(area, need("pattern")?, s("path").unwrap_or(".")),
+        FileTool::Write => write(area, need("path")?, need("content")?, limits),
+        FileTool::Delete => delete(area, need("path")?),
     }
 }
 

@@ -15,9 +15,7 @@ mod schema;
 pub(crate) use code::{run as run_code, CodeEnv};
 pub use command::ToolFileError;
 pub(crate) use command::{CallEnv, CommandTool, CommandTools};
-pub(crate) use files::{
-    copy_between, resolve as resolve_in_area, specs as file_tool_specs, FILE_TOOLS,
-};
+pub(crate) use files::{copy_between, resolve as resolve_in_area, FileTool};
 pub(crate) use mcp::{split_name as split_mcp_name, McpHub};
 
 use crate::core::capability;
@@ -64,34 +62,19 @@ pub(crate) fn may_manage(caps: &[String]) -> bool {
     !capability::attenuate(&["thread.spawn.**".to_string()], caps).is_empty()
 }
 
-/// The capability a call needs, or None when the tool is always granted.
-pub(crate) fn needed_capability(call: &ToolCall) -> Result<Option<String>, String> {
-    match call.name.as_str() {
-        "directive_return" | "notify_parent" | "set_status" => Ok(None),
-        "spawn_thread" => {
-            let d = call
-                .input
-                .get("directive")
-                .and_then(Value::as_str)
-                .ok_or("spawn_thread needs a `directive` (string)")?;
-            Ok(Some(spawn_capability(d)))
-        }
-        "wait_threads" | "cancel_thread" | "thread_status" => Ok(Some("thread.spawn.**".into())),
-        "kv_get" | "kv_set" => Ok(Some("kv".into())),
-        "emit" => Ok(Some("emit".into())),
-        "set_env" => Ok(Some("env.set".into())),
-        "run_code" => Ok(Some("code.run".into())),
-        "schedule" | "scheduled_list" | "scheduled_cancel" => Ok(Some("schedule".into())),
-        name if name.starts_with("mcp__") => match mcp::split_name(name) {
-            Some((server, tool)) => Ok(Some(mcp::capability(server, tool))),
-            None => Err(format!(
-                "`{name}` is not an MCP tool name (mcp__<server>__<tool>)"
-            )),
-        },
-        name if files::capability(name).is_some() => {
-            Ok(files::capability(name).map(str::to_string))
-        }
-        other => Ok(Some(format!("tool.{other}"))),
+/// The capability a call of a tool that is not one of weft's built-ins needs: an MCP tool's
+/// (`mcp.<server>.<tool>`) or a command tool's (`tool.<name>`). Built-in tools say their own
+/// (`thread/builtin/`).
+pub(crate) fn needed_capability(call: &ToolCall) -> Result<String, String> {
+    let name = call.name.as_str();
+    if !name.starts_with("mcp__") {
+        return Ok(format!("tool.{name}"));
+    }
+    match mcp::split_name(name) {
+        Some((server, tool)) => Ok(mcp::capability(server, tool)),
+        None => Err(format!(
+            "`{name}` is not an MCP tool name (mcp__<server>__<tool>)"
+        )),
     }
 }
 

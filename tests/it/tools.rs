@@ -284,6 +284,28 @@ async fn a_bad_tool_file_is_refused_naming_file_line_and_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_command_tool_may_take_a_built_in_tools_name() {
+    let names = weft::internals::builtin_tool_names();
+    assert!(
+        names.len() >= 21 && names.contains(&"scheduled_cancel"),
+        "{names:?}"
+    );
+    for name in names {
+        let file = format!("name: {name}\nargv: [ls]\n");
+        let fx = project("[]", &[("t.yaml", &file)], &[], &[], "");
+        let err = weft::Runtime::open(fx.project())
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("a command tool named `{name}` was accepted"))
+            .to_string();
+        assert!(
+            err.contains("tools/t.yaml") && err.contains("built-in"),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_tools_work_inside_the_area() {
     let fx = project(
         "[fs.read, fs.write]",

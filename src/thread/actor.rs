@@ -1,0 +1,214 @@
+//! The thread actor: starts a [`Thread`] from its arguments and routes each message to the
+//! thread method that handles it. Holds no logic of its own beyond that routing, the
+//! supervision of its children and the check that the transcript lost no line.
+//!
+//! It never awaits an LLM call, a tool or a child inside `handle`: those run as tasks holding a
+//! cancellation token and report back by message, so `Cancel` and `Status` are answered at once.
+//! The awaits it does make are short calls to the ledger and the registry.
+
+use super::builtin::Offer;
+use super::ctx::Ctx;
+use super::dead::{end_subtree, DeadEnd};
+use super::msg::{ThreadArgs, ThreadMsg};
+use super::parts::{Calls, HookState, Kids, Life, Record, Talk, ToolWork};
+use super::report::StatusSnapshot;
+use super::state::{Phase, Thread};
+use crate::core::ids::ThreadId;
+use crate::core::status::Status;
+use crate::provider::BoxFuture;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The thread actor.
+pub(crate) struct ThreadActor;
+
+/// Starts a thread actor (named by its thread id), linked under `parent` when given: the
+/// runtime's [`Ctx::launch`].
+pub(crate) fn launch(
+    ctx: Arc<Ctx>,
+    args: ThreadArgs,
+    parent: Option<ActorCell>,
+) -> BoxFuture<Result<ActorRef<ThreadMsg>, String>> {
+    Box::pin(async move {
+        let name = Some(args.doc.id.to_string());
+        let started = match parent {
+            Some(cell) => Actor::spawn_linked(name, ThreadActor, (ctx, args), cell).await,
+            None => Actor::spawn(name, ThreadActor, (ctx, args)).await,
+        };
+        started.map(|(actor, _)| actor).map_err(|e| e.to_string())
+    })
+}
+
+impl Actor for ThreadActor {
+    type Msg = ThreadMsg;
+    type State = Thread;
+    type Arguments = (Arc<Ctx>, ThreadArgs);
+
+    async fn pre_start(
+        &self,
+        me: ActorRef<ThreadMsg>,
+        (ctx, a): (Arc<Ctx>, ThreadArgs),
+    ) -> Result<Thread, ActorProcessingErr> {
+        let offer = Offer {
+            directive: &a.directive,
+            caps: &a.doc.capabilities,
+            has_parent: a.parent.is_some(),
+        };
+        let mut tools = super::builtin::offered(&offer, &ctx.commands);
+        // MCP servers this thread may use start now (first use), so their tools can be offered.
+        let (mcp_tools, mcp_problems) = ctx.mcp.offered(&a.doc.capabilities).await;
+        tools.extend(mcp_tools);
+        let system = super::conversation::system_prompt(&a.directive, &a.doc.id, &a.limits);
+        let mut t = Thread {
+            me: me.clone(),
+            ctx,
+            provider: a.provider,
+            directive: a.directive,
+            parent: a.parent,
+            limits: a.limits,
+            price: a.price,
+            inputs: a.inputs,
+            route: a.route,
+            doc: a.doc,
+            status_text: None,
+            phase: Phase::Idle,
+            record: Record::new(a.transcript),
+            talk: Talk {
+                system: system.into(),
+                messages: Arc::new(a.messages),
+                tools: Arc::new(tools),
+                inbox: Vec::new(),
+            },
+            calls: Calls::new(a.calls_made),
+            kids: Kids::default(),
+            work: ToolWork::default(),
+            hooks: HookState::new(a.hooks),
+            life: Life {
+                started: Instant::now(),
+                cancel: CancellationToken::new(),
+                timers: Vec::new(),
+                span: a.span,
+                on_finish: a.on_finish,
+                ended: None,
+                handoff: None,
+            },
+        };
+        for problem in mcp_problems {
+            tracing::warn!(thread = %t.doc.id, "{problem}");
+            t.log("mcp_unavailable", json!({ "message": problem }));
+        }
+        me.cast(ThreadMsg::Start)?;
+        Ok(t)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<ThreadMsg>,
+        msg: ThreadMsg,
+        t: &mut Thread,
+    ) -> Result<(), ActorProcessingErr> {
+        if matches!(t.phase, Phase::Done) {
+            if let ThreadMsg::Status(reply) = msg {
+                let _ = reply.send(snapshot(t, vec![]));
+            }
+            return Ok(());
+        }
+        route(t, msg).await;
+        if let Some(why) = t.record_failure() {
+            t.record_failed(why).await;
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _me: ActorRef<ThreadMsg>,
+        evt: SupervisionEvent,
+        t: &mut Thread,
+    ) -> Result<(), ActorProcessingErr> {
+        // Not ractor's default (which stops the supervisor when a child exits): a child that
+        // panicked is finalized here as `error` and reported like any other failure.
+        let SupervisionEvent::ActorFailed(cell, err) = evt else {
+            return Ok(());
+        };
+        let name = cell.get_name().unwrap_or_default();
+        let Ok(id) = ThreadId::parse(&name) else {
+            return Ok(());
+        };
+        if t.kids.map.get(&id).is_some_and(|c| c.report.is_none()) {
+            let end = DeadEnd {
+                status: Status::Error,
+                kind: "failed",
+                error: format!("thread actor failed: {err}"),
+            };
+            let report = end_subtree(&t.ctx, &id, &end).await;
+            t.child_finished(report).await;
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<ThreadMsg>,
+        t: &mut Thread,
+    ) -> Result<(), ActorProcessingErr> {
+        t.life.cancel.cancel();
+        t.life.stop_timers();
+        Ok(())
+    }
+}
+
+/// One message to the thread method that handles it.
+async fn route(t: &mut Thread, msg: ThreadMsg) {
+    match msg {
+        ThreadMsg::Start => t.start().await,
+        ThreadMsg::NextTurn => t.next_turn().await,
+        ThreadMsg::LlmDone {
+            reservation,
+            outcome,
+        } => t.llm_done(reservation, outcome).await,
+        ThreadMsg::ChildSpawned {
+            call_id,
+            child,
+            actor,
+            wait,
+        } => t.child_spawned(call_id, child, actor, wait).await,
+        ThreadMsg::SpawnRefused { call_id, error } => t.spawn_refused(call_id, error).await,
+        ThreadMsg::ToolFinished { call_id, outcome } => t.tool_finished(call_id, outcome).await,
+        ThreadMsg::Decide {
+            call,
+            approve,
+            reason,
+            reply,
+        } => {
+            let r = t.decide(call, approve, reason).await;
+            let _ = reply.send(r);
+        }
+        ThreadMsg::Inject { from, text, reply } => {
+            let queued = t.queue_message(&from, text);
+            if let Some(r) = reply {
+                let _ = r.send(queued);
+            }
+        }
+        ThreadMsg::ChildContinued { old, new, actor } => t.child_continued(old, new, actor),
+        ThreadMsg::ChildFinished(r) => t.child_finished(*r).await,
+        ThreadMsg::WaitTimeout { call_id } => t.wait_timeout(call_id).await,
+        ThreadMsg::Cancel { reason } => t.cancel(reason).await,
+        ThreadMsg::DurationExpired => t.duration_expired().await,
+        ThreadMsg::GraceExpired => t.grace_expired().await,
+        ThreadMsg::Status(reply) => {
+            let _ = reply.send(snapshot(t, t.kids.live()));
+        }
+    }
+}
+
+fn snapshot(t: &Thread, live_children: Vec<ThreadId>) -> StatusSnapshot {
+    StatusSnapshot {
+        status: t.doc.status,
+        turns: t.doc.cost.turns,
+        live_children,
+    }
+}

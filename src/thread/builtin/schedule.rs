@@ -1,0 +1,140 @@
+//! The scheduling tools (capability `schedule`): `schedule {directive | tool, inputs, delay}`
+//! keeps an effect in store.db and returns its id; `scheduled_list` and `scheduled_cancel {id}`
+//! see and cancel this thread's own. What an effect may do is checked now, against this
+//! thread's capabilities: a directive needs `thread.spawn.<name>`, a tool what calling it
+//! needs. A directive effect later runs as a root capped by this thread's limits.
+
+use super::tool::Builtin;
+use crate::provider::{ToolCall, ToolSpec};
+use crate::store::EffectKind;
+use crate::thread::state::Thread;
+use crate::tools::ToolOutcome;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Longest delay an effect may have.
+const MAX_DELAY: Duration = Duration::from_secs(30 * 86_400);
+
+/// Store work of one scheduling call, run on a blocking thread.
+type StoreWork = Box<dyn FnOnce() -> Result<Value, String> + Send>;
+
+/// The spec of a scheduling tool.
+pub(super) fn spec(b: Builtin) -> ToolSpec {
+    let (description, input_schema) = match b {
+        Builtin::Schedule => (
+            "Run a directive (as a new thread) or a tool later, even after this thread has ended. Give `directive` or `tool`, its `inputs`, and `delay` (e.g. \"90s\", \"2h\", or seconds). Returns the effect id.",
+            json!({"type":"object","properties":{"directive":{"type":"string"},"tool":{"type":"string"},"inputs":{"type":"object"},"delay":{"type":["string","number"]}},"required":["delay"]}),
+        ),
+        Builtin::ScheduledList => (
+            "This thread's scheduled effects and their status.",
+            json!({"type":"object","properties":{}}),
+        ),
+        _ => (
+            "Cancel one of this thread's pending effects.",
+            json!({"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}),
+        ),
+    };
+    ToolSpec {
+        name: b.name().into(),
+        description: description.into(),
+        input_schema,
+    }
+}
+
+fn delay_of(v: &Value) -> Result<Duration, String> {
+    let d = match v {
+        Value::Number(n) => n
+            .as_f64()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or("`delay` in seconds must be a number ≥ 0")?,
+        Value::String(s) => humantime::parse_duration(s)
+            .map_err(|e| format!("`delay` {s:?}: {e} (e.g. \"90s\", \"2h\")"))?,
+        _ => return Err("`delay` is a duration (\"90s\") or a number of seconds".into()),
+    };
+    if d > MAX_DELAY {
+        return Err("`delay` is at most 30 days".into());
+    }
+    Ok(d)
+}
+
+impl Thread {
+    /// The three tools, their store calls on a task.
+    pub(crate) fn schedule_tools(&mut self, b: Builtin, call: ToolCall) -> Option<ToolOutcome> {
+        let work = match b {
+            Builtin::Schedule => self.schedule(&call.input),
+            Builtin::ScheduledList => Ok(self.scheduled_list()),
+            _ => self.scheduled_cancel(&call.input),
+        };
+        let work = match work {
+            Ok(w) => w,
+            Err(e) => return Some(ToolOutcome::err(e)),
+        };
+        self.run_as_task(call.id, async move {
+            match tokio::task::spawn_blocking(work).await {
+                Ok(Ok(v)) => ToolOutcome::ok(v),
+                Ok(Err(e)) => ToolOutcome::err(e),
+                Err(e) => ToolOutcome::err(format!("the effect store failed: {e}")),
+            }
+        });
+        None
+    }
+
+    /// What the effect would do, and the capability that allows it.
+    fn target(&self, input: &Value) -> Result<(EffectKind, String, String), String> {
+        match (input["directive"].as_str(), input["tool"].as_str()) {
+            (Some(d), None) => {
+                let directive = self.ctx.library.load_name(d).map_err(|e| e.to_string())?;
+                let cap = crate::tools::spawn_capability(&directive.name);
+                Ok((EffectKind::Directive, directive.name, cap))
+            }
+            (None, Some(t)) => {
+                if self.ctx.commands.get(t).is_none() {
+                    return Err(format!("`{t}` is not a command tool of this project (only command tools can be scheduled)"));
+                }
+                Ok((EffectKind::Tool, t.to_string(), format!("tool.{t}")))
+            }
+            _ => Err("give exactly one of `directive` and `tool`".into()),
+        }
+    }
+
+    fn schedule(&self, input: &Value) -> Result<StoreWork, String> {
+        let delay = delay_of(&input["delay"])?;
+        let (kind, name, cap) = self.target(input)?;
+        let id = self.id().clone();
+        crate::tools::check(&self.doc.capabilities, &cap, id.as_str())?;
+        let due =
+            humantime::format_rfc3339_millis(std::time::SystemTime::now() + delay).to_string();
+        let inputs = input.get("inputs").cloned().unwrap_or(json!({}));
+        let limits = serde_json::to_value(&self.limits).unwrap_or(Value::Null);
+        let (store, wake) = (self.ctx.store.clone(), self.ctx.effects_wake.clone());
+        Ok(Box::new(move || {
+            let e = store
+                .schedule(&id, kind, &name, &inputs, &due, &limits)
+                .map_err(|e| e.to_string())?;
+            wake.notify_one();
+            Ok(json!({ "id": e.id, "due_at": e.due_at, "kind": e.kind, "target": e.target }))
+        }))
+    }
+
+    fn scheduled_list(&self) -> StoreWork {
+        let (store, id) = (self.ctx.store.clone(), self.id().clone());
+        Box::new(move || {
+            let all = store.scheduled(Some(&id)).map_err(|e| e.to_string())?;
+            Ok(json!(all.iter().map(|e| json!({ "id": e.id, "kind": e.kind, "target": e.target, "due_at": e.due_at, "status": e.status, "result": e.result })).collect::<Vec<_>>()))
+        })
+    }
+
+    fn scheduled_cancel(&self, input: &Value) -> Result<StoreWork, String> {
+        let Some(fx) = input["id"].as_str().map(str::to_string) else {
+            return Err("scheduled_cancel needs the effect `id`".into());
+        };
+        let (store, id) = (self.ctx.store.clone(), self.id().clone());
+        Ok(Box::new(move || {
+            let e = store
+                .cancel_effect(&fx, Some(&id))
+                .map_err(|e| e.to_string())?;
+            Ok(json!({ "id": e.id, "status": e.status }))
+        }))
+    }
+}

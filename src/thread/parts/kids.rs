@@ -1,0 +1,165 @@
+//! A thread's children and the calls waiting for them: who is live, whose report someone has
+//! claimed, which waits are resolved, and which children handed off to a continuation.
+
+use crate::core::ids::ThreadId;
+use crate::core::status::Status;
+use crate::thread::msg::ThreadMsg;
+use crate::thread::report::ThreadReport;
+use crate::tools::ToolOutcome;
+use ractor::ActorRef;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+
+/// One child.
+#[derive(Default)]
+pub(crate) struct Child {
+    /// Its actor, once its spawn has reported.
+    pub(crate) actor: Option<ActorRef<ThreadMsg>>,
+    /// Its report, once it has ended.
+    pub(crate) report: Option<ThreadReport>,
+    /// Some call (spawn wait=true or wait_threads) has consumed or will consume the report.
+    pub(crate) claimed: bool,
+}
+
+/// A tool call waiting for children (`spawn_thread` with wait, `wait_threads`).
+pub(crate) struct Waiter {
+    /// The call answered when they have all reported.
+    pub(crate) call_id: String,
+    /// The children it waits for.
+    pub(crate) ids: Vec<ThreadId>,
+}
+
+/// A thread's children and waits.
+#[derive(Default)]
+pub(crate) struct Kids {
+    /// Every child, live or ended.
+    pub(crate) map: HashMap<ThreadId, Child>,
+    /// Calls waiting for children, in the order they were made.
+    pub(crate) waiters: Vec<Waiter>,
+    /// Reports nobody waits for, announced to the model before its next turn.
+    pub(crate) announce: Vec<ThreadReport>,
+    /// Children that handed off, to the continuation that took each one's place.
+    pub(crate) continued: HashMap<ThreadId, ThreadId>,
+    /// Spawns under way when `cancel_siblings` fired: their child is cancelled on arrival.
+    pub(crate) doomed: HashSet<String>,
+    /// Spawns whose task is still under way (by call id): a thread never finalizes before they
+    /// report, so no child can start after its parent has ended.
+    pub(crate) spawning: HashSet<String>,
+}
+
+impl Kids {
+    /// Children started and not yet ended.
+    pub(crate) fn live(&self) -> Vec<ThreadId> {
+        self.map
+            .iter()
+            .filter(|(_, c)| c.report.is_none() && c.actor.is_some())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The entry of `id`, made empty if it has none yet.
+    pub(crate) fn entry(&mut self, id: &ThreadId) -> &mut Child {
+        self.map.entry(id.clone()).or_default()
+    }
+
+    /// Marks `id`'s report as some call's result.
+    pub(crate) fn claim(&mut self, id: &ThreadId) {
+        if let Some(c) = self.map.get_mut(id) {
+            c.claimed = true;
+        }
+    }
+
+    /// Whether every one of `ids` has reported.
+    pub(crate) fn all_reported(&self, ids: &[ThreadId]) -> bool {
+        ids.iter()
+            .all(|id| self.map.get(id).is_some_and(|c| c.report.is_some()))
+    }
+
+    /// Takes the waits whose children have all reported, the latest first.
+    pub(crate) fn take_ready(&mut self) -> Vec<Waiter> {
+        let (mut ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|w| self.all_reported(&w.ids));
+        self.waiters = waiting;
+        ready.reverse();
+        ready
+    }
+
+    /// Takes the wait of tool call `call_id`.
+    pub(crate) fn take_waiter(&mut self, call_id: &str) -> Option<Waiter> {
+        let i = self.waiters.iter().position(|w| w.call_id == call_id)?;
+        Some(self.waiters.remove(i))
+    }
+
+    /// The continuation `new` takes child `old`'s place, waits included. The old child stays
+    /// live until its own end is reported (so the parent never ends before it), but its
+    /// `continued` report is nobody's result.
+    pub(crate) fn rekey(&mut self, old: &ThreadId, new: ThreadId, actor: ActorRef<ThreadMsg>) {
+        let claimed = std::mem::replace(&mut self.entry(old).claimed, true);
+        self.map.insert(
+            new.clone(),
+            Child {
+                actor: Some(actor),
+                report: None,
+                claimed,
+            },
+        );
+        for id in self.waiters.iter_mut().flat_map(|w| w.ids.iter_mut()) {
+            if id == old {
+                *id = new.clone();
+            }
+        }
+        self.continued.insert(old.clone(), new);
+    }
+
+    /// The last continuation of `child` (itself when it never handed off) and its actor.
+    pub(crate) fn latest(
+        &self,
+        mut child: ThreadId,
+        mut actor: ActorRef<ThreadMsg>,
+    ) -> (ThreadId, ActorRef<ThreadMsg>) {
+        while let Some(next) = self.continued.get(&child).cloned() {
+            if let Some(a) = self.map.get(&next).and_then(|c| c.actor.clone()) {
+                actor = a;
+            }
+            child = next;
+        }
+        (child, actor)
+    }
+
+    /// The result of a wait: each child's report, or `running` for those still live at a
+    /// timeout.
+    pub(crate) fn wait_result(&self, ids: &[ThreadId], timed_out: bool) -> ToolOutcome {
+        let mut any_failed = false;
+        let items: Vec<Value> = ids
+            .iter()
+            .map(
+                |id| match self.map.get(id).and_then(|c| c.report.as_ref()) {
+                    Some(r) => {
+                        any_failed |= r.status != Status::Completed;
+                        json!(r)
+                    }
+                    None => json!({ "thread_id": id, "status": "running" }),
+                },
+            )
+            .collect();
+        let mut out = if ids.len() == 1 && !timed_out {
+            ToolOutcome::ok(items.into_iter().next().unwrap_or(Value::Null))
+        } else {
+            ToolOutcome::ok(json!({ "threads": items, "timed_out": timed_out }))
+        };
+        out.is_error = any_failed && ids.len() == 1;
+        out
+    }
+
+    /// Asks every live child to cancel, for `reason`.
+    pub(crate) fn cancel_live(&self, reason: &str) {
+        for id in self.live() {
+            if let Some(a) = self.map.get(&id).and_then(|c| c.actor.clone()) {
+                let _ = a.cast(ThreadMsg::Cancel {
+                    reason: reason.to_string(),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The spawn procedure of SPEC §4, the one way a thread starts (root, child or continuation),
+//! as typed stages: a [`Plan`](plan::Plan) resolved without changing anything (parent,
+//! directive, inputs, limits, capabilities, provider, price, hooks), then the ledger account,
+//! the registry row and the thread's files, each a guard that undoes its work if a later stage
+//! fails, and last the actor, started through the runtime's launcher (`Ctx::launch`, so the
+//! stages need not know the actor that runs what they start).
+//!
+//! "A failed spawn leaves nothing behind" is a property of the guards: nothing is kept until
+//! the actor runs.
+
+mod error;
+mod plan;
+mod request;
+mod stages;
+
+pub use error::SpawnError;
+pub(crate) use request::{Continuation, ParentLink, Seed, SpawnRequest};
+pub(crate) use stages::MIN_OUTPUT_TOKENS;
+
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::status::Status;
+use crate::provider::Message;
+use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
+use crate::thread::ctx::Ctx;
+use crate::thread::msg::{ThreadArgs, ThreadMsg};
+use crate::thread::report::ThreadReport;
+use plan::Plan;
+use ractor::ActorRef;
+use serde_json::Value;
+use stages::{Account, Files, Registered};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// SPEC §4 steps 1–6: resolve, open the ledger account, admit and register, write the first
+/// records and start the actor. On any failure nothing is left running, reserved or
+/// half-written.
+pub(crate) async fn spawn(
+    ctx: &Arc<Ctx>,
+    mut req: SpawnRequest,
+    on_finish: Option<oneshot::Sender<ThreadReport>>,
+) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
+    let plan = Plan::make(ctx, &req)?;
+    let account = Account::open(ctx, &plan, &req).await?;
+    let mut registered = Registered::admit(ctx, &plan, &req).await?;
+    let mut files = Files::write(ctx, &plan, &req).map_err(|e| registered.failed(e))?;
+    let Some(transcript) = files.transcript.take() else {
+        return Err(registered.failed(SpawnError::Storage("transcript: not opened".into())));
+    };
+    let parent = req.parent.take();
+    let id = plan.id.clone();
+    let args = arguments(plan, req, transcript, parent.as_ref(), on_finish);
+    let cell = parent.map(|p| p.actor.get_cell());
+    let actor = (ctx.launch)(ctx.clone(), args, cell).await.map_err(|e| {
+        registered.failed(SpawnError::Storage(format!(
+            "cannot start the thread actor: {e}"
+        )))
+    })?;
+    files.keep();
+    registered.keep();
+    account.keep();
+    Ok((id, actor))
+}
+
+/// The first thread.json (history: created). The actor signs it as it starts (created,
+/// running: one file write instead of two); a crash before that leaves a registry row that
+/// recovery completes from the registry and the ledger.
+fn first_doc(plan: &Plan, req: &SpawnRequest, head: crate::record::transcript::Head) -> ThreadDoc {
+    let now = now_ts();
+    ThreadDoc {
+        version: 1,
+        id: plan.id.clone(),
+        directive: plan.directive.name.clone(),
+        directive_hash: plan.directive.content_hash.clone(),
+        parent_id: plan.parent_id.clone(),
+        root_id: plan.root_id.clone(),
+        status: Status::Created,
+        history: vec![Transition {
+            status: Status::Created,
+            at: now.clone(),
+        }],
+        created_at: now.clone(),
+        updated_at: now,
+        model: plan.model.clone(),
+        provider: plan.provider_name.clone(),
+        limits: plan.limits.clone(),
+        capabilities: plan.caps.clone(),
+        cost: Cost::default(),
+        outputs: None,
+        result: None,
+        error: None,
+        error_kind: None,
+        continuation_of: plan.continuation_of.clone(),
+        continued_by: None,
+        chain_root: plan.chain_root.clone(),
+        transcript_head: head,
+        forked_from: req.seed.as_ref().map(|s| s.from.clone()),
+        imported: None,
+    }
+}
+
+/// What the actor starts from.
+fn arguments(
+    plan: Plan,
+    req: SpawnRequest,
+    transcript: crate::record::transcript::TranscriptWriter,
+    parent: Option<&ParentLink>,
+    on_finish: Option<oneshot::Sender<ThreadReport>>,
+) -> ThreadArgs {
+    let doc = first_doc(&plan, &req, transcript.head().clone());
+    let span = crate::thread::spans::thread(
+        req.parent_span.as_ref(),
+        &plan.id,
+        &plan.directive.name,
+        parent.map(|p| &p.id),
+        &plan.provider_name,
+        &plan.model,
+    );
+    let (messages, calls_made) = match (req.continuation, req.seed) {
+        (Some(c), _) => (c.messages, c.calls_made),
+        (None, Some(s)) => (s.messages, s.calls_made),
+        (None, None) => (vec![Message::user(plan.prompt)], 0),
+    };
+    ThreadArgs {
+        provider: plan.provider,
+        directive: Arc::new(plan.directive),
+        messages,
+        calls_made,
+        parent: parent.map(|p| (p.id.clone(), p.actor.clone())),
+        limits: plan.limits,
+        price: plan.price,
+        doc,
+        transcript,
+        on_finish,
+        hooks: plan.hooks,
+        inputs: Value::Object(plan.inputs),
+        route: req.route,
+        span,
+    }
+}

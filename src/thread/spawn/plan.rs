@@ -1,0 +1,233 @@
+//! SPEC §4 steps 1–3, which change nothing anywhere: the parent from its verified
+//! thread.json, the directive and its inputs, the limits and capabilities, the provider,
+//! model and price, the hooks, and the new thread's place in its tree. A [`Plan`] is what
+//! the stages that do change something (`stages.rs`) act on.
+
+use super::error::SpawnError;
+use super::request::{Continuation, SpawnRequest};
+use crate::core::ids::ThreadId;
+use crate::core::limits::{LimitSet, Limits};
+use crate::core::money::{Nanos, Price};
+use crate::directive::Directive;
+use crate::hooks::Hook;
+use crate::provider::Provider;
+use crate::record::thread_doc::ThreadDoc;
+use crate::thread::ctx::Ctx;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// Everything resolved about a thread before anything of it exists.
+pub(crate) struct Plan {
+    /// Its id (generated from the directive's name).
+    pub id: ThreadId,
+    /// Its parent's id (None for a root).
+    pub parent_id: Option<ThreadId>,
+    /// Its parent's verified thread.json.
+    pub parent_doc: Option<ThreadDoc>,
+    /// The root of its tree.
+    pub root_id: ThreadId,
+    /// The directive, loaded and checked.
+    pub directive: Directive,
+    /// The inputs, validated (empty for a continuation or a fork).
+    pub inputs: Map<String, Value>,
+    /// The rendered prompt (empty for a continuation or a fork).
+    pub prompt: String,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Capabilities (attenuated by the parent's).
+    pub caps: Vec<String>,
+    /// The provider, its name and the model it calls.
+    pub provider: Arc<dyn Provider>,
+    /// The provider's name.
+    pub provider_name: String,
+    /// The model.
+    pub model: String,
+    /// The model's price.
+    pub price: Price,
+    /// The hooks it runs (every layer, the directive's included).
+    pub hooks: Vec<Hook>,
+    /// The thread it continues.
+    pub continuation_of: Option<ThreadId>,
+    /// The first thread of its chain (a continuation).
+    pub chain_root: Option<ThreadId>,
+    /// The account a continuation of a child draws under (the chain's first thread's parent).
+    pub chain_parent: Option<ThreadId>,
+}
+
+impl Plan {
+    /// Resolves `req` (SPEC §4 steps 1–3).
+    pub(crate) fn make(ctx: &Arc<Ctx>, req: &SpawnRequest) -> Result<Plan, SpawnError> {
+        let parent_doc = match &req.parent {
+            Some(p) => Some(ctx.verified_doc(&p.id).map_err(SpawnError::Untrusted)?),
+            None => None,
+        };
+        let directive = load(ctx, req, parent_doc.as_ref())?;
+        let (inputs, prompt) = match (&req.continuation, &req.seed) {
+            (None, None) => {
+                let inputs = directive.validate_inputs(&req.inputs)?;
+                let prompt = directive.render(&inputs)?;
+                (inputs, prompt)
+            }
+            _ => (Map::new(), String::new()),
+        };
+        let (limits, caps, kept_model) =
+            limits_and_caps(ctx, req, &directive, parent_doc.as_ref())?;
+        let (provider, provider_name, selected) = ctx
+            .providers
+            .select(&ctx.config, &directive, req.route.as_deref())
+            .map_err(SpawnError::Config)?;
+        // A continuation keeps its chain's model unless the runtime was told another.
+        let model = match kept_model {
+            Some(m) if provider.name() != "scripted" => m,
+            _ => selected,
+        };
+        crate::core::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
+        let price = ctx.config.price(&model).map_err(SpawnError::Config)?;
+        let hooks = ctx
+            .hooks
+            .with_directive(
+                directive.hooks.as_ref(),
+                &directive.source,
+                &ctx.project.root,
+            )
+            .map_err(|e| SpawnError::Config(e.to_string()))?;
+        let id = ThreadId::generate(&directive.name);
+        let chain = Chain::of(ctx, req.continuation.as_ref())?;
+        let root_id = match (&parent_doc, &req.continuation, &chain.parent) {
+            (Some(d), _, _) => d.root_id.clone(),
+            (None, Some(c), Some(_)) => c.of.root_id.clone(),
+            _ => id.clone(),
+        };
+        Ok(Plan {
+            parent_id: req.parent.as_ref().map(|p| p.id.clone()),
+            parent_doc,
+            root_id,
+            id,
+            directive,
+            inputs,
+            prompt,
+            limits,
+            caps,
+            provider,
+            provider_name,
+            model,
+            price,
+            hooks,
+            continuation_of: chain.of,
+            chain_root: chain.root,
+            chain_parent: chain.parent,
+        })
+    }
+}
+
+/// A child's directive comes from a model: a library name only, and the parent must hold the
+/// capability for the name it resolves to (front matter may rename a file).
+fn load(
+    ctx: &Ctx,
+    req: &SpawnRequest,
+    parent: Option<&ThreadDoc>,
+) -> Result<Directive, SpawnError> {
+    let Some(p) = parent else {
+        return Ok(ctx.library.load(&req.directive)?);
+    };
+    let d = ctx.library.load_name(&req.directive)?;
+    let cap = crate::tools::spawn_capability(&d.name);
+    crate::tools::check(&p.capabilities, &cap, p.id.as_str()).map_err(SpawnError::Denied)?;
+    Ok(d)
+}
+
+/// Limits, capabilities and (for a continuation) the chain's model.
+fn limits_and_caps(
+    ctx: &Ctx,
+    req: &SpawnRequest,
+    directive: &Directive,
+    parent: Option<&ThreadDoc>,
+) -> Result<(Limits, Vec<String>, Option<String>), SpawnError> {
+    if let Some(c) = &req.continuation {
+        let limits = continuation_limits(c, &req.overrides);
+        if limits.spend <= Nanos::ZERO {
+            return Err(SpawnError::Limit(format!(
+                "limit exceeded: spend — the chain of {} has spent its whole budget ({})",
+                c.of.id, c.of.limits.spend
+            )));
+        }
+        return Ok((limits, c.of.capabilities.clone(), Some(c.of.model.clone())));
+    }
+    let limits = crate::core::limits::resolve(
+        &ctx.config.default_limits,
+        &directive.limits,
+        &req.overrides,
+        parent.map(|d| &d.limits).or(req.cap.as_ref()),
+    );
+    let caps = match parent {
+        Some(p) => crate::core::capability::attenuate(&directive.permissions, &p.capabilities),
+        None => directive.permissions.clone(),
+    };
+    Ok((limits, caps, None))
+}
+
+/// A continuation's links: the thread it continues, its chain's first thread, and the account
+/// it draws under.
+struct Chain {
+    of: Option<ThreadId>,
+    root: Option<ThreadId>,
+    parent: Option<ThreadId>,
+}
+
+impl Chain {
+    fn of(ctx: &Ctx, c: Option<&Continuation>) -> Result<Chain, SpawnError> {
+        let Some(c) = c else {
+            return Ok(Chain {
+                of: None,
+                root: None,
+                parent: None,
+            });
+        };
+        Ok(Chain {
+            of: Some(c.of.id.clone()),
+            root: Some(c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone())),
+            parent: continued_parent(ctx, c)?,
+        })
+    }
+}
+
+/// The parent of the first thread of `c`'s chain, if that thread ran as a child: the account a
+/// continuation draws under. A continuation of a thread that ran as a child stays in its tree:
+/// it is registered with the tree's root and its account opens under that parent (closed
+/// accounts opened again from ledger.db), so every ancestor's cap still bounds the chain.
+fn continued_parent(ctx: &Ctx, c: &Continuation) -> Result<Option<ThreadId>, SpawnError> {
+    match (&c.of.parent_id, &c.of.chain_root) {
+        (Some(p), _) => Ok(Some(p.clone())),
+        (None, Some(first)) if *first != c.of.id => {
+            let path = ctx.store.doc_path(first);
+            let doc = ThreadDoc::read_verified(&path, &ctx.trust)
+                .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+            Ok(doc.parent_id)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A continuation's limits: its predecessor's resolved limits with the chain's remaining spend
+/// and spawns, each further capped by `overrides`.
+fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> Limits {
+    let mut l = c.of.limits.clone();
+    l.spend = l.spend.minus(Nanos(c.of.cost.spend_nanos));
+    l.spawns = l.spawns.saturating_sub(c.spawn_count);
+    let cap = |v: &mut u64, o: Option<u64>| *v = o.map_or(*v, |o| o.min(*v));
+    cap(&mut l.turns, overrides.turns);
+    cap(&mut l.tokens, overrides.tokens);
+    cap(&mut l.spawns, overrides.spawns);
+    cap(&mut l.concurrency, overrides.concurrency);
+    cap(
+        &mut l.duration_ms,
+        overrides.duration.map(|d| d.as_millis() as u64),
+    );
+    if let Some(sp) = overrides.spend {
+        l.spend = l.spend.min(sp);
+    }
+    if let Some(d) = overrides.depth {
+        l.depth = l.depth.min(d);
+    }
+    l
+}

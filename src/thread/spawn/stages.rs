@@ -1,0 +1,295 @@
+//! The spawn stages that change something — the ledger account, the registry row, the
+//! thread's files — each returning a guard that undoes its work when dropped, unless the
+//! spawn got through and called `keep`. So a spawn that fails at any later stage, or whose
+//! future is dropped half-way, leaves nothing behind: no open account holding the parent's
+//! guarantee, no `created` row, no half-written folder.
+//!
+//! The undo is sent, not awaited (a drop cannot wait): the ledger and registry actors take it
+//! before any request made after the spawn returned, as their mailboxes are first in, first out.
+
+use super::error::SpawnError;
+use super::plan::Plan;
+use super::request::SpawnRequest;
+use crate::core::ids::{now_ts, ThreadId};
+use crate::core::money::Usage;
+use crate::ledger::LedgerMsg;
+use crate::record::transcript::TranscriptWriter;
+use crate::registry::{Admission, RegistryMsg, ThreadRow};
+use crate::thread::ctx::Ctx;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Output tokens of the smallest call worth making.
+pub(crate) const MIN_OUTPUT_TOKENS: u64 = 16;
+
+/// Step 5: the thread's ledger account, open (before admission, so a refusal there can be
+/// undone by closing it). Closed again when dropped unless kept.
+pub(crate) struct Account {
+    ctx: Arc<Ctx>,
+    id: Option<ThreadId>,
+}
+
+impl Account {
+    /// Opens the account of `plan` under its parent's (or its chain's), with the guarantee
+    /// `req.reserve` and room for at least the smallest first call.
+    pub(crate) async fn open(
+        ctx: &Arc<Ctx>,
+        plan: &Plan,
+        req: &SpawnRequest,
+    ) -> Result<Account, SpawnError> {
+        if let Some(p) = &plan.chain_parent {
+            reopen(ctx, p).await?;
+        }
+        // Whatever goes wrong from here, no account of this id may stay open holding the
+        // parent's guarantee (closing an account that was never opened changes nothing).
+        let guard = Account {
+            ctx: ctx.clone(),
+            id: Some(plan.id.clone()),
+        };
+        let min_first_call = plan.price.cost(&Usage {
+            input_tokens: (plan.prompt.len() as u64).div_ceil(3),
+            output_tokens: MIN_OUTPUT_TOKENS,
+            cache_read_tokens: 0,
+        });
+        ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
+            id: plan.id.clone(),
+            parent: plan.parent_id.clone().or_else(|| plan.chain_parent.clone()),
+            max: plan.limits.spend,
+            guarantee: req.reserve,
+            min_first_call,
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))??;
+        crate::core::failpoint::hit("spawn.ledger");
+        Ok(guard)
+    }
+
+    /// The spawn got through: the account stays open.
+    pub(crate) fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let (reply, _) = tokio::sync::oneshot::channel();
+            let _ = self.ctx.ledger.cast(LedgerMsg::Close {
+                id,
+                reply: reply.into(),
+            });
+        }
+    }
+}
+
+/// The closed accounts of a continuation's ancestors, opened again from ledger.db so every
+/// ancestor's cap still bounds the chain.
+async fn reopen(ctx: &Ctx, id: &ThreadId) -> Result<(), SpawnError> {
+    ractor::call!(ctx.ledger, |reply| LedgerMsg::Reopen {
+        id: id.clone(),
+        reply
+    })
+    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
+    .map_err(|e| {
+        SpawnError::Storage(format!(
+            "the ledger account of {id}, under which this chain draws, cannot be read: {e}"
+        ))
+    })
+}
+
+/// Steps 4 + 6: admission and the registry row, in one registry transaction. While it lives the
+/// thread is `in_spawn` (see `Ctx::in_spawn`); dropped unless kept, the row is marked `error`
+/// with why the thread never ran.
+pub(crate) struct Registered {
+    ctx: Arc<Ctx>,
+    /// The thread marked `in_spawn` while this lives.
+    id: ThreadId,
+    /// The row registered (None once kept, or when registration itself failed).
+    row: Option<ThreadRow>,
+    /// Why the spawn failed after registration (the row's error).
+    why: String,
+}
+
+impl Registered {
+    /// Registers `plan`'s row, admitted against its parent's `spawns` and `concurrency`
+    /// (a continuation takes its predecessor's place: it is not a new spawn of the parent).
+    pub(crate) async fn admit(
+        ctx: &Arc<Ctx>,
+        plan: &Plan,
+        req: &SpawnRequest,
+    ) -> Result<Registered, SpawnError> {
+        let row = first_row(plan, req);
+        let admit = plan
+            .parent_doc
+            .as_ref()
+            .filter(|_| req.continuation.is_none())
+            .zip(plan.parent_id.as_ref())
+            .map(|(d, pid)| Admission {
+                parent: pid.clone(),
+                spawns: d.limits.spawns,
+                concurrency: d.limits.concurrency,
+            });
+        mark_in_spawn(ctx, &plan.id, true);
+        let mut guard = Registered {
+            ctx: ctx.clone(),
+            id: plan.id.clone(),
+            row: None,
+            why: "the spawn was abandoned before the thread started".into(),
+        };
+        ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
+            row: Box::new(row.clone()),
+            admit,
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(format!("registry: {e}")))??;
+        guard.row = Some(row);
+        crate::core::failpoint::hit("spawn.registered");
+        if let (Some(old), Some(root)) = (&plan.continuation_of, &plan.chain_root) {
+            link_continuation(ctx, old, &plan.id, root).await;
+        }
+        Ok(guard)
+    }
+
+    /// Notes why a later stage failed (the row's error if the spawn is undone).
+    pub(crate) fn failed(&mut self, e: SpawnError) -> SpawnError {
+        self.why = e.to_string();
+        e
+    }
+
+    /// The spawn got through: the row stays as registered.
+    pub(crate) fn keep(mut self) {
+        self.row = None;
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        mark_in_spawn(&self.ctx, &self.id, false);
+        let Some(mut row) = self.row.take() else {
+            return;
+        };
+        row.status = "error".into();
+        row.error = Some(std::mem::take(&mut self.why));
+        row.updated_at = now_ts();
+        let _ = self.ctx.registry.cast(RegistryMsg::Update {
+            row: Box::new(row),
+            reply: None,
+        });
+    }
+}
+
+/// From its row to its running actor, a thread is `in_spawn` (see `Ctx::in_spawn`).
+pub(crate) fn mark_in_spawn(ctx: &Ctx, id: &ThreadId, on: bool) {
+    if let Ok(mut s) = ctx.in_spawn.lock() {
+        match on {
+            true => s.insert(id.clone()),
+            false => s.remove(id),
+        };
+    }
+}
+
+/// The row a thread is registered with (`created`).
+fn first_row(plan: &Plan, req: &SpawnRequest) -> ThreadRow {
+    let now = now_ts();
+    ThreadRow {
+        id: plan.id.to_string(),
+        directive: plan.directive.name.clone(),
+        parent_id: plan.parent_id.as_ref().map(ToString::to_string),
+        root_id: plan.root_id.to_string(),
+        status: "created".into(),
+        created_at: now.clone(),
+        updated_at: now,
+        model: plan.model.clone(),
+        owner_pid: std::process::id(),
+        forked_from: req.seed.as_ref().map(|s| s.from.thread.to_string()),
+        continuation_of: plan.continuation_of.as_ref().map(ToString::to_string),
+        chain_root: plan.chain_root.as_ref().map(ToString::to_string),
+        ..Default::default()
+    }
+}
+
+async fn link_continuation(ctx: &Ctx, old: &ThreadId, new: &ThreadId, root: &ThreadId) {
+    let linked = ractor::call!(ctx.registry, |reply| RegistryMsg::LinkContinuation {
+        old: old.clone(),
+        new: new.clone(),
+        chain_root: root.clone(),
+        reply
+    });
+    if !matches!(linked, Ok(Ok(()))) {
+        tracing::warn!(thread = %new, "could not link continuation in the registry: {linked:?}");
+    }
+}
+
+/// Step 6's files: the thread's folder, the files attached from its parent's area, and the
+/// transcript with its `thread_started` line. Removed whole when dropped unless kept.
+pub(crate) struct Files {
+    ctx: Arc<Ctx>,
+    id: Option<ThreadId>,
+    /// The transcript, opened (taken by the actor).
+    pub(crate) transcript: Option<TranscriptWriter>,
+}
+
+impl Files {
+    /// Writes the thread's folder, attachments and first transcript line.
+    pub(crate) fn write(
+        ctx: &Arc<Ctx>,
+        plan: &Plan,
+        req: &SpawnRequest,
+    ) -> Result<Files, SpawnError> {
+        let store = &ctx.store;
+        let dir = store.thread_dir(&plan.id);
+        std::fs::create_dir(&dir)
+            .map_err(|e| SpawnError::Storage(format!("{}: {e}", dir.display())))?;
+        let mut files = Files {
+            ctx: ctx.clone(),
+            id: Some(plan.id.clone()),
+            transcript: None,
+        };
+        if let Some(p) = &plan.parent_id {
+            let from = store.files_dir(p);
+            for rel in &req.attach {
+                crate::tools::copy_between(&from, rel, &store.files_dir(&plan.id), rel)
+                    .map_err(|e| SpawnError::Storage(format!("attaching `{rel}`: {e}")))?;
+            }
+        }
+        let mut transcript = TranscriptWriter::create(
+            &store.transcript_path(&plan.id),
+            plan.id.as_str(),
+            ctx.signer.clone(),
+            ctx.config.durability,
+            ctx.config.checkpoint_every,
+        )
+        .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
+        transcript
+            .append("thread_started", started_line(plan, req))
+            .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
+        crate::core::failpoint::hit("spawn.transcript");
+        files.transcript = Some(transcript);
+        Ok(files)
+    }
+
+    /// The spawn got through: the files stay.
+    pub(crate) fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        // No half-written files behind: the thread never ran.
+        if let Some(id) = self.id.take() {
+            let _ = std::fs::remove_dir_all(self.ctx.store.thread_dir(&id));
+        }
+    }
+}
+
+/// The transcript's first line.
+fn started_line(plan: &Plan, req: &SpawnRequest) -> serde_json::Value {
+    let d = &plan.directive;
+    json!({
+        "directive": d.name, "directive_hash": d.content_hash, "source": d.source,
+        "parent": plan.parent_id, "root": plan.root_id, "model": plan.model, "provider": plan.provider_name,
+        "limits": plan.limits, "capabilities": plan.caps, "inputs": plan.inputs, "reserve_nanos": req.reserve,
+        "continuation_of": plan.continuation_of,
+    })
+}
