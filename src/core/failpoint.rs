@@ -41,6 +41,20 @@ fn armed() -> Option<&'static (String, u64)> {
         .as_ref()
 }
 
+/// Steps where an armed failpoint makes the operation fail with an I/O error instead of
+/// aborting (a full disk, a dying drive): `transcript.append`.
+pub const ERROR_STEPS: &[&str] = &["transcript.append"];
+
+/// Whether the operation at `step` fails here (`WEFT_FAILPOINT` names `step` and this is its
+/// `n`th hit): the caller returns an I/O error.
+pub(crate) fn fails(step: &'static str) -> bool {
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let Some((armed, n)) = armed() else {
+        return false;
+    };
+    armed == step && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n
+}
+
 /// Aborts the process here if `WEFT_FAILPOINT` names `step` and this is its `n`th hit.
 pub(crate) fn hit(step: &'static str) {
     static HITS: AtomicU64 = AtomicU64::new(0);

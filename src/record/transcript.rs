@@ -138,6 +138,9 @@ impl TranscriptWriter {
     /// Appends one event; `payload` must be an object (other values go under `value`).
     /// The line reaches the OS before this returns (and the disk, under `durability: strict`).
     pub fn append(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
+        if crate::core::failpoint::fails("transcript.append") {
+            return Err(std::io::Error::other("failpoint transcript.append"));
+        }
         self.write_line(kind, payload)?;
         self.since_checkpoint += 1;
         if self.since_checkpoint >= self.checkpoint_every {

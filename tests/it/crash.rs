@@ -213,3 +213,60 @@ fn a_crash_at_any_step_is_repaired_by_the_next_start() {
         trials.len()
     );
 }
+
+/// A transcript append that fails (a full disk, a dying drive: `transcript.append` makes the
+/// n-th append of the process return an I/O error) ends the thread `error`, saying which line
+/// was lost, instead of going on with a signed record that silently misses a line.
+#[test]
+fn a_lost_transcript_line_fails_the_thread() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
+        "",
+    );
+    let p = fx.root();
+    let script = p.join("script.yaml");
+    let args = [
+        "run",
+        "solo",
+        "--json",
+        "--script",
+        script.to_str().unwrap(),
+    ];
+    // Appends of the run: 1 `thread_started` (spawn), 2 `status`, 3 the prompt's `message`.
+    let run = weft(p, &args, Some("transcript.append:3"));
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        !run.status.success(),
+        "the run succeeded with a lost line: {out}"
+    );
+    let id = fx.id_of("solo");
+    let doc = fx.doc(&id);
+    assert_eq!(doc.status, weft::Status::Error, "{out}");
+    let error = doc.error.unwrap_or_default();
+    assert!(
+        error.contains("transcript could not be written") && error.contains("`message` line"),
+        "{error}"
+    );
+    let verify = weft(p, &["verify", "--all"], None);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let kinds: Vec<String> = fx
+        .events(&id)
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
+        .filter(|k| k != "checkpoint")
+        .collect();
+    assert!(
+        !kinds.contains(&"assistant_text".to_string()),
+        "the thread went on: {kinds:?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("thread_finished"),
+        "{kinds:?}"
+    );
+}
