@@ -5,7 +5,8 @@
 //! The steps, in the order a thread meets them (SPEC §4 spawn, a turn, a tool, settlement,
 //! finalization): `spawn.ledger`, `spawn.registered`, `spawn.transcript`, `turn.reserved`,
 //! `turn.recorded`, `settle.cast`, `ledger.committed`, `tool.dispatch`, `tool.result`,
-//! `finalize.closed`, `finalize.line`, `finalize.doc`, `finalize.row`.
+//! `finalize.closed`, `finalize.line`, `finalize.doc`, `finalize.row`. One step fails instead of
+//! aborting: `transcript.append:<n>` makes the n-th transcript append return an I/O error.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -41,11 +42,9 @@ fn armed() -> Option<&'static (String, u64)> {
         .as_ref()
 }
 
-/// Steps where an armed failpoint makes the operation fail with an I/O error instead of
-/// aborting (a full disk, a dying drive): `transcript.append`.
-pub const ERROR_STEPS: &[&str] = &["transcript.append"];
-
-/// Whether the operation at `step` fails here (`WEFT_FAILPOINT` names `step` and this is its
+/// Whether the operation at `step` fails here — for steps where an armed failpoint makes the
+/// operation fail with an I/O error instead of aborting (a full disk, a dying drive):
+/// `transcript.append` (`WEFT_FAILPOINT` names `step` and this is its
 /// `n`th hit): the caller returns an I/O error.
 pub(crate) fn fails(step: &'static str) -> bool {
     static HITS: AtomicU64 = AtomicU64::new(0);
