@@ -65,7 +65,8 @@ pub use crate::directive::{
 pub use crate::hooks::HookError;
 pub use crate::ledger::Account;
 pub use crate::project::config::{
-    BuiltinHooks, Config, ConfigError, Durability, FileLimits, McpServerConfig, ProviderConfig,
+    BuiltinHooks, Config, ConfigError, Durability, FileLimits, MaxTokensField, McpServerConfig,
+    ProviderConfig, ProviderKind,
 };
 pub use crate::project::Project;
 pub use crate::provider::{
@@ -102,13 +103,13 @@ pub mod internals {
     pub use crate::core::capability;
     pub use crate::core::failpoint::STEPS as FAILPOINTS;
     pub use crate::directive::parse as parse_directive;
-    pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg};
+    pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg, ReservationId};
     pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;
     pub use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
     pub use crate::record::thread_doc::ThreadDoc;
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
-    pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
+    pub use crate::registry::{Admission, RegistryMsg, Store, ThreadRow};
     pub use crate::server::http::serve as serve_http;
 
     /// The registry and ledger actors of a runtime (for benchmarks that drive them directly).

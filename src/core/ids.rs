@@ -76,6 +76,50 @@ impl From<ThreadId> for String {
     }
 }
 
+impl std::ops::Deref for ThreadId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Hashes and orders as its text, so maps keyed by id can be searched with a `&str`.
+impl std::borrow::Borrow<str> for ThreadId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for ThreadId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ThreadId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for ThreadId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<ThreadId> for String {
+    fn eq(&self, other: &ThreadId) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialEq<ThreadId> for &str {
+    fn eq(&self, other: &ThreadId) -> bool {
+        *self == other.0
+    }
+}
+
 impl fmt::Display for ThreadId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -263,7 +263,7 @@ async fn steer(rt: &Runtime, id: &ThreadId, op: &str, body: &Value, reach: Reach
         Ok(None) => return refuse(404, format!("no thread {id} in this project")),
         Err(e) => return refuse(500, e),
     };
-    if crate::registry::is_terminal(&row.status) {
+    if row.status.is_terminal() {
         return refuse(
             409,
             format!("thread {id} is {}; it can no longer be steered", row.status),

@@ -31,7 +31,7 @@ fn already(store: &dyn ThreadStore, format: &str, original: &str) -> Option<Stri
     };
     store.list(&filter).ok()?.into_iter().find_map(|r| {
         let m = r.meta.as_ref()?;
-        (m["original_id"] == original).then_some(r.id)
+        (m["original_id"] == original).then(|| r.id.to_string())
     })
 }
 

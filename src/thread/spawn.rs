@@ -270,19 +270,16 @@ pub(crate) async fn spawn(
     // 4 + 6. Admission and registration in one registry transaction.
     let now = now_ts();
     let row = ThreadRow {
-        id: id.to_string(),
         directive: directive.name.clone(),
-        parent_id: parent_id.as_ref().map(ToString::to_string),
-        root_id: root_id.to_string(),
-        status: "created".into(),
+        parent_id: parent_id.clone(),
         created_at: now.clone(),
         updated_at: now.clone(),
         model: model.clone(),
         owner_pid: std::process::id(),
-        forked_from: req.seed.as_ref().map(|s| s.from.thread.to_string()),
-        continuation_of: continuation_of.as_ref().map(ToString::to_string),
-        chain_root: chain_root.as_ref().map(ToString::to_string),
-        ..Default::default()
+        forked_from: req.seed.as_ref().map(|s| s.from.thread.clone()),
+        continuation_of: continuation_of.clone(),
+        chain_root: chain_root.clone(),
+        ..ThreadRow::new(id.clone(), root_id.clone(), Status::Created)
     };
     // A continuation takes its predecessor's place: it is not a new spawn of the parent.
     let admit = parent_doc
@@ -331,7 +328,7 @@ pub(crate) async fn spawn(
         let id = id.clone();
         let mut row = row.clone();
         async move {
-            row.status = "error".into();
+            row.status = Status::Error;
             row.error = Some(msg.clone());
             row.updated_at = now_ts();
             ctx.store_row(row).await;

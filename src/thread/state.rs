@@ -47,7 +47,7 @@ pub(super) enum Phase {
 
 /// The LLM call under way: what was reserved for it and what its prompt was.
 pub(super) struct Call {
-    pub(super) reservation: u64,
+    pub(super) reservation: crate::ledger::ReservationId,
     pub(super) reserved: Nanos,
     pub(super) prompt_bytes: u64,
     pub(super) messages: usize,
@@ -225,11 +225,8 @@ impl ThreadState {
 
     pub(super) fn row(&self) -> ThreadRow {
         ThreadRow {
-            id: self.doc.id.to_string(),
             directive: self.doc.directive.clone(),
-            parent_id: self.doc.parent_id.as_ref().map(ToString::to_string),
-            root_id: self.doc.root_id.to_string(),
-            status: self.doc.status.as_str().into(),
+            parent_id: self.doc.parent_id.clone(),
             created_at: self.doc.created_at.clone(),
             updated_at: crate::core::ids::now_ts(),
             model: self.doc.model.clone(),
@@ -244,7 +241,11 @@ impl ThreadState {
             owner_pid: std::process::id(),
             waiting: super::approval::marker(self),
             status_text: self.status_text.clone(),
-            ..Default::default()
+            ..ThreadRow::new(
+                self.doc.id.clone(),
+                self.doc.root_id.clone(),
+                self.doc.status,
+            )
         }
     }
 

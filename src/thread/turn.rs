@@ -86,7 +86,7 @@ impl ThreadActor {
         &self,
         me: &ActorRef<ThreadMsg>,
         s: &mut ThreadState,
-        reservation: u64,
+        reservation: crate::ledger::ReservationId,
         cost: Nanos,
         overrun: Nanos,
     ) {
@@ -318,7 +318,7 @@ impl ThreadActor {
         &self,
         me: &ActorRef<ThreadMsg>,
         s: &mut ThreadState,
-        reservation: u64,
+        reservation: crate::ledger::ReservationId,
         outcome: Result<LlmResponse, ProviderError>,
     ) {
         // Every attempt is recorded and settled on its own, for what it actually cost: first the
