@@ -118,8 +118,10 @@ struct Front {
     extends: Option<String>,
     #[serde(default)]
     on_child_error: Option<String>,
-    #[serde(default)]
-    version: Option<serde_json::Value>,
+    /// Rye's `version:` — accepted and not kept: a directive is identified by its name and
+    /// its content hash, never by a version it declares.
+    #[serde(default, rename = "version")]
+    _version: Option<serde::de::IgnoredAny>,
 }
 
 /// A loaded, validated directive.
@@ -283,7 +285,6 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
             ));
         }
     }
-    let _ = front.version;
     Ok(Directive {
         name,
         source: source.into(),
@@ -321,5 +322,20 @@ pub(crate) fn type_matches(kind: &str, v: &serde_json::Value) -> bool {
         "array" => v.is_array(),
         "object" => v.is_object(),
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_declared_version_is_accepted_and_a_misspelt_key_is_not() {
+        let d = super::parse(
+            "x.md",
+            "---\nname: x\nversion: \"1.0.0\"\n---\nDo it.\n",
+            "x",
+        );
+        assert_eq!(d.map(|d| d.name).ok().as_deref(), Some("x"));
+        let e = super::parse("x.md", "---\nname: x\nversoin: 1\n---\nDo it.\n", "x").unwrap_err();
+        assert!(e.to_string().contains("x.md:3"), "{e}");
     }
 }
