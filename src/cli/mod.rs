@@ -68,10 +68,10 @@ pub(super) fn failed(e: impl std::fmt::Display) -> Exit {
     }
 }
 
-pub(super) fn usage(message: impl Into<String>) -> Exit {
+pub(super) fn usage(message: impl std::fmt::Display) -> Exit {
     Exit {
         code: 2,
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 

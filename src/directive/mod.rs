@@ -9,6 +9,7 @@ mod io;
 mod library;
 pub(crate) mod rye;
 
+pub use io::OutputsError;
 pub use library::Library;
 pub(crate) use library::{valid_name, FileStamp};
 
@@ -237,7 +238,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
     let at =
         |key: &str| crate::project::yaml::find_line(&yaml, key).map(|(l, c)| (l + offset - 1, c));
     let limits = match &front.limits {
-        Some(m) => LimitSet::from_map(m).map_err(|m| err(at("limits"), m))?,
+        Some(m) => LimitSet::from_map(m).map_err(|m| err(at("limits"), m.to_string()))?,
         None => LimitSet::default(),
     };
     let name = front

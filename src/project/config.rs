@@ -24,6 +24,17 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// A model without a price (config's or the built-in table's): it cannot run under a spend limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "model `{model}` has no price (weft's built-in table, as of {as_of}, does not know it); add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml",
+    as_of = super::models::PRICES_AS_OF
+)]
+pub struct NoPrice {
+    /// The model id.
+    pub model: String,
+}
+
 /// How often transcripts and thread.json are fsynced (SPEC §11 durability policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -472,14 +483,15 @@ impl Config {
 
     /// The price of `model` (config's, else the built-in table's), or an error that says how to
     /// add one.
-    pub fn price(&self, model: &str) -> Result<Price, String> {
+    pub fn price(&self, model: &str) -> Result<Price, NoPrice> {
         let known = || super::models::known(model).map(|k| k.price());
-        self.pricing.get(model).copied().or_else(known).ok_or_else(|| {
-            format!(
-                "model `{model}` has no price (weft's built-in table, as of {}, does not know it); add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml",
-                super::models::PRICES_AS_OF
-            )
-        })
+        self.pricing
+            .get(model)
+            .copied()
+            .or_else(known)
+            .ok_or_else(|| NoPrice {
+                model: model.into(),
+            })
     }
 }
 
@@ -517,7 +529,11 @@ mod tests {
             .overlay_text(Path::new("c.yaml"), "bogus: 1\n")
             .unwrap_err();
         assert!(e.to_string().contains("c.yaml:1"), "{e}");
-        assert!(c.price("gpt-x").unwrap_err().contains("pricing"));
+        assert!(c
+            .price("gpt-x")
+            .unwrap_err()
+            .to_string()
+            .contains("pricing"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
 use crate::provider::Route;
 use crate::registry::ThreadFilter;
-use crate::runtime::Runtime;
+use crate::runtime::{ControlError, QueryError, Runtime};
 use serde_json::{json, Map, Value};
 
 /// One reply: an HTTP status code and a JSON body.
@@ -30,6 +30,26 @@ fn refuse(status: u16, error: impl Into<String>) -> Reply {
         status,
         body: json!({ "error": error.into() }),
     }
+}
+
+/// A question the runtime could not answer: every variant is the server's failure (500).
+/// Matched without a wildcard, so a new variant must choose its code.
+pub(crate) fn query_failed(e: QueryError) -> Reply {
+    let status = match &e {
+        QueryError::Store(_) | QueryError::NoTranscript { .. } => 500,
+    };
+    refuse(status, e.to_string())
+}
+
+/// A steering request the thread did not take: a conflict with its state (409), whether it
+/// runs elsewhere, stopped before answering or refused. Matched without a wildcard too.
+fn control_failed(e: ControlError) -> Reply {
+    let status = match &e {
+        ControlError::NotRunning { .. }
+        | ControlError::NoAnswer { .. }
+        | ControlError::Refused(_) => 409,
+    };
+    refuse(status, e.to_string())
 }
 
 /// Where a steering request may go.
@@ -66,7 +86,7 @@ pub(crate) async fn call(
         (m, ["v1", "threads", id, rest @ ..]) => {
             let id = match ThreadId::parse(id) {
                 Ok(id) => id,
-                Err(e) => return refuse(400, e),
+                Err(e) => return refuse(400, e.to_string()),
             };
             match (m, rest) {
                 ("GET", []) => get(rt, &id),
@@ -113,7 +133,7 @@ fn list(rt: &Runtime, query: &str) -> Reply {
     }
     match rt.list(&f) {
         Ok(rows) => ok(200, json!({ "threads": rows })),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -131,7 +151,7 @@ fn get(rt: &Runtime, id: &ThreadId) -> Reply {
             ok(200, body)
         }
         Ok(None) => refuse(404, format!("no thread {id} in this project")),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -139,7 +159,7 @@ fn tree(rt: &Runtime, id: &ThreadId) -> Reply {
     match rt.tree(id) {
         Ok(rows) if rows.is_empty() => refuse(404, format!("no thread {id} in this project")),
         Ok(rows) => ok(200, json!({ "root": id, "threads": rows })),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -155,11 +175,11 @@ fn transcript(rt: &Runtime, id: &ThreadId, query: &str) -> Reply {
     match rt.get(id) {
         Ok(Some(_)) => {}
         Ok(None) => return refuse(404, format!("no thread {id} in this project")),
-        Err(e) => return refuse(500, e),
+        Err(e) => return query_failed(e),
     }
     match rt.transcript(id, after, limit) {
         Ok(page) => ok(200, serde_json::to_value(page).unwrap_or_default()),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -255,13 +275,13 @@ async fn steer(rt: &Runtime, id: &ThreadId, op: &str, body: &Value, reach: Reach
         };
         return match done {
             Ok(body) => ok(200, body),
-            Err(e) => refuse(409, e),
+            Err(e) => control_failed(e),
         };
     }
     let row = match rt.get(id) {
         Ok(Some(v)) => v.row,
         Ok(None) => return refuse(404, format!("no thread {id} in this project")),
-        Err(e) => return refuse(500, e),
+        Err(e) => return query_failed(e),
     };
     if row.status.is_terminal() {
         return refuse(

@@ -117,10 +117,10 @@ impl FileStore {
             .map_err(|_| storage("the registry connection failed earlier"))?;
         if guard.is_none() {
             let path = self.project.state_dir().join("registry.db");
-            *guard = Some(Store::open(&path).map_err(storage)?);
+            *guard = Some(Store::open(&path)?);
         }
         match guard.as_mut() {
-            Some(s) => f(s).map_err(storage),
+            Some(s) => Ok(f(s)?),
             None => Err(storage("the registry cannot be opened")),
         }
     }

@@ -29,7 +29,7 @@ pub use check::{apply_edits, check_event, APPENDABLE};
 pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;
-pub use interop::{export, import_deepagents, import_nova, Imported};
+pub use interop::{export, import_deepagents, import_nova, ImportError, Imported};
 pub(crate) use later::Ended;
 pub use maintain::Collected;
 pub(crate) use maintain::{db_size, size_of};
@@ -66,6 +66,9 @@ pub enum StoreError {
     /// The storage failed (a file, a database).
     #[error("store: {0}")]
     Storage(String),
+    /// registry.db failed, or holds a row weft cannot read.
+    #[error("store: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 pub(crate) fn storage(e: impl std::fmt::Display) -> StoreError {

@@ -138,7 +138,7 @@ pub(super) fn directive_return(s: &mut ThreadState, input: &Value) -> ToolOutcom
                 returned: Some(Value::Object(given)),
             }
         }
-        Err(m) => ToolOutcome::err(m),
+        Err(m) => ToolOutcome::err(m.to_string()),
     }
 }
 
@@ -166,7 +166,7 @@ pub(super) fn spawn_thread(
         None | Some(Value::Null) => LimitSet::default(),
         Some(Value::Object(m)) => match LimitSet::from_map(m) {
             Ok(l) => l,
-            Err(e) => return Some(ToolOutcome::err(e)),
+            Err(e) => return Some(ToolOutcome::err(e.to_string())),
         },
         Some(other) => {
             return Some(ToolOutcome::err(format!(
@@ -274,7 +274,7 @@ fn parse_id(v: Option<&Value>) -> Result<ThreadId, String> {
     let text = v
         .and_then(Value::as_str)
         .ok_or("`id` (string) is required")?;
-    ThreadId::parse(text)
+    ThreadId::parse(text).map_err(|e| e.to_string())
 }
 
 pub(super) fn wait_threads(

@@ -198,7 +198,10 @@ pub(crate) async fn spawn(
         .continuation
         .as_ref()
         .map(|c| c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone()));
-    let price: Price = ctx.config.price(&model).map_err(SpawnError::Config)?;
+    let price: Price = ctx
+        .config
+        .price(&model)
+        .map_err(|e| SpawnError::Config(e.to_string()))?;
     let hooks = ctx
         .hooks
         .with_directive(
