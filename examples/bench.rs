@@ -482,12 +482,10 @@ async fn turn_parts(strict: bool) -> Value {
         });
     }
     let ledger = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+    let bench_id = weft::ThreadId::parse("bench-1").unwrap();
     let row = weft::internals::ThreadRow {
-        id: "bench-1".into(),
         directive: "x".into(),
-        root_id: "bench-1".into(),
-        status: "running".into(),
-        ..Default::default()
+        ..weft::internals::ThreadRow::new(bench_id.clone(), bench_id, weft::Status::Running)
     };
     let _ = ractor::call!(registry, |reply| {
         weft::internals::RegistryMsg::Register {

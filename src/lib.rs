@@ -55,17 +55,19 @@ mod store;
 mod thread;
 mod tools;
 
-pub use crate::core::ids::ThreadId;
-pub use crate::core::limits::{LimitSet, Limits};
-pub use crate::core::money::{Nanos, Price, Usage};
+pub use crate::core::ids::{IdError, ThreadId};
+pub use crate::core::limits::{LimitError, LimitSet, Limits};
+pub use crate::core::money::{MoneyError, Nanos, Price, Usage};
 pub use crate::core::status::Status;
 pub use crate::directive::{
     Declared, Directive, DirectiveError, InputSpec, Library, ModelSpec, OnChildError, OutputSpec,
+    OutputsError,
 };
 pub use crate::hooks::HookError;
 pub use crate::ledger::Account;
 pub use crate::project::config::{
-    BuiltinHooks, Config, ConfigError, Durability, FileLimits, McpServerConfig, ProviderConfig,
+    BuiltinHooks, Config, ConfigError, Durability, FileLimits, MaxTokensField, McpServerConfig,
+    NoPrice, ProviderConfig, ProviderKind,
 };
 pub use crate::project::Project;
 pub use crate::provider::{
@@ -75,13 +77,14 @@ pub use crate::provider::{
 pub use crate::record::render::{describe as describe_line, human_duration};
 pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
-    diagnose, Checkup, Fork, Health, OpenError, Problem, Recovered, Runtime, RuntimeBuilder,
-    SubtreeEvents, ThreadHandle, ThreadStatus,
+    diagnose, Checkup, ControlError, Fork, Health, OpenError, Problem, QueryError, Recovered,
+    Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::store::{
     apply_edits, check_event, export, import_deepagents, import_nova, Backfill, Collected, Deleted,
-    Effect, EffectKind, EnvValue, FileStore, Imported, MemoryStore, NewThread, Scope, SearchHit,
-    SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage, APPENDABLE,
+    Effect, EffectKind, EnvValue, FileStore, ImportError, Imported, MemoryStore, NewThread, Scope,
+    SearchHit, SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage,
+    APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;
@@ -102,13 +105,13 @@ pub mod internals {
     pub use crate::core::capability;
     pub use crate::core::failpoint::STEPS as FAILPOINTS;
     pub use crate::directive::parse as parse_directive;
-    pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg};
+    pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg, ReservationId};
     pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;
     pub use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
     pub use crate::record::thread_doc::ThreadDoc;
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
-    pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
+    pub use crate::registry::{Admission, RegistryMsg, Store, ThreadRow};
     pub use crate::server::http::serve as serve_http;
 
     /// The names of weft's built-in tools (no command tool may take one).

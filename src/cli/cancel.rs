@@ -85,7 +85,7 @@ pub(super) async fn cancel(
             out!("{} {} — {note}", row.id, row.status);
         }
     };
-    if crate::registry::is_terminal(&row.status) {
+    if row.status.is_terminal() {
         finish(&row, &format!("already {}; nothing to cancel", row.status));
         rt.shutdown();
         return Ok(0);
@@ -96,7 +96,7 @@ pub(super) async fn cancel(
         std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);
     loop {
         let row = store.get(id.as_str()).ok().flatten();
-        if let Some(r) = row.filter(|r| crate::registry::is_terminal(&r.status)) {
+        if let Some(r) = row.filter(|r| r.status.is_terminal()) {
             finish(&r, "cancelled with its subtree");
             rt.shutdown();
             return Ok(0);
@@ -122,7 +122,7 @@ pub(super) async fn decide(
     as_json: bool,
 ) -> Result<i32, Exit> {
     let (project, id, row) = thread_row(explicit, &id)?;
-    if crate::registry::is_terminal(&row.status) {
+    if row.status.is_terminal() {
         return Err(usage(format!(
             "thread {id} is {}; nothing waits",
             row.status
@@ -156,7 +156,7 @@ pub(super) async fn inject(
     as_json: bool,
 ) -> Result<i32, Exit> {
     let (project, id, row) = thread_row(explicit, &id)?;
-    if crate::registry::is_terminal(&row.status) {
+    if row.status.is_terminal() {
         return Err(usage(format!(
             "thread {id} is {}; a message can only reach a running thread (`weft resume {id} -m TEXT` continues it)",
             row.status

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 /// A store refusal is the user's to fix (exit 2); a storage failure is not (exit 1).
 fn store_exit(e: StoreError) -> Exit {
     match e {
-        StoreError::Storage(_) => super::failed(e),
+        StoreError::Storage(_) | StoreError::Registry(_) => super::failed(e),
         other => usage(other.to_string()),
     }
 }
@@ -185,7 +185,7 @@ pub(super) fn import(
     for f in files {
         match reader(&store, f) {
             Ok(i) => done.push(i),
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     if as_json {

@@ -1,7 +1,9 @@
 //! What `weft run` shows while a tree runs: event lines, or a live tree redrawn in place on a TTY.
 
 use super::threads::tree_lines;
+use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
+use crate::core::status::Status;
 use crate::registry::ThreadRow;
 use crate::thread::Event;
 use std::collections::BTreeMap;
@@ -33,7 +35,7 @@ pub(super) fn print_event(ev: &Event) {
 /// (the root) and a spend meter against the root's cap.
 #[derive(Default)]
 pub(super) struct LiveTree {
-    rows: BTreeMap<String, Live>,
+    rows: BTreeMap<ThreadId, Live>,
     drawn: usize,
     /// The thread whose streamed text is shown.
     pub(super) focus: Option<String>,
@@ -44,9 +46,11 @@ pub(super) struct LiveTree {
 }
 
 struct Live {
-    parent: Option<String>,
+    parent: Option<ThreadId>,
     directive: String,
-    status: String,
+    status: Status,
+    /// Waits on a person (drawn as `waiting`, without what for).
+    waiting: bool,
     turns: u64,
     own: Nanos,
     tree_spend: Option<Nanos>,
@@ -63,11 +67,12 @@ impl LiveTree {
                 directive,
             } => {
                 self.rows.insert(
-                    id.to_string(),
+                    id.clone(),
                     Live {
-                        parent: parent.as_ref().map(ToString::to_string),
+                        parent: parent.clone(),
                         directive: directive.clone(),
-                        status: "running".into(),
+                        status: Status::Running,
+                        waiting: false,
                         turns: 0,
                         own: Nanos::ZERO,
                         tree_spend: None,
@@ -99,15 +104,14 @@ impl LiveTree {
             Event::Status { .. } | Event::Line { .. } | Event::Token { .. } => {}
             Event::Waiting { id, waiting } => {
                 if let Some(r) = self.rows.get_mut(id.as_str()) {
-                    r.status = match waiting {
-                        Some(_) => "waiting".into(),
-                        None => "running".into(),
-                    };
+                    r.status = Status::Running;
+                    r.waiting = waiting.is_some();
                 }
             }
             Event::Finished(rep) => {
                 if let Some(r) = self.rows.get_mut(rep.thread_id.as_str()) {
-                    r.status = rep.status.as_str().into();
+                    r.status = rep.status;
+                    r.waiting = false;
                     r.turns = rep.turns;
                     r.own = rep.own_spend_nanos;
                     r.tree_spend = Some(rep.spend_nanos);
@@ -136,15 +140,15 @@ impl LiveTree {
             .rows
             .iter()
             .map(|(id, r)| ThreadRow {
-                id: id.clone(),
                 parent_id: r.parent.clone(),
                 directive: r.directive.clone(),
-                status: r.status.clone(),
+                // An empty marker: drawn as `waiting`, with no "waiting for" note.
+                waiting: r.waiting.then(String::new),
                 turns: r.turns,
                 spend_nanos: r.tree_spend.unwrap_or(r.own).0,
                 created_at: r.started.clone(),
                 updated_at: r.ended.clone().unwrap_or_else(crate::core::ids::now_ts),
-                ..Default::default()
+                ..ThreadRow::new(id.clone(), id.clone(), r.status)
             })
             .collect();
         let mut lines = tree_lines(&rows);

@@ -64,14 +64,11 @@ pub(super) async fn log(
     loop {
         let rows = members(&store, &id, tree)?;
         for r in &rows {
-            let Ok(tid) = ThreadId::parse(&r.id) else {
-                continue;
-            };
-            tails.entry(r.id.clone()).or_insert_with(|| Tail {
-                path: store.transcript_path(&tid),
+            tails.entry(r.id.to_string()).or_insert_with(|| Tail {
+                path: store.transcript_path(&r.id),
                 offset: 0,
                 tag: tag(&r.directive, &r.id),
-                id: r.id.clone(),
+                id: r.id.to_string(),
             });
         }
         let mut batch: Vec<(String, String, Value)> = Vec::new();
@@ -106,7 +103,7 @@ pub(super) async fn log(
         }
         let _ = out.flush();
         drop(out);
-        let ended = rows.iter().all(|r| crate::registry::is_terminal(&r.status));
+        let ended = rows.iter().all(|r| r.status.is_terminal());
         if !follow || (ended && batch.is_empty()) {
             return Ok(0);
         }

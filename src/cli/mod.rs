@@ -68,10 +68,10 @@ pub(super) fn failed(e: impl std::fmt::Display) -> Exit {
     }
 }
 
-pub(super) fn usage(message: impl Into<String>) -> Exit {
+pub(super) fn usage(message: impl std::fmt::Display) -> Exit {
     Exit {
         code: 2,
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 
@@ -206,12 +206,12 @@ pub(super) fn parse_pairs(pairs: &[String], what: &str) -> Result<Vec<(String, S
 }
 
 pub(super) fn spawn_exit(e: SpawnError) -> Exit {
-    match e {
-        SpawnError::Storage(m) => Exit {
+    match e.is_internal() {
+        true => Exit {
             code: 1,
-            message: m,
+            message: e.to_string(),
         },
-        other => usage(other.to_string()),
+        false => usage(e.to_string()),
     }
 }
 

@@ -48,9 +48,7 @@ pub(super) async fn serve(
         ..Default::default()
     };
     for r in rt.list(&mine).unwrap_or_default() {
-        if let Ok(id) = crate::core::ids::ThreadId::parse(&r.id) {
-            rt.cancel(&id, "weft serve stopped");
-        }
+        rt.cancel(&r.id, "weft serve stopped");
     }
     let deadline =
         std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);

@@ -29,7 +29,7 @@ pub(super) fn chain(explicit: Option<PathBuf>, id: String, as_json: bool) -> Res
 fn took(r: &ThreadRow) -> Option<String> {
     let at = |t: &str| humantime::parse_rfc3339(t).ok();
     let (from, to) = (at(&r.created_at)?, at(&r.updated_at)?);
-    let to = if crate::registry::is_terminal(&r.status) {
+    let to = if r.status.is_terminal() {
         to
     } else {
         std::time::SystemTime::now()
@@ -54,6 +54,7 @@ pub(super) fn row_text(r: &ThreadRow) -> String {
         took(r).map(|t| format!(", {t}")).unwrap_or_default(),
         r.waiting
             .as_deref()
+            .filter(|w| !w.is_empty())
             .map(|w| format!(" — waiting for {w}"))
             .or_else(|| r.status_text.as_deref().map(|t| format!(" — {t}")))
             .unwrap_or_default()

@@ -20,7 +20,10 @@ pub(super) fn gc(
             "--older-than {older_than:?}: {e} (e.g. 30d, 12h, 0s)"
         ))
     })?;
-    if let Some(s) = status.iter().find(|s| !crate::registry::is_terminal(s)) {
+    if let Some(s) = status
+        .iter()
+        .find(|s| !crate::core::status::Status::parse(s).is_some_and(|s| s.is_terminal()))
+    {
         return Err(usage(format!(
             "--status {s}: only finished trees are collected (completed, error, cancelled, continued)"
         )));

@@ -12,6 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[serde(try_from = "String", into = "String")]
 pub struct ThreadId(String);
 
+/// Text that is not a thread id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a thread id (expected letters, digits, '.', '_' and '-', e.g. research.fanout-1700000000000-1a2b3c4d0001)")]
+pub struct IdError {
+    /// The text given.
+    pub text: String,
+}
+
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl ThreadId {
@@ -40,7 +48,7 @@ impl ThreadId {
     }
 
     /// Validates an id that came from outside.
-    pub fn parse(text: &str) -> Result<ThreadId, String> {
+    pub fn parse(text: &str) -> Result<ThreadId, IdError> {
         let ok = !text.is_empty()
             && text.len() <= 160
             && !text.starts_with('.')
@@ -51,9 +59,7 @@ impl ThreadId {
         if ok {
             Ok(ThreadId(text.to_string()))
         } else {
-            Err(format!(
-                "`{text}` is not a thread id (expected letters, digits, '.', '_' and '-', e.g. research.fanout-1700000000000-1a2b3c4d0001)"
-            ))
+            Err(IdError { text: text.into() })
         }
     }
 
@@ -64,7 +70,7 @@ impl ThreadId {
 }
 
 impl TryFrom<String> for ThreadId {
-    type Error = String;
+    type Error = IdError;
     fn try_from(s: String) -> Result<Self, Self::Error> {
         ThreadId::parse(&s)
     }
@@ -73,6 +79,50 @@ impl TryFrom<String> for ThreadId {
 impl From<ThreadId> for String {
     fn from(id: ThreadId) -> String {
         id.0
+    }
+}
+
+impl std::ops::Deref for ThreadId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Hashes and orders as its text, so maps keyed by id can be searched with a `&str`.
+impl std::borrow::Borrow<str> for ThreadId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for ThreadId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ThreadId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for ThreadId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<ThreadId> for String {
+    fn eq(&self, other: &ThreadId) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialEq<ThreadId> for &str {
+    fn eq(&self, other: &ThreadId) -> bool {
+        *self == other.0
     }
 }
 

@@ -3,9 +3,33 @@
 //!
 //! Owns the arithmetic of inheritance only; it knows nothing of the ledger or of actors.
 
-use crate::core::money::Nanos;
+use crate::core::money::{MoneyError, Nanos};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// A limit that cannot be set.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    /// A count that is not a whole number.
+    #[error("limit `{name}`: `{text}` is not {what}")]
+    NotWhole {
+        /// The limit.
+        name: String,
+        /// The value given.
+        text: String,
+        /// What was expected, e.g. "a whole number of turns".
+        what: &'static str,
+    },
+    /// A spend that is not a USD amount.
+    #[error("limit `spend`: {0}")]
+    Spend(MoneyError),
+    /// A duration that cannot be read.
+    #[error("limit `duration`: `{0}` is not a duration (e.g. 90s, 2m, 1h 30m)")]
+    Duration(String),
+    /// No limit has this name.
+    #[error("unknown limit `{0}` (known: {known})", known = LIMIT_NAMES.join(", "))]
+    Unknown(String),
+}
 
 /// A partial set of limits as written in config, a directive or an override. `None` = not set here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,15 +117,17 @@ impl LimitSet {
 
     /// Sets one limit from text (`--limit k=v`, YAML scalar). Errors name the limit and the
     /// expected form; unknown names are refused.
-    pub fn set(&mut self, name: &str, value: &serde_json::Value) -> Result<(), String> {
+    pub fn set(&mut self, name: &str, value: &serde_json::Value) -> Result<(), LimitError> {
         let text = match value {
             serde_json::Value::String(s) => s.trim().to_string(),
             other => other.to_string(),
         };
-        let int = |what: &str| -> Result<u64, String> {
-            text.parse::<u64>()
-                .map_err(|_| format!("limit `{name}`: `{text}` is not {what}"))
+        let not_whole = |what: &'static str| LimitError::NotWhole {
+            name: name.into(),
+            text: text.clone(),
+            what,
         };
+        let int = |what: &'static str| text.parse::<u64>().map_err(|_| not_whole(what));
         match name {
             "turns" => self.turns = Some(int("a whole number of turns")?),
             "tokens" => self.tokens = Some(int("a whole number of tokens")?),
@@ -110,34 +136,26 @@ impl LimitSet {
             "depth" => {
                 self.depth = Some(
                     text.parse::<i64>()
-                        .map_err(|_| format!("limit `depth`: `{text}` is not a whole number"))?,
+                        .map_err(|_| not_whole("a whole number"))?,
                 )
             }
-            "spend" => {
-                self.spend =
-                    Some(Nanos::from_json_usd(value).map_err(|e| format!("limit `spend`: {e}"))?)
-            }
+            "spend" => self.spend = Some(Nanos::from_json_usd(value).map_err(LimitError::Spend)?),
             "duration" => {
                 let d = match value {
                     serde_json::Value::Number(n) => n.as_u64().map(Duration::from_secs),
                     _ => humantime::parse_duration(&text).ok(),
                 };
-                self.duration = Some(d.ok_or_else(|| {
-                    format!("limit `duration`: `{text}` is not a duration (e.g. 90s, 2m, 1h 30m)")
-                })?)
+                self.duration = Some(d.ok_or_else(|| LimitError::Duration(text.clone()))?)
             }
-            other => {
-                return Err(format!(
-                    "unknown limit `{other}` (known: {})",
-                    LIMIT_NAMES.join(", ")
-                ))
-            }
+            other => return Err(LimitError::Unknown(other.into())),
         }
         Ok(())
     }
 
     /// Builds a set from a JSON/YAML map, refusing unknown names.
-    pub fn from_map(map: &serde_json::Map<String, serde_json::Value>) -> Result<LimitSet, String> {
+    pub fn from_map(
+        map: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<LimitSet, LimitError> {
         let mut set = LimitSet::default();
         for (k, v) in map {
             set.set(k, v)?;
@@ -291,10 +309,12 @@ mod tests {
         assert!(s
             .set("turnz", &"3".into())
             .unwrap_err()
+            .to_string()
             .contains("unknown limit `turnz`"));
         assert!(s
             .set("duration", &"soon".into())
             .unwrap_err()
+            .to_string()
             .contains("duration"));
         assert!(s.set("spend", &"lots".into()).is_err());
         s.set("duration", &"1h 30m".into()).unwrap();

@@ -14,6 +14,26 @@ use std::fmt;
 #[serde(transparent)]
 pub struct Nanos(pub i64);
 
+/// A USD amount that cannot be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MoneyError {
+    /// Text that is not a USD amount.
+    #[error("`{0}` is not a USD amount (expected e.g. 0.25 or \"$1.50\")")]
+    NotUsd(String),
+    /// Finer than the ledger counts.
+    #[error("`{0}` has more than 9 decimals (the ledger counts nano-USD)")]
+    TooPrecise(String),
+    /// A number that is negative, not finite or too large.
+    #[error("{0} is not a USD amount between 0 and 9e9")]
+    OutOfRange(f64),
+    /// A whole number of USD too large to count in nano-USD.
+    #[error("{0} USD is too large")]
+    TooLarge(u64),
+    /// A JSON value that is neither a number nor a string (its JSON text).
+    #[error("{0} is not a USD amount")]
+    NotAmount(String),
+}
+
 /// Nano-USD in one USD.
 pub(crate) const NANOS_PER_USD: i64 = 1_000_000_000;
 
@@ -22,9 +42,9 @@ impl Nanos {
     pub const ZERO: Nanos = Nanos(0);
 
     /// Parses a USD amount such as `0.25`, `"$1.50"` or `"2"` exactly (up to 9 decimals).
-    pub fn parse_usd(text: &str) -> Result<Nanos, String> {
+    pub fn parse_usd(text: &str) -> Result<Nanos, MoneyError> {
         let t = text.trim().trim_start_matches('$').trim();
-        let bad = || format!("`{text}` is not a USD amount (expected e.g. 0.25 or \"$1.50\")");
+        let bad = || MoneyError::NotUsd(text.into());
         if t.is_empty() || t.starts_with('-') {
             return Err(bad());
         }
@@ -33,9 +53,7 @@ impl Nanos {
             return Err(bad());
         }
         if frac.len() > 9 {
-            return Err(format!(
-                "`{text}` has more than 9 decimals (the ledger counts nano-USD)"
-            ));
+            return Err(MoneyError::TooPrecise(text.into()));
         }
         let whole: i64 = if whole.is_empty() {
             0
@@ -54,16 +72,16 @@ impl Nanos {
     }
 
     /// Converts a YAML/JSON number of USD, rounding to the nearest nano-USD.
-    pub fn from_usd_f64(usd: f64) -> Result<Nanos, String> {
+    pub fn from_usd_f64(usd: f64) -> Result<Nanos, MoneyError> {
         if !usd.is_finite() || !(0.0..=9.0e9).contains(&usd) {
-            return Err(format!("{usd} is not a USD amount between 0 and 9e9"));
+            return Err(MoneyError::OutOfRange(usd));
         }
         // Go through the shortest decimal text so 0.1 becomes exactly 100_000_000.
         Nanos::parse_usd(&format!("{usd}")).or_else(|_| Ok(Nanos((usd * 1e9).round() as i64)))
     }
 
     /// Parses a serde_json value that is a number or a string of USD.
-    pub fn from_json_usd(v: &serde_json::Value) -> Result<Nanos, String> {
+    pub fn from_json_usd(v: &serde_json::Value) -> Result<Nanos, MoneyError> {
         match v {
             serde_json::Value::String(s) => Nanos::parse_usd(s),
             serde_json::Value::Number(n) => match (n.as_u64(), n.as_f64()) {
@@ -71,11 +89,11 @@ impl Nanos {
                     .ok()
                     .and_then(|u| u.checked_mul(NANOS_PER_USD))
                     .map(Nanos)
-                    .ok_or_else(|| format!("{u} USD is too large")),
+                    .ok_or(MoneyError::TooLarge(u)),
                 (None, Some(f)) => Nanos::from_usd_f64(f),
-                _ => Err(format!("{n} is not a USD amount")),
+                _ => Err(MoneyError::NotAmount(n.to_string())),
             },
-            other => Err(format!("{other} is not a USD amount")),
+            other => Err(MoneyError::NotAmount(other.to_string())),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The ledger actor: owns the runtime's one [`Book`] and `ledger.db`, with group commit.
 
-use super::{Account, Book, Grant, LedgerError, Reservation};
+use super::{Account, Book, Grant, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Price};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -49,7 +49,7 @@ pub enum LedgerMsg {
     /// Settle a reservation with the actual cost.
     Settle {
         /// Reservation id.
-        reservation: u64,
+        reservation: ReservationId,
         /// Actual cost.
         actual: Nanos,
         /// Reply once persisted (None: fire and forget; later messages of the same sender are
@@ -114,7 +114,7 @@ enum Undo {
     /// An account opened: close it and forget it.
     Open(ThreadId),
     /// A reservation granted: release it unspent.
-    Reserve(u64),
+    Reserve(ReservationId),
 }
 
 /// State of the ledger actor.
@@ -125,7 +125,7 @@ pub(crate) struct LedgerState {
     fsyncs: bool,
     dirty: std::collections::HashSet<ThreadId>,
     added: Vec<Reservation>,
-    removed: Vec<(ThreadId, u64)>,
+    removed: Vec<(ThreadId, ReservationId)>,
     /// Final rows of closed accounts the book has dropped (see [`Book::prune`]).
     dropped: Vec<Account>,
     undo: Vec<Undo>,
@@ -209,14 +209,14 @@ impl LedgerState {
                 .map_err(st)?;
             for r in &self.added {
                 let body = serde_json::to_string(r).unwrap_or_default();
-                ins.execute(params![r.id as i64, r.chain[0].as_str(), body])
+                ins.execute(params![r.id.0 as i64, r.chain[0].as_str(), body])
                     .map_err(st)?;
             }
             let mut del = tx
                 .prepare_cached("DELETE FROM reservations WHERE thread=?1 AND id=?2")
                 .map_err(st)?;
             for (t, id) in &self.removed {
-                del.execute(params![t.as_str(), *id as i64]).map_err(st)?;
+                del.execute(params![t.as_str(), id.0 as i64]).map_err(st)?;
             }
         }
         Ok(())
@@ -411,7 +411,7 @@ impl Actor for LedgerActor {
                 }
             }
             LedgerMsg::Close { id, reply } => {
-                let open: Vec<(ThreadId, u64)> = s
+                let open: Vec<(ThreadId, ReservationId)> = s
                     .book
                     .open_of(&id)
                     .into_iter()

@@ -1,7 +1,7 @@
 //! [`Book`]: the pure bookkeeping of every account and reservation. No I/O, no actors:
 //! property-tested on its own.
 
-use super::{Account, Grant, LedgerError, Reservation};
+use super::{Account, Grant, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Price};
 use std::collections::HashMap;
@@ -10,13 +10,14 @@ use std::collections::HashMap;
 #[derive(Debug, Default)]
 pub struct Book {
     pub(super) accounts: HashMap<ThreadId, Account>,
-    pub(super) reservations: HashMap<u64, Reservation>,
+    pub(super) reservations: HashMap<ReservationId, Reservation>,
     /// Open reservation ids by reserving thread (so closing is not a scan of every reservation).
-    pub(super) by_thread: HashMap<ThreadId, Vec<u64>>,
+    pub(super) by_thread: HashMap<ThreadId, Vec<ReservationId>>,
     /// How many accounts in the book name each account as their parent (see [`Book::prune`]).
     pub(super) children: HashMap<ThreadId, u32>,
     /// Closed accounts opened again for a continuation below them (see [`Book::reopen`]).
     pub(super) reopened: std::collections::HashSet<ThreadId>,
+    /// The last reservation id handed out.
     pub(super) next_id: u64,
 }
 
@@ -32,7 +33,7 @@ impl Book {
     }
 
     /// Open reservation ids of one thread's own calls.
-    pub fn open_of(&self, id: &ThreadId) -> Vec<u64> {
+    pub fn open_of(&self, id: &ThreadId) -> Vec<ReservationId> {
         self.by_thread.get(id).cloned().unwrap_or_default()
     }
 
@@ -215,7 +216,7 @@ impl Book {
         }
         self.next_id += 1;
         let r = Reservation {
-            id: self.next_id,
+            id: ReservationId(self.next_id),
             chain,
             amount,
             edges,
@@ -223,7 +224,7 @@ impl Book {
         self.by_thread.entry(id.clone()).or_default().push(r.id);
         self.reservations.insert(r.id, r);
         Ok(Grant {
-            reservation: self.next_id,
+            reservation: ReservationId(self.next_id),
             max_output_tokens: out,
             amount,
         })
@@ -231,7 +232,7 @@ impl Book {
 
     /// Settles a reservation with the actual cost (exactly once; a second settle is a no-op).
     /// Returns false when the reservation was unknown (already settled or released).
-    pub fn settle(&mut self, reservation: u64, actual: Nanos) -> bool {
+    pub fn settle(&mut self, reservation: ReservationId, actual: Nanos) -> bool {
         let Some(r) = self.reservations.remove(&reservation) else {
             return false;
         };

@@ -139,7 +139,7 @@ impl Book {
             let body = body.map_err(st)?;
             match serde_json::from_str::<Reservation>(&body) {
                 Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
-                    book.next_id = book.next_id.max(r.id);
+                    book.next_id = book.next_id.max(r.id.0);
                     book.by_thread
                         .entry(r.chain[0].clone())
                         .or_default()

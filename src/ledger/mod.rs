@@ -94,11 +94,32 @@ impl Account {
     }
 }
 
+/// A call reservation's ledger-wide id. Only the ledger makes one; transcripts record it as a
+/// plain number (`"reservation": 12`), which is how recovery reads it back.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct ReservationId(u64);
+
+impl ReservationId {
+    /// The number as recorded.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for ReservationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// An open reservation.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Reservation {
     /// Ledger-wide id.
-    pub id: u64,
+    pub id: ReservationId,
     /// The reserving thread, then its ancestors.
     pub chain: Vec<ThreadId>,
     /// The amount reserved.
@@ -111,7 +132,7 @@ pub(crate) struct Reservation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     /// Reservation id to settle.
-    pub reservation: u64,
+    pub reservation: ReservationId,
     /// Output tokens the call may generate (possibly lowered to fit).
     pub max_output_tokens: u64,
     /// Nanos reserved.

@@ -24,8 +24,20 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// A model without a price (config's or the built-in table's): it cannot run under a spend limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "model `{model}` has no price (weft's built-in table, as of {as_of}, does not know it); add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml",
+    as_of = super::models::PRICES_AS_OF
+)]
+pub struct NoPrice {
+    /// The model id.
+    pub model: String,
+}
+
 /// How often transcripts and thread.json are fsynced (SPEC §11 durability policy).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// fsync at terminal transitions and checkpoints; every write reaches the OS at once.
     #[default]
@@ -34,12 +46,46 @@ pub enum Durability {
     Strict,
 }
 
+/// Which backend a provider entry drives (config `providers.<name>.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Replays a script file (the default of a [`ProviderConfig`] built in code).
+    #[default]
+    Scripted,
+    /// An OpenAI-compatible chat-completions server.
+    Openai,
+    /// Anthropic's messages API.
+    Anthropic,
+}
+
+/// The request field that caps an OpenAI-compatible call's output
+/// (config `providers.<name>.max_tokens_field`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// `max_tokens`: what llama.cpp, vLLM, Ollama and older OpenAI models read.
+    MaxTokens,
+    /// `max_completion_tokens`: what OpenAI's reasoning models want.
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    /// The field's name in the request body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
+}
+
 /// One configured LLM backend.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// `scripted`, `openai` or `anthropic`.
-    pub kind: String,
+    pub kind: ProviderKind,
     /// Base URL for HTTP providers.
     #[serde(default)]
     pub base_url: Option<String>,
@@ -62,7 +108,7 @@ pub struct ProviderConfig {
     /// `max_completion_tokens` (default: the latter for OpenAI's reasoning models `o1`, `o3`,
     /// `o4-*`, `gpt-5*`, the former for everything else).
     #[serde(default)]
-    pub max_tokens_field: Option<String>,
+    pub max_tokens_field: Option<MaxTokensField>,
 }
 
 impl ProviderConfig {
@@ -127,7 +173,7 @@ struct RawConfig {
     #[serde(default)]
     pricing: BTreeMap<String, RawPrice>,
     #[serde(default)]
-    durability: Option<String>,
+    durability: Option<Durability>,
     #[serde(default)]
     retries: Option<u32>,
     #[serde(default)]
@@ -253,7 +299,7 @@ impl Default for Config {
         providers.insert(
             "scripted".to_string(),
             ProviderConfig {
-                kind: "scripted".into(),
+                kind: ProviderKind::Scripted,
                 ..Default::default()
             },
         );
@@ -340,22 +386,6 @@ impl Config {
             }
         }
         for (name, p) in raw.providers {
-            if let Some(f) = p
-                .max_tokens_field
-                .as_deref()
-                .filter(|f| !matches!(*f, "max_tokens" | "max_completion_tokens"))
-            {
-                return Err(err(
-                    find_line(text, "max_tokens_field"),
-                    format!("providers.{name}.max_tokens_field: `{f}` (expected max_tokens or max_completion_tokens)"),
-                ));
-            }
-            if !matches!(p.kind.as_str(), "scripted" | "openai" | "anthropic") {
-                return Err(err(
-                    find_line(text, &name),
-                    format!("providers.{name}.kind: `{}` is not a provider kind (expected scripted, openai or anthropic)", p.kind),
-                ));
-            }
             let merged = match self.providers.remove(&name) {
                 Some(old) if old.kind == p.kind => p.over(old),
                 _ => p,
@@ -385,16 +415,7 @@ impl Config {
             self.pricing.insert(model, price);
         }
         if let Some(d) = raw.durability {
-            self.durability = match d.as_str() {
-                "normal" => Durability::Normal,
-                "strict" => Durability::Strict,
-                other => {
-                    return Err(err(
-                        find_line(text, "durability"),
-                        format!("durability: `{other}` (expected normal or strict)"),
-                    ))
-                }
-            };
+            self.durability = d;
         }
         if let Some(r) = raw.retries {
             self.retries = r;
@@ -462,14 +483,15 @@ impl Config {
 
     /// The price of `model` (config's, else the built-in table's), or an error that says how to
     /// add one.
-    pub fn price(&self, model: &str) -> Result<Price, String> {
+    pub fn price(&self, model: &str) -> Result<Price, NoPrice> {
         let known = || super::models::known(model).map(|k| k.price());
-        self.pricing.get(model).copied().or_else(known).ok_or_else(|| {
-            format!(
-                "model `{model}` has no price (weft's built-in table, as of {}, does not know it); add `pricing: {{ {model}: {{ input: <USD/M>, output: <USD/M> }} }}` to .weft/config.yaml",
-                super::models::PRICES_AS_OF
-            )
-        })
+        self.pricing
+            .get(model)
+            .copied()
+            .or_else(known)
+            .ok_or_else(|| NoPrice {
+                model: model.into(),
+            })
     }
 }
 
@@ -507,7 +529,11 @@ mod tests {
             .overlay_text(Path::new("c.yaml"), "bogus: 1\n")
             .unwrap_err();
         assert!(e.to_string().contains("c.yaml:1"), "{e}");
-        assert!(c.price("gpt-x").unwrap_err().contains("pricing"));
+        assert!(c
+            .price("gpt-x")
+            .unwrap_err()
+            .to_string()
+            .contains("pricing"));
     }
 
     #[test]
@@ -517,7 +543,7 @@ mod tests {
             c.providers["openai"].api_key_env.as_deref(),
             Some("OPENAI_API_KEY")
         );
-        assert_eq!(c.providers["anthropic"].kind, "anthropic");
+        assert_eq!(c.providers["anthropic"].kind, ProviderKind::Anthropic);
         assert_eq!(c.price("gpt-4o-mini").unwrap().input, 150_000_000);
         assert_eq!(
             c.price("claude-haiku-4-5-20251001").unwrap().output,
@@ -539,6 +565,42 @@ mod tests {
             c.providers["openai"].api_key_env.as_deref(),
             Some("OPENAI_API_KEY"),
             "a later file overlays a provider key by key"
+        );
+    }
+
+    #[test]
+    fn a_bad_kind_names_its_line_and_the_allowed_values() {
+        let cases = [
+            (
+                "providers:\n  local:\n    kind: bogus\n",
+                "c.yaml:3:",
+                "scripted, openai, anthropic",
+            ),
+            ("durability: fast\n", "c.yaml:1:", "normal, strict"),
+            (
+                "providers:\n  local: { kind: openai, max_tokens_field: x }\n",
+                "c.yaml:2:",
+                "max_tokens, max_completion_tokens",
+            ),
+        ];
+        for (text, at, allowed) in cases {
+            let e = Config::default()
+                .overlay_text(Path::new("c.yaml"), text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(at) && e.contains(allowed), "{e}");
+        }
+        let mut c = Config::default();
+        c.overlay_text(
+            Path::new("c.yaml"),
+            "durability: strict\nproviders:\n  local: { kind: openai, max_tokens_field: max_tokens }\n",
+        )
+        .unwrap();
+        assert_eq!(c.durability, Durability::Strict);
+        assert_eq!(c.providers["local"].kind, ProviderKind::Openai);
+        assert_eq!(
+            c.providers["local"].max_tokens_field,
+            Some(MaxTokensField::MaxTokens)
         );
     }
 }

@@ -3,7 +3,7 @@
 //! (`pricing.<model>`, `context_window.<model>`); a model missing here needs a price in config
 //! before it can run under a spend limit.
 
-use super::config::ProviderConfig;
+use super::config::{ProviderConfig, ProviderKind};
 use crate::core::money::Price;
 use std::collections::BTreeMap;
 
@@ -131,7 +131,7 @@ pub(crate) fn builtin_providers() -> BTreeMap<String, ProviderConfig> {
         (
             "openai".to_string(),
             ProviderConfig {
-                kind: "openai".into(),
+                kind: ProviderKind::Openai,
                 api_key_env: Some("OPENAI_API_KEY".into()),
                 tiers: tiers("gpt-5-mini", "gpt-5"),
                 ..Default::default()
@@ -140,7 +140,7 @@ pub(crate) fn builtin_providers() -> BTreeMap<String, ProviderConfig> {
         (
             "anthropic".to_string(),
             ProviderConfig {
-                kind: "anthropic".into(),
+                kind: ProviderKind::Anthropic,
                 api_key_env: Some("ANTHROPIC_API_KEY".into()),
                 tiers: tiers("claude-haiku-4-5", "claude-sonnet-4-5"),
                 ..Default::default()
@@ -151,8 +151,8 @@ pub(crate) fn builtin_providers() -> BTreeMap<String, ProviderConfig> {
 
 /// The environment variable that overrides the base URL of a provider kind when its config
 /// names none (as the official SDKs read it), and the vendor's URL otherwise.
-pub(crate) fn default_base_url(kind: &str) -> (&'static str, &'static str) {
-    if kind == "anthropic" {
+pub(crate) fn default_base_url(kind: ProviderKind) -> (&'static str, &'static str) {
+    if kind == ProviderKind::Anthropic {
         ("ANTHROPIC_BASE_URL", "https://api.anthropic.com")
     } else {
         ("OPENAI_BASE_URL", "https://api.openai.com/v1")

@@ -12,6 +12,7 @@ use super::{
     ToolCall,
 };
 use crate::core::money::Usage;
+use crate::project::config::MaxTokensField;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,7 @@ pub(crate) struct OpenAi {
     settings: HttpSettings,
     client: reqwest::Client,
     /// Config's choice of output-cap field, if any (else by model, [`max_tokens_field`]).
-    max_tokens_field: Option<String>,
+    max_tokens_field: Option<MaxTokensField>,
 }
 
 impl OpenAi {
@@ -30,7 +31,7 @@ impl OpenAi {
     pub(crate) fn new(
         name: &str,
         settings: HttpSettings,
-        max_tokens_field: Option<String>,
+        max_tokens_field: Option<MaxTokensField>,
     ) -> Result<OpenAi, String> {
         let client = http::client(&settings)?;
         Ok(OpenAi {
@@ -306,8 +307,7 @@ impl Provider for OpenAi {
             &body(
                 &req,
                 self.max_tokens_field
-                    .as_deref()
-                    .unwrap_or_else(|| max_tokens_field(&req.model)),
+                    .map_or_else(|| max_tokens_field(&req.model), MaxTokensField::as_str),
             ),
             req.on_text.clone(),
             cancel,

@@ -2,6 +2,7 @@
 //! `--script`, `--model`, and a directive's `model` (id or tier).
 
 use super::{anthropic, http, openai, scripted, Provider};
+use crate::project::config::ProviderKind;
 
 /// Every provider a runtime can use, by config name, and the rules that pick one for a thread.
 pub(crate) struct Providers {
@@ -130,7 +131,7 @@ impl Providers {
             .cloned()
             .ok_or_else(|| format!("directive `{}` asks for provider `{name}`, which is not configured (configured: {})", d.name, self.names().join(", ")))?;
         let pc = config.providers.get(&name);
-        if pc.is_some_and(|p| p.kind == "scripted") || prov.name() == "scripted" {
+        if pc.is_some_and(|p| p.kind == ProviderKind::Scripted) || prov.name() == "scripted" {
             return Ok((prov, name, "scripted".into()));
         }
         let tiers = pc.map(|p| &p.tiers);
@@ -155,8 +156,8 @@ fn build_one(
     name: &str,
     pc: &crate::project::config::ProviderConfig,
 ) -> Result<std::sync::Arc<dyn Provider>, String> {
-    match pc.kind.as_str() {
-        "scripted" => {
+    match pc.kind {
+        ProviderKind::Scripted => {
             let file = pc.script.as_ref().ok_or_else(|| format!("it is scripted but has no script: pass --script FILE or set providers.{name}.script"))?;
             Ok(std::sync::Arc::new(scripted::Scripted::load(
                 &root.join(file),
@@ -188,7 +189,7 @@ fn build_one(
                     .read_timeout
                     .unwrap_or(std::time::Duration::from_secs(120)),
             };
-            if kind == "anthropic" {
+            if kind == ProviderKind::Anthropic {
                 Ok(std::sync::Arc::new(anthropic::Anthropic::new(
                     name, settings,
                 )?))
@@ -196,7 +197,7 @@ fn build_one(
                 Ok(std::sync::Arc::new(openai::OpenAi::new(
                     name,
                     settings,
-                    pc.max_tokens_field.clone(),
+                    pc.max_tokens_field,
                 )?))
             }
         }

@@ -6,6 +6,7 @@
 //! both take the last slot. The registry is an index: the signed thread.json stays the truth.
 
 use crate::core::ids::ThreadId;
+use crate::core::status::Status;
 use serde::{Deserialize, Serialize};
 
 mod actor;
@@ -53,6 +54,19 @@ pub enum RegistryError {
     /// registry.db failed.
     #[error("registry storage: {0}")]
     Storage(String),
+    /// A row of registry.db holds a value weft never writes there (an invalid thread id or an
+    /// unknown status): the file was changed by something else.
+    #[error(
+        "registry.db: thread row `{row}` has an invalid {column} `{value}` (run `weft doctor`)"
+    )]
+    Corrupt {
+        /// The row's id as stored.
+        row: String,
+        /// The column that cannot be read.
+        column: &'static str,
+        /// The value found there.
+        value: String,
+    },
 }
 
 fn st(e: rusqlite::Error) -> RegistryError {
@@ -60,18 +74,18 @@ fn st(e: rusqlite::Error) -> RegistryError {
 }
 
 /// One registry row.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadRow {
     /// Thread id.
-    pub id: String,
+    pub id: ThreadId,
     /// Directive name.
     pub directive: String,
     /// Parent thread id.
-    pub parent_id: Option<String>,
+    pub parent_id: Option<ThreadId>,
     /// Root thread id.
-    pub root_id: String,
+    pub root_id: ThreadId,
     /// created, running, completed, error, cancelled, continued.
-    pub status: String,
+    pub status: Status,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -99,9 +113,9 @@ pub struct ThreadRow {
     /// Process that runs the thread.
     pub owner_pid: u32,
     /// Thread this one continues.
-    pub continuation_of: Option<String>,
+    pub continuation_of: Option<ThreadId>,
     /// First thread of the chain.
-    pub chain_root: Option<String>,
+    pub chain_root: Option<ThreadId>,
     /// What a running thread waits for, if it waits on a person (e.g. the approval of a call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
@@ -110,10 +124,43 @@ pub struct ThreadRow {
     pub status_text: Option<String>,
     /// The thread this one was forked from (`weft fork`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forked_from: Option<String>,
+    pub forked_from: Option<ThreadId>,
     /// Metadata a user or an importer set (a JSON object: title, source, tags…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<serde_json::Value>,
+}
+
+impl ThreadRow {
+    /// A row of thread `id` in tree `root_id` at `status`, every other field empty or zero
+    /// (fill them with struct update syntax).
+    pub fn new(id: ThreadId, root_id: ThreadId, status: Status) -> ThreadRow {
+        ThreadRow {
+            id,
+            directive: String::new(),
+            parent_id: None,
+            root_id,
+            status,
+            created_at: String::new(),
+            updated_at: String::new(),
+            model: String::new(),
+            turns: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            own_spend_nanos: 0,
+            spend_nanos: 0,
+            spawn_count: 0,
+            result: None,
+            outputs: None,
+            error: None,
+            owner_pid: 0,
+            continuation_of: None,
+            chain_root: None,
+            waiting: None,
+            status_text: None,
+            forked_from: None,
+            meta: None,
+        }
+    }
 }
 
 /// Which rows [`Store::query`] returns (every field optional; all given must hold).
@@ -131,11 +178,6 @@ pub struct ThreadFilter {
     pub updated_since: Option<String>,
     /// At most this many (default 1,000).
     pub limit: Option<usize>,
-}
-
-/// Is `status` terminal?
-pub fn is_terminal(status: &str) -> bool {
-    matches!(status, "completed" | "error" | "cancelled" | "continued")
 }
 
 /// Spawn admission asked of the registry.

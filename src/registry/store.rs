@@ -2,6 +2,7 @@
 
 use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
+use crate::core::status::Status;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
@@ -152,13 +153,13 @@ impl Store {
             // Checked and inserted in one transaction (IMMEDIATE across processes): of two
             // concurrent resumes of one thread, or of two threads of one tree, one wins.
             let refuse = |why: String| RegistryError::Continued {
-                old: ThreadId::parse(old).unwrap_or_else(|_| ThreadId::generate("unknown")),
+                old: old.clone(),
                 why,
             };
             let by: Option<String> = tx
                 .prepare_cached("SELECT id FROM threads WHERE continuation_of=?1 LIMIT 1")
                 .map_err(st)?
-                .query_row([old], |r| r.get(0))
+                .query_row([old.as_str()], |r| r.get(0))
                 .optional()
                 .map_err(st)?;
             if let Some(by) = by {
@@ -172,7 +173,7 @@ impl Store {
                 let live: Option<String> = tx
                     .prepare_cached("SELECT id FROM threads WHERE root=?1 AND id<>?2 AND status IN ('created','running') LIMIT 1")
                     .map_err(st)?
-                    .query_row([&row.root_id, &row.id], |r| r.get(0))
+                    .query_row([row.root_id.as_str(), row.id.as_str()], |r| r.get(0))
                     .optional()
                     .map_err(st)?;
                 if let Some(live) = live {
@@ -187,11 +188,12 @@ impl Store {
             .map_err(st)?
             .execute(
             params![
-                row.id, row.directive, row.parent_id, row.root_id, row.status, row.created_at, row.updated_at,
-                row.model, row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
-                row.spawn_count, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
-                row.continuation_of, row.chain_root, row.waiting, row.status_text, row.forked_from,
-                row.meta.as_ref().map(|m| m.to_string())
+                row.id.as_str(), row.directive, row.parent_id.as_deref(), row.root_id.as_str(), row.status.as_str(),
+                row.created_at, row.updated_at, row.model, row.turns, row.input_tokens, row.output_tokens,
+                row.own_spend_nanos, row.spend_nanos, row.spawn_count, row.result,
+                row.outputs.as_ref().map(|o| o.to_string()), row.error, row.owner_pid,
+                row.continuation_of.as_deref(), row.chain_root.as_deref(), row.waiting, row.status_text,
+                row.forked_from.as_deref(), row.meta.as_ref().map(|m| m.to_string())
             ],
         )
         .map_err(st)?;
@@ -209,7 +211,7 @@ impl Store {
             )
             .map_err(st)?
             .execute(params![
-                row.id, row.status, row.updated_at, row.turns, row.input_tokens, row.output_tokens,
+                row.id.as_str(), row.status.as_str(), row.updated_at, row.turns, row.input_tokens, row.output_tokens,
                 row.own_spend_nanos, row.spend_nanos, row.result, row.outputs.as_ref().map(|o| o.to_string()), row.error,
                 row.waiting, row.status_text
             ])
@@ -224,7 +226,8 @@ impl Store {
             .map_err(st)?
             .query_row([id], row_of)
             .optional()
-            .map_err(st)
+            .map_err(st)?
+            .transpose()
     }
 
     /// Rows, newest first; `active` keeps created/running only.
@@ -241,7 +244,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([limit as i64], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// Every row of a tree (by root id), oldest first.
@@ -253,7 +256,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// Rows matching `f`, newest first.
@@ -297,7 +300,7 @@ impl Store {
         let rows = stmt
             .query_map(rusqlite::params_from_iter(args.iter()), row_of)
             .map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// `id`'s subtree, itself included, parents before children.
@@ -334,7 +337,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([id], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// Rows still `created` or `running` (any owner).
@@ -346,7 +349,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// Claims an unfinished row for repair: moves it from the dead owner `from` to `to` in its
@@ -371,8 +374,8 @@ impl Store {
                 "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6, waiting=NULL
                  WHERE id=?1 AND status IN ('created','running')",
                 params![
-                    row.id,
-                    row.status,
+                    row.id.as_str(),
+                    row.status.as_str(),
                     row.updated_at,
                     row.spend_nanos,
                     row.own_spend_nanos,
@@ -411,6 +414,7 @@ impl Store {
             return Ok(vec![]);
         };
         let root = row.chain_root.unwrap_or(row.id);
+        let root = root.as_str();
         let mut stmt = self
             .db
             .prepare(&format!(
@@ -418,7 +422,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(st)
+        rows.map(|r| r.map_err(st)?).collect()
     }
 
     /// Removes the rows of `ids` (finished threads only; see `ThreadStore::delete`). Returns
@@ -474,39 +478,57 @@ impl Store {
     }
 }
 
-fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
-    let outputs: Option<String> = r.get(15)?;
-    let meta: Option<String> = r.get(23)?;
+/// One row for `query_map`: a storage failure or a value weft cannot read is a
+/// [`RegistryError`] inside, so the caller's `collect` reports it (never a panic).
+fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<ThreadRow, RegistryError>> {
+    Ok(read_row(r))
+}
+
+fn read_row(r: &rusqlite::Row<'_>) -> Result<ThreadRow, RegistryError> {
+    let row_id: String = r.get(0).map_err(st)?;
+    let corrupt = |column: &'static str, value: String| RegistryError::Corrupt {
+        row: row_id.clone(),
+        column,
+        value,
+    };
+    let id = |column, value: String| ThreadId::parse(&value).map_err(|_| corrupt(column, value));
+    let some_id = |column, at: usize| -> Result<Option<ThreadId>, RegistryError> {
+        let value: Option<String> = r.get(at).map_err(st)?;
+        value.map(|v| id(column, v)).transpose()
+    };
+    let status: String = r.get(4).map_err(st)?;
+    let outputs: Option<String> = r.get(15).map_err(st)?;
+    let meta: Option<String> = r.get(23).map_err(st)?;
     Ok(ThreadRow {
-        id: r.get(0)?,
-        directive: r.get(1)?,
-        parent_id: r.get(2)?,
-        root_id: r.get(3)?,
-        status: r.get(4)?,
-        created_at: r.get(5)?,
-        updated_at: r.get(6)?,
-        model: r.get(7)?,
-        turns: r.get(8)?,
-        input_tokens: r.get(9)?,
-        output_tokens: r.get(10)?,
-        own_spend_nanos: r.get(11)?,
-        spend_nanos: r.get(12)?,
-        spawn_count: r.get(13)?,
-        result: r.get(14)?,
+        id: id("id", row_id.clone())?,
+        directive: r.get(1).map_err(st)?,
+        parent_id: some_id("parent", 2)?,
+        root_id: id("root", r.get(3).map_err(st)?)?,
+        status: Status::parse(&status).ok_or_else(|| corrupt("status", status.clone()))?,
+        created_at: r.get(5).map_err(st)?,
+        updated_at: r.get(6).map_err(st)?,
+        model: r.get(7).map_err(st)?,
+        turns: r.get(8).map_err(st)?,
+        input_tokens: r.get(9).map_err(st)?,
+        output_tokens: r.get(10).map_err(st)?,
+        own_spend_nanos: r.get(11).map_err(st)?,
+        spend_nanos: r.get(12).map_err(st)?,
+        spawn_count: r.get(13).map_err(st)?,
+        result: r.get(14).map_err(st)?,
         outputs: outputs.and_then(|o| serde_json::from_str(&o).ok()),
-        error: r.get(16)?,
-        owner_pid: r.get(17)?,
-        continuation_of: r.get(18)?,
-        chain_root: r.get(19)?,
-        waiting: r.get(20)?,
-        status_text: r.get(21)?,
-        forked_from: r.get(22)?,
+        error: r.get(16).map_err(st)?,
+        owner_pid: r.get(17).map_err(st)?,
+        continuation_of: some_id("continuation_of", 18)?,
+        chain_root: some_id("chain_root", 19)?,
+        waiting: r.get(20).map_err(st)?,
+        status_text: r.get(21).map_err(st)?,
+        forked_from: some_id("forked_from", 22)?,
         meta: meta.and_then(|m| serde_json::from_str(&m).ok()),
     })
 }
 
 #[cfg(test)]
-mod strict_tests {
+mod tests {
     #[test]
     fn strict_durability_commits_to_disk() {
         let dir = tempfile::tempdir().unwrap();
@@ -518,5 +540,32 @@ mod strict_tests {
         assert_eq!(sync(&s), 1, "NORMAL by default");
         s.set_strict().unwrap();
         assert_eq!(sync(&s), 2, "FULL under durability: strict");
+    }
+
+    #[test]
+    fn a_row_weft_never_wrote_is_a_registry_error() {
+        use crate::core::ids::ThreadId;
+        use crate::core::status::Status;
+        use crate::registry::{RegistryError, ThreadRow};
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = super::Store::open(&dir.path().join("r.db")).unwrap();
+        let id = ThreadId::parse("t-1").unwrap();
+        let row = ThreadRow::new(id.clone(), id.clone(), Status::Running);
+        s.register(&row, None).unwrap();
+        assert_eq!(s.get("t-1").unwrap(), Some(row));
+        for (set, column, value) in [
+            ("status='paused'", "status", "paused"),
+            ("status='running', parent='../x'", "parent", "../x"),
+        ] {
+            s.db.execute_batch(&format!("UPDATE threads SET {set}"))
+                .unwrap();
+            let want = RegistryError::Corrupt {
+                row: "t-1".into(),
+                column,
+                value: value.into(),
+            };
+            assert_eq!(s.get("t-1"), Err(want.clone()));
+            assert_eq!(s.list(false, 10), Err(want));
+        }
     }
 }

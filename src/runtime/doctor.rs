@@ -9,7 +9,7 @@ use crate::core::ids::ThreadId;
 use crate::project::Project;
 use crate::record::signing::Trust;
 use crate::record::thread_doc::ThreadDoc;
-use crate::registry::{is_terminal, RegistryMsg, Store, ThreadRow};
+use crate::registry::{RegistryMsg, Store, ThreadRow};
 use crate::store::ThreadStore;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -139,17 +139,14 @@ pub fn diagnose(project: &Project) -> Checkup {
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
     let (mut ctx_sum, mut ctx_n) = (0u64, 0u64);
     for r in &rows {
-        if is_terminal(&r.status) {
+        if r.status.is_terminal() {
             health.inactive_7d += usize::from(r.updated_at < week_ago);
         } else {
             health.active += 1;
         }
-        let Ok(id) = ThreadId::parse(&r.id) else {
-            continue;
-        };
-        let dir = project.thread_dir(&id);
+        let dir = project.thread_dir(&r.id);
         if !dir.exists() {
-            let fixable = is_terminal(&r.status);
+            let fixable = r.status.is_terminal();
             let how = if fixable {
                 "the row is removed by --fix"
             } else {
@@ -174,7 +171,7 @@ pub fn diagnose(project: &Project) -> Checkup {
             ctx_n += 1;
             if largest > health.context_max_tokens {
                 health.context_max_tokens = largest;
-                health.context_max_thread = Some(r.id.clone());
+                health.context_max_thread = Some(r.id.to_string());
             }
         }
         match ThreadDoc::read_verified(&dir.join("thread.json"), &trust) {
@@ -185,10 +182,10 @@ pub fn diagnose(project: &Project) -> Checkup {
                 false,
             )),
             Ok(doc)
-                if doc.status.as_str() != r.status
-                    && (doc.status.is_terminal() || is_terminal(&r.status)) =>
+                if doc.status != r.status
+                    && (doc.status.is_terminal() || r.status.is_terminal()) =>
             {
-                let fixable = doc.status.is_terminal() && !is_terminal(&r.status);
+                let fixable = doc.status.is_terminal() && !r.status.is_terminal();
                 up.problems.push(problem(
                     "status_mismatch",
                     &r.id,
@@ -266,7 +263,7 @@ fn ledger_leftovers(
     rows: &HashMap<&str, &ThreadRow>,
     out: &mut Vec<Problem>,
 ) {
-    let finished = |id: &str| rows.get(id).is_some_and(|r| is_terminal(&r.status));
+    let finished = |id: &str| rows.get(id).is_some_and(|r| r.status.is_terminal());
     let query = |sql: &str| -> Vec<(String, i64)> {
         db.prepare(sql)
             .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
@@ -289,11 +286,8 @@ fn ledger_leftovers(
 /// A registry row rebuilt from a verified thread.json.
 fn row_of_doc(d: &ThreadDoc) -> ThreadRow {
     ThreadRow {
-        id: d.id.to_string(),
         directive: d.directive.clone(),
-        parent_id: d.parent_id.as_ref().map(ToString::to_string),
-        root_id: d.root_id.to_string(),
-        status: d.status.as_str().into(),
+        parent_id: d.parent_id.clone(),
         created_at: d.created_at.clone(),
         updated_at: d.updated_at.clone(),
         model: d.model.clone(),
@@ -305,10 +299,10 @@ fn row_of_doc(d: &ThreadDoc) -> ThreadRow {
         result: d.result.clone(),
         outputs: d.outputs.clone(),
         error: d.error.clone(),
-        continuation_of: d.continuation_of.as_ref().map(ToString::to_string),
-        chain_root: d.chain_root.as_ref().map(ToString::to_string),
-        forked_from: d.forked_from.as_ref().map(|f| f.thread.to_string()),
-        ..Default::default()
+        continuation_of: d.continuation_of.clone(),
+        chain_root: d.chain_root.clone(),
+        forked_from: d.forked_from.as_ref().map(|f| f.thread.clone()),
+        ..ThreadRow::new(d.id.clone(), d.root_id.clone(), d.status)
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod doctor;
 mod effects;
+mod error;
 mod fork;
 mod handle;
 pub(crate) mod owner;
@@ -17,6 +18,7 @@ mod resume;
 
 pub use crate::thread::Recovered;
 pub use doctor::{diagnose, Checkup, Health, Problem};
+pub use error::{ControlError, QueryError};
 pub use fork::Fork;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
 
@@ -361,12 +363,10 @@ impl Runtime {
 
     /// The actor running `id`'s chain in this process (the thread, or the continuation that took
     /// over from it).
-    fn running(&self, id: &ThreadId) -> Result<ActorRef<ThreadMsg>, String> {
-        handle::current_actor(&self.ctx, id).ok_or_else(|| {
-            format!(
-                "thread {id} is not running in process {}",
-                std::process::id()
-            )
+    fn running(&self, id: &ThreadId) -> Result<ActorRef<ThreadMsg>, ControlError> {
+        handle::current_actor(&self.ctx, id).ok_or_else(|| ControlError::NotRunning {
+            id: id.clone(),
+            pid: std::process::id(),
         })
     }
 
@@ -379,7 +379,7 @@ impl Runtime {
         call: Option<&str>,
         approve: bool,
         reason: Option<&str>,
-    ) -> Result<String, String> {
+    ) -> Result<String, ControlError> {
         let actor = self.running(id)?;
         ractor::call!(actor, |reply| {
             ThreadMsg::Decide {
@@ -389,12 +389,13 @@ impl Runtime {
                 reply,
             }
         })
-        .map_err(|e| format!("thread {id} did not answer: {e}"))?
+        .map_err(|e| no_answer(id, e))?
+        .map_err(ControlError::Refused)
     }
 
     /// Queues `text` for thread `id` (of this runtime): delivered as a user message before its
     /// next turn.
-    pub async fn inject(&self, id: &ThreadId, text: &str) -> Result<(), String> {
+    pub async fn inject(&self, id: &ThreadId, text: &str) -> Result<(), ControlError> {
         let actor = self.running(id)?;
         ractor::call!(actor, |reply| {
             ThreadMsg::Inject {
@@ -403,7 +404,8 @@ impl Runtime {
                 reply: Some(reply),
             }
         })
-        .map_err(|e| format!("thread {id} did not answer: {e}"))?
+        .map_err(|e| no_answer(id, e))?
+        .map_err(ControlError::Refused)
     }
 
     /// Waits for the work a thread leaves behind when it ends: hook commands still running (so
@@ -454,5 +456,13 @@ impl Runtime {
     /// The shared wiring (for the crate's own surfaces and the `internals` module).
     pub(crate) fn ctx(&self) -> &Arc<Ctx> {
         &self.ctx
+    }
+}
+
+/// A thread's actor that stopped before answering a call.
+fn no_answer(id: &ThreadId, e: impl std::fmt::Display) -> ControlError {
+    ControlError::NoAnswer {
+        id: id.clone(),
+        reason: e.to_string(),
     }
 }

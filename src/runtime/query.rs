@@ -3,7 +3,7 @@
 //! through the runtime's [`ThreadStore`] (registry rows, verified thread.json, transcripts read
 //! by the tolerant reader: a torn last line is reported, never an error).
 
-use super::Runtime;
+use super::{QueryError, Runtime};
 use crate::core::ids::ThreadId;
 use crate::registry::{ThreadFilter, ThreadRow};
 use crate::store::{SearchHit, SearchQuery, ThreadStore, ThreadView, TranscriptPage};
@@ -15,32 +15,32 @@ impl Runtime {
     }
 
     /// The project's threads matching `filter` (any process's), newest first.
-    pub fn list(&self, filter: &ThreadFilter) -> Result<Vec<ThreadRow>, String> {
-        self.ctx.store.list(filter).map_err(|e| e.to_string())
+    pub fn list(&self, filter: &ThreadFilter) -> Result<Vec<ThreadRow>, QueryError> {
+        Ok(self.ctx.store.list(filter)?)
     }
 
     /// One thread: its registry row and verified thread.json. None when the project has no
     /// such thread.
-    pub fn get(&self, id: &ThreadId) -> Result<Option<ThreadView>, String> {
-        self.ctx.store.get(id).map_err(|e| e.to_string())
+    pub fn get(&self, id: &ThreadId) -> Result<Option<ThreadView>, QueryError> {
+        Ok(self.ctx.store.get(id)?)
     }
 
     /// `id`'s subtree, itself first, parents before children. Empty when there is no such
     /// thread.
-    pub fn tree(&self, id: &ThreadId) -> Result<Vec<ThreadRow>, String> {
-        self.ctx.store.tree(id).map_err(|e| e.to_string())
+    pub fn tree(&self, id: &ThreadId) -> Result<Vec<ThreadRow>, QueryError> {
+        Ok(self.ctx.store.tree(id)?)
     }
 
     /// Each finished thread's best message matching `query` (full text, BM25), with context.
-    pub fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, String> {
-        self.ctx.store.search(query).map_err(|e| e.to_string())
+    pub fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, QueryError> {
+        Ok(self.ctx.store.search(query)?)
     }
 
     /// Up to `limit` lines of `id`'s transcript after seq `after` (None: from the start),
     /// checkpoints included, as stored. Err when the thread has no transcript.
     ///
     /// ```no_run
-    /// # async fn page(rt: weft::Runtime, id: weft::ThreadId) -> Result<(), String> {
+    /// # async fn page(rt: weft::Runtime, id: weft::ThreadId) -> Result<(), weft::QueryError> {
     /// let mut after = None;
     /// loop {
     ///     let page = rt.transcript(&id, after, 500)?;
@@ -59,10 +59,13 @@ impl Runtime {
         id: &ThreadId,
         after: Option<i64>,
         limit: usize,
-    ) -> Result<TranscriptPage, String> {
+    ) -> Result<TranscriptPage, QueryError> {
         self.ctx
             .store
             .load(id, after, limit)
-            .map_err(|e| format!("thread {id} has no readable transcript: {e}"))
+            .map_err(|source| QueryError::NoTranscript {
+                id: id.clone(),
+                source,
+            })
     }
 }

@@ -9,6 +9,7 @@
 //! Must never touch a thread whose owner process is alive (decided by its owner lock,
 //! `owner.rs`), and claims each thread in the registry before repairing it.
 
+use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::registry::{RegistryMsg, ThreadRow};
@@ -32,13 +33,13 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
     };
     let orphans: Vec<ThreadRow> = rows.into_iter().filter(|r| dead(r.owner_pid)).collect();
     // Deepest first, so every child is closed before its parent.
-    let parents: HashMap<String, Option<String>> = orphans
+    let parents: HashMap<ThreadId, Option<ThreadId>> = orphans
         .iter()
         .map(|r| (r.id.clone(), r.parent_id.clone()))
         .collect();
-    let depth = |id: &str| -> usize {
+    let depth = |id: &ThreadId| -> usize {
         let mut d = 0;
-        let mut cur = id.to_string();
+        let mut cur = id.clone();
         while let Some(Some(p)) = parents.get(&cur) {
             d += 1;
             cur = p.clone();
@@ -53,9 +54,7 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
     order.sort_by_key(|o| std::cmp::Reverse(o.0));
     let mut out = Vec::new();
     for (_, row) in order {
-        let Ok(id) = crate::core::ids::ThreadId::parse(&row.id) else {
-            continue;
-        };
+        let id = row.id.clone();
         let claimed = ractor::call!(ctx.registry, |reply| RegistryMsg::Claim {
             id,
             from: row.owner_pid,

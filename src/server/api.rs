@@ -11,7 +11,8 @@ use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
 use crate::provider::Route;
 use crate::registry::ThreadFilter;
-use crate::runtime::Runtime;
+use crate::runtime::{ControlError, QueryError, Runtime};
+use crate::thread::SpawnError;
 use serde_json::{json, Map, Value};
 
 /// One reply: an HTTP status code and a JSON body.
@@ -30,6 +31,26 @@ fn refuse(status: u16, error: impl Into<String>) -> Reply {
         status,
         body: json!({ "error": error.into() }),
     }
+}
+
+/// A question the runtime could not answer: every variant is the server's failure (500).
+/// Matched without a wildcard, so a new variant must choose its code.
+pub(crate) fn query_failed(e: QueryError) -> Reply {
+    let status = match &e {
+        QueryError::Store(_) | QueryError::NoTranscript { .. } => 500,
+    };
+    refuse(status, e.to_string())
+}
+
+/// A steering request the thread did not take: a conflict with its state (409), whether it
+/// runs elsewhere, stopped before answering or refused. Matched without a wildcard too.
+fn control_failed(e: ControlError) -> Reply {
+    let status = match &e {
+        ControlError::NotRunning { .. }
+        | ControlError::NoAnswer { .. }
+        | ControlError::Refused(_) => 409,
+    };
+    refuse(status, e.to_string())
 }
 
 /// Where a steering request may go.
@@ -66,7 +87,7 @@ pub(crate) async fn call(
         (m, ["v1", "threads", id, rest @ ..]) => {
             let id = match ThreadId::parse(id) {
                 Ok(id) => id,
-                Err(e) => return refuse(400, e),
+                Err(e) => return refuse(400, e.to_string()),
             };
             match (m, rest) {
                 ("GET", []) => get(rt, &id),
@@ -113,7 +134,7 @@ fn list(rt: &Runtime, query: &str) -> Reply {
     }
     match rt.list(&f) {
         Ok(rows) => ok(200, json!({ "threads": rows })),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -131,7 +152,7 @@ fn get(rt: &Runtime, id: &ThreadId) -> Reply {
             ok(200, body)
         }
         Ok(None) => refuse(404, format!("no thread {id} in this project")),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -139,7 +160,7 @@ fn tree(rt: &Runtime, id: &ThreadId) -> Reply {
     match rt.tree(id) {
         Ok(rows) if rows.is_empty() => refuse(404, format!("no thread {id} in this project")),
         Ok(rows) => ok(200, json!({ "root": id, "threads": rows })),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -155,11 +176,11 @@ fn transcript(rt: &Runtime, id: &ThreadId, query: &str) -> Reply {
     match rt.get(id) {
         Ok(Some(_)) => {}
         Ok(None) => return refuse(404, format!("no thread {id} in this project")),
-        Err(e) => return refuse(500, e),
+        Err(e) => return query_failed(e),
     }
     match rt.transcript(id, after, limit) {
         Ok(page) => ok(200, serde_json::to_value(page).unwrap_or_default()),
-        Err(e) => refuse(500, e),
+        Err(e) => query_failed(e),
     }
 }
 
@@ -217,8 +238,20 @@ async fn start(rt: &Runtime, body: &Value) -> Reply {
             });
             ok(201, json!({ "thread_id": id, "status": "running" }))
         }
-        Err(crate::thread::SpawnError::Storage(e)) => refuse(500, e),
-        Err(e) => refuse(400, e.to_string()),
+        Err(e) => refuse(spawn_status(&e), e.to_string()),
+    }
+}
+
+/// The status of a refused start: the request's fault (400) or the runtime's (500).
+fn spawn_status(e: &SpawnError) -> u16 {
+    match e {
+        SpawnError::Directive(_)
+        | SpawnError::Limit(_)
+        | SpawnError::Denied(_)
+        | SpawnError::Untrusted(_)
+        | SpawnError::Config(_) => 400,
+        SpawnError::Ledger(_) | SpawnError::Registry(_) if e.is_limit() => 400,
+        SpawnError::Ledger(_) | SpawnError::Registry(_) | SpawnError::Storage(_) => 500,
     }
 }
 
@@ -255,15 +288,15 @@ async fn steer(rt: &Runtime, id: &ThreadId, op: &str, body: &Value, reach: Reach
         };
         return match done {
             Ok(body) => ok(200, body),
-            Err(e) => refuse(409, e),
+            Err(e) => control_failed(e),
         };
     }
     let row = match rt.get(id) {
         Ok(Some(v)) => v.row,
         Ok(None) => return refuse(404, format!("no thread {id} in this project")),
-        Err(e) => return refuse(500, e),
+        Err(e) => return query_failed(e),
     };
-    if crate::registry::is_terminal(&row.status) {
+    if row.status.is_terminal() {
         return refuse(
             409,
             format!("thread {id} is {}; it can no longer be steered", row.status),

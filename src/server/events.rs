@@ -306,8 +306,8 @@ impl Scope {
         let mut members: HashSet<ThreadId> = rt
             .tree(root)
             .unwrap_or_default()
-            .iter()
-            .filter_map(|r| ThreadId::parse(&r.id).ok())
+            .into_iter()
+            .map(|r| r.id)
             .collect();
         members.insert(root.clone());
         Scope {
@@ -349,9 +349,7 @@ fn replay(rt: &Runtime, boot: u64, newest: u64, ms: u64, scope: &mut Scope) -> V
     rows.reverse();
     let mut lines: Vec<(String, Arc<Item>)> = Vec::new();
     for row in rows {
-        let Ok(id) = ThreadId::parse(&row.id) else {
-            continue;
-        };
+        let id = row.id;
         // One read of the whole transcript (pages would read the file once per page).
         if let Ok(page) = rt.transcript(&id, None, usize::MAX) {
             for l in &page.lines {

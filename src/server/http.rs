@@ -144,9 +144,12 @@ async fn v1(
                     404,
                     json!({ "error": format!("no thread {id} in this project") }),
                 ),
-                Err(e) => reply(500, json!({ "error": e })),
+                Err(e) => {
+                    let r = api::query_failed(e);
+                    reply(r.status, r.body)
+                }
             },
-            Err(e) => reply(400, json!({ "error": e })),
+            Err(e) => reply(400, json!({ "error": e.to_string() })),
         },
         _ => {
             let r = api::call(

@@ -300,7 +300,7 @@ impl FileStore {
     /// then the user's — secrets decrypted (for the processes that need them, never to print).
     pub fn env_resolve(&self, id: &ThreadId) -> Result<BTreeMap<String, EnvValue>, StoreError> {
         let mut chain = Vec::new();
-        let mut cur = Some(id.to_string());
+        let mut cur = Some(id.clone());
         while let Some(t) = cur.take() {
             if chain.len() > 1000 {
                 break;

@@ -15,7 +15,7 @@ use crate::project::Project;
 use crate::record::signing::{Signer, Trust};
 use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
 use crate::record::transcript::{self, TranscriptWriter};
-use crate::registry::{is_terminal, Store, ThreadFilter, ThreadRow};
+use crate::registry::{Store, ThreadFilter, ThreadRow};
 use rusqlite::Connection;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -117,10 +117,10 @@ impl FileStore {
             .map_err(|_| storage("the registry connection failed earlier"))?;
         if guard.is_none() {
             let path = self.project.state_dir().join("registry.db");
-            *guard = Some(Store::open(&path).map_err(storage)?);
+            *guard = Some(Store::open(&path)?);
         }
         match guard.as_mut() {
-            Some(s) => f(s).map_err(storage),
+            Some(s) => Ok(f(s)?),
             None => Err(storage("the registry cannot be opened")),
         }
     }
@@ -259,17 +259,14 @@ impl ThreadStore for FileStore {
         doc.write_signed(&self.doc_path(&id), &self.signer, true)
             .map_err(storage)?;
         let row = ThreadRow {
-            id: id.to_string(),
             directive: t.directive,
-            root_id: id.to_string(),
-            status: status.as_str().into(),
             created_at: created,
             updated_at: updated,
             model: t.model,
             result: t.result,
-            forked_from: t.forked_from.map(|f| f.to_string()),
+            forked_from: t.forked_from,
             meta: (!t.meta.is_empty()).then_some(Value::Object(t.meta)),
-            ..Default::default()
+            ..ThreadRow::new(id.clone(), id.clone(), status)
         };
         self.reg(|s| s.register(&row, None))?;
         self.index(&id)?;
@@ -324,25 +321,22 @@ impl ThreadStore for FileStore {
                 children: rows.len() - 1,
             });
         }
-        if let Some(live) = rows.iter().find(|r| !is_terminal(&r.status)) {
-            let live = ThreadId::parse(&live.id).map_err(storage)?;
-            return Err(StoreError::Running(live));
+        if let Some(live) = rows.iter().find(|r| !r.status.is_terminal()) {
+            return Err(StoreError::Running(live.id.clone()));
         }
         let mut gone = Vec::new();
         for r in &rows {
-            let Ok(tid) = ThreadId::parse(&r.id) else {
-                continue;
-            };
+            let tid = &r.id;
             // Tombstone first: from here on nothing recreates it, and a crash is finished by
             // the next delete.
             self.idx(|c| index::tombstone(c, tid.as_str()))?;
             self.idx(|c| index::remove(c, tid.as_str()))?;
             self.idx(|c| index::kv_clear(c, tid.as_str()))?;
-            match std::fs::remove_dir_all(self.thread_dir(&tid)) {
+            match std::fs::remove_dir_all(self.thread_dir(tid)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(storage(e)),
                 _ => {}
             }
-            gone.push(tid);
+            gone.push(tid.clone());
         }
         let ids: Vec<&str> = gone.iter().map(ThreadId::as_str).collect();
         self.reg(|s| s.delete_finished(&ids))?;
@@ -357,7 +351,7 @@ impl ThreadStore for FileStore {
             return Err(StoreError::Deleted(id.clone()));
         }
         let row = self.row(id)?;
-        if !is_terminal(&row.status) {
+        if !row.status.is_terminal() {
             return Err(StoreError::Running(id.clone()));
         }
         let path = self.transcript_path(id);
@@ -439,7 +433,7 @@ impl ThreadStore for FileStore {
 
     fn index(&self, id: &ThreadId) -> Result<usize, StoreError> {
         let row = self.row(id)?;
-        if !is_terminal(&row.status) {
+        if !row.status.is_terminal() {
             return Err(StoreError::Running(id.clone()));
         }
         // Unverified: indexing reads what is there; `weft verify` judges it.
@@ -486,10 +480,8 @@ impl ThreadStore for FileStore {
         let heads = self.idx(|c| index::heads(c))?;
         let mut done = Backfill::default();
         for r in &rows {
-            let Ok(id) = ThreadId::parse(&r.id) else {
-                continue;
-            };
-            let Ok(rep) = transcript::read(&self.transcript_path(&id), id.as_str(), None) else {
+            let id = &r.id;
+            let Ok(rep) = transcript::read(&self.transcript_path(id), id.as_str(), None) else {
                 continue;
             };
             let head = rep
@@ -497,8 +489,8 @@ impl ThreadStore for FileStore {
                 .last()
                 .and_then(|l| l["seq"].as_i64())
                 .unwrap_or(-1);
-            if heads.get(&r.id) != Some(&head) {
-                self.index(&id)?;
+            if heads.get(r.id.as_str()) != Some(&head) {
+                self.index(id)?;
                 done.indexed += 1;
             }
         }

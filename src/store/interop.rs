@@ -9,7 +9,64 @@ use crate::core::ids::ThreadId;
 use crate::registry::ThreadFilter;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A file that could not be imported at all (nothing of it was; other files go on).
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file cannot be read.
+    #[error("{}: {source}", .file.display())]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A nova file without even a manifest line.
+    #[error("{}: empty file, no manifest", .file.display())]
+    Empty {
+        /// The file.
+        file: PathBuf,
+    },
+    /// A nova manifest that is not JSON.
+    #[error("{}:1: the manifest is not JSON: {source}", .file.display())]
+    ManifestJson {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A nova manifest without the timestamps nova itself requires.
+    #[error("{}:1: invalid manifest: nova requires `createdAt` and `updatedAt` (ISO 8601); this thread cannot be read", .file.display())]
+    Manifest {
+        /// The file.
+        file: PathBuf,
+    },
+    /// A deepagents threads.json that is not JSON.
+    #[error("{}: corrupt threads.json ({source}); nothing imported from it", .file.display())]
+    Corrupt {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A deepagents threads.json whose `threads` is not a list.
+    #[error("{}: malformed thread metadata: `threads` is not a list", .file.display())]
+    NotAList {
+        /// The file.
+        file: PathBuf,
+    },
+    /// The store refused or failed to create an imported thread.
+    #[error("{}: {}{source}", .file.display(), .original.as_ref().map(|o| format!("{o}: ")).unwrap_or_default())]
+    Store {
+        /// The file.
+        file: PathBuf,
+        /// The thread's original id, when the file holds several.
+        original: Option<String>,
+        /// Why.
+        source: StoreError,
+    },
+}
 
 /// What importing one file did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -31,7 +88,7 @@ fn already(store: &dyn ThreadStore, format: &str, original: &str) -> Option<Stri
     };
     store.list(&filter).ok()?.into_iter().find_map(|r| {
         let m = r.meta.as_ref()?;
-        (m["original_id"] == original).then_some(r.id)
+        (m["original_id"] == original).then(|| r.id.to_string())
     })
 }
 
@@ -48,8 +105,12 @@ fn ts(v: &Value) -> Option<String> {
 
 /// Imports one nova thread file: a manifest line, then messages (`{role, text}`, legacy lines
 /// without `type`) and engine events (`assistant_text`, `tool_use`, `result`).
-pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, ImportError> {
+    let file = || path.to_path_buf();
+    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
+        file: file(),
+        source,
+    })?;
     let mut out = Imported {
         file: file_name(path),
         ..Default::default()
@@ -59,16 +120,16 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Str
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty());
     let Some((_, first)) = lines.next() else {
-        return Err(format!("{}: empty file, no manifest", path.display()));
+        return Err(ImportError::Empty { file: file() });
     };
-    let manifest: Value = serde_json::from_str(first)
-        .map_err(|e| format!("{}:1: the manifest is not JSON: {e}", path.display()))?;
+    let manifest: Value =
+        serde_json::from_str(first).map_err(|source| ImportError::ManifestJson {
+            file: file(),
+            source,
+        })?;
     let (Some(created), Some(updated)) = (ts(&manifest["createdAt"]), ts(&manifest["updatedAt"]))
     else {
-        return Err(format!(
-            "{}:1: invalid manifest: nova requires `createdAt` and `updatedAt` (ISO 8601); this thread cannot be read",
-            path.display()
-        ));
+        return Err(ImportError::Manifest { file: file() });
     };
     let original = manifest["id"]
         .as_str()
@@ -151,9 +212,11 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Str
         events,
         ..Default::default()
     };
-    let id = store
-        .create(thread)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let id = store.create(thread).map_err(|source| ImportError::Store {
+        file: file(),
+        original: None,
+        source,
+    })?;
     out.threads.push((original, id));
     Ok(out)
 }
@@ -161,19 +224,18 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Str
 /// Imports a deepagents-cli `threads.json`: each thread's metadata and lineage (deepagents
 /// keeps messages in its checkpointer, not in this file). A parent becomes the child's
 /// `forked_from`: lineage, not a budget tree.
-pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Imported, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: corrupt threads.json ({e}); nothing imported from it",
-            path.display()
-        )
+pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Imported, ImportError> {
+    let file = || path.to_path_buf();
+    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
+        file: file(),
+        source,
+    })?;
+    let doc: Value = serde_json::from_str(&text).map_err(|source| ImportError::Corrupt {
+        file: file(),
+        source,
     })?;
     let Some(entries) = doc["threads"].as_array() else {
-        return Err(format!(
-            "{}: malformed thread metadata: `threads` is not a list",
-            path.display()
-        ));
+        return Err(ImportError::NotAList { file: file() });
     };
     let mut out = Imported {
         file: file_name(path),
@@ -256,9 +318,11 @@ pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Importe
             events: vec![note],
             ..Default::default()
         };
-        let id = store
-            .create(thread)
-            .map_err(|e| format!("{}: {original}: {e}", path.display()))?;
+        let id = store.create(thread).map_err(|source| ImportError::Store {
+            file: file(),
+            original: Some(original.clone()),
+            source,
+        })?;
         ids.insert(original.clone(), id.clone());
         out.threads.push((original, id));
     }

@@ -3,7 +3,7 @@
 
 use super::{storage, FileStore, StoreError, ThreadStore};
 use crate::core::ids::ThreadId;
-use crate::registry::{is_terminal, ThreadFilter, ThreadRow};
+use crate::registry::{ThreadFilter, ThreadRow};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -65,32 +65,29 @@ impl FileStore {
             .map(|t| humantime::format_rfc3339_millis(t).to_string())
             .unwrap_or_default();
         let rows = self.all_rows()?;
-        let mut trees: BTreeMap<&str, Vec<&ThreadRow>> = BTreeMap::new();
+        let mut trees: BTreeMap<&ThreadId, Vec<&ThreadRow>> = BTreeMap::new();
         for r in &rows {
-            trees.entry(r.root_id.as_str()).or_default().push(r);
+            trees.entry(&r.root_id).or_default().push(r);
         }
         let mut done = Collected {
             dry_run,
             ..Default::default()
         };
         for (root, members) in trees {
-            let Some(top) = members.iter().find(|r| r.id == root) else {
+            let Some(top) = members.iter().find(|r| r.id == *root) else {
                 continue;
             };
             let ripe = members
                 .iter()
-                .all(|r| is_terminal(&r.status) && r.updated_at < cutoff)
-                && (statuses.is_empty() || statuses.contains(&top.status));
-            let Ok(id) = ThreadId::parse(root) else {
-                continue;
-            };
+                .all(|r| r.status.is_terminal() && r.updated_at < cutoff)
+                && (statuses.is_empty() || statuses.iter().any(|s| top.status == s.as_str()));
+            let id = root.clone();
             if !ripe {
                 continue;
             }
             let bytes: u64 = members
                 .iter()
-                .filter_map(|r| ThreadId::parse(&r.id).ok())
-                .map(|t| size_of(&self.thread_dir(&t)))
+                .map(|r| size_of(&self.thread_dir(&r.id)))
                 .sum();
             if !dry_run {
                 self.delete(&id, true)?;

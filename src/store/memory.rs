@@ -10,7 +10,7 @@ use super::{
     StoreError, ThreadStore, ThreadView, TranscriptPage,
 };
 use crate::core::ids::{now_ts, ThreadId};
-use crate::registry::{is_terminal, ThreadFilter, ThreadRow};
+use crate::registry::{ThreadFilter, ThreadRow};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
@@ -47,7 +47,7 @@ impl MemoryStore {
         let lines = number(events, 0);
         if let Ok(mut m) = self.inner.lock() {
             m.threads.insert(
-                row.id.clone(),
+                row.id.to_string(),
                 Kept {
                     row,
                     lines,
@@ -109,7 +109,7 @@ impl Mem {
 
     fn index(&mut self, id: &ThreadId) -> Result<usize, StoreError> {
         let k = self.kept(id)?;
-        if !is_terminal(&k.row.status) {
+        if !k.row.status.is_terminal() {
             return Err(StoreError::Running(id.clone()));
         }
         let msgs = messages(&k.lines);
@@ -139,17 +139,14 @@ impl ThreadStore for MemoryStore {
             }
         };
         let row = ThreadRow {
-            id: id.to_string(),
             directive: t.directive,
-            root_id: id.to_string(),
-            status: status.as_str().into(),
             created_at: pick(&t.created_at),
             updated_at: pick(&t.updated_at),
             model: t.model,
             result: t.result,
-            forked_from: t.forked_from.map(|f| f.to_string()),
+            forked_from: t.forked_from,
             meta: (!t.meta.is_empty()).then_some(Value::Object(t.meta)),
-            ..Default::default()
+            ..ThreadRow::new(id.clone(), id.clone(), status)
         };
         self.with(|m| {
             m.threads.insert(
@@ -184,7 +181,7 @@ impl ThreadStore for MemoryStore {
                 .threads
                 .values()
                 .map(|k| &k.row)
-                .filter(|r| f.status.is_empty() || f.status.contains(&r.status))
+                .filter(|r| f.status.is_empty() || f.status.iter().any(|s| r.status == s.as_str()))
                 .filter(|r| f.directive.as_ref().is_none_or(|d| *d == r.directive))
                 .filter(|r| f.root.as_ref().is_none_or(|d| *d == r.root_id))
                 .filter(|r| f.updated_since.as_ref().is_none_or(|t| r.updated_at >= *t))
@@ -219,17 +216,15 @@ impl ThreadStore for MemoryStore {
                     children: rows.len() - 1,
                 });
             }
-            if let Some(live) = rows.iter().find(|r| !is_terminal(&r.status)) {
-                return Err(StoreError::Running(
-                    ThreadId::parse(&live.id).unwrap_or(id.clone()),
-                ));
+            if let Some(live) = rows.iter().find(|r| !r.status.is_terminal()) {
+                return Err(StoreError::Running(live.id.clone()));
             }
             let mut gone = Vec::new();
             for r in rows {
-                m.threads.remove(&r.id);
-                m.index.remove(&r.id);
-                m.deleted.insert(r.id.clone());
-                gone.extend(ThreadId::parse(&r.id).ok());
+                m.threads.remove(r.id.as_str());
+                m.index.remove(r.id.as_str());
+                m.deleted.insert(r.id.to_string());
+                gone.push(r.id);
             }
             Ok(Deleted {
                 threads: gone,
@@ -241,7 +236,7 @@ impl ThreadStore for MemoryStore {
     fn append(&self, id: &ThreadId, events: Vec<Value>) -> Result<i64, StoreError> {
         self.with(|m| {
             let k = m.kept(id)?;
-            if !is_terminal(&k.row.status) {
+            if !k.row.status.is_terminal() {
                 return Err(StoreError::Running(id.clone()));
             }
             let mut lines = k.lines.clone();
@@ -387,8 +382,8 @@ impl ThreadStore for MemoryStore {
             let missing: Vec<ThreadId> = m
                 .threads
                 .values()
-                .filter(|k| is_terminal(&k.row.status) && !m.index.contains_key(&k.row.id))
-                .filter_map(|k| ThreadId::parse(&k.row.id).ok())
+                .filter(|k| k.row.status.is_terminal() && !m.index.contains_key(k.row.id.as_str()))
+                .map(|k| k.row.id.clone())
                 .collect();
             for id in missing {
                 m.index(&id)?;

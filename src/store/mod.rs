@@ -30,7 +30,7 @@ pub use check::{apply_edits, check_event, APPENDABLE};
 pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;
-pub use interop::{export, import_deepagents, import_nova, Imported};
+pub use interop::{export, import_deepagents, import_nova, ImportError, Imported};
 pub use maintain::Collected;
 pub(crate) use maintain::{db_size, size_of};
 pub use memory::MemoryStore;
@@ -67,6 +67,9 @@ pub enum StoreError {
     /// The storage failed (a file, a database).
     #[error("store: {0}")]
     Storage(String),
+    /// registry.db failed, or holds a row weft cannot read.
+    #[error("store: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 pub(crate) fn storage(e: impl std::fmt::Display) -> StoreError {

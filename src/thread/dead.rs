@@ -37,7 +37,7 @@ pub(crate) struct Finalized {
 impl Finalized {
     fn of(recovered: Recovered, row: &ThreadRow, end: &DeadEnd) -> Finalized {
         let report = ThreadReport {
-            thread_id: ThreadId::parse(&row.id).unwrap_or_else(|_| ThreadId::generate("invalid")),
+            thread_id: row.id.clone(),
             directive: row.directive.clone(),
             status: end.status,
             result: None,
@@ -85,7 +85,7 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     for r in &rows {
-        if let Some(cell) = ractor::registry::where_is(r.id.clone()) {
+        if let Some(cell) = ractor::registry::where_is(r.id.as_str()) {
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
         }
     }
@@ -110,7 +110,7 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
             .ok()
             .and_then(Result::ok)
             .flatten()
-            .unwrap_or_default();
+            .unwrap_or_else(|| ThreadRow::new(id.clone(), id.clone(), Status::Error));
             let status = match row.status.as_str() {
                 "completed" => Status::Completed,
                 "cancelled" => Status::Cancelled,
@@ -147,18 +147,12 @@ pub struct Recovered {
 /// line (nothing leaves a terminal state).
 pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd) -> Finalized {
     let mut rec = Recovered {
-        id: row.id.clone(),
+        id: row.id.to_string(),
         owner_pid: row.owner_pid,
         torn_line_kept: false,
         problems: vec![],
     };
-    let Ok(id) = ThreadId::parse(&row.id) else {
-        rec.problems.push(format!(
-            "registry row with invalid id `{}` left as is",
-            row.id
-        ));
-        return Finalized::of(rec, row, end);
-    };
+    let id = row.id.clone();
     let error = end.error.clone();
     ctx.forget(&id);
     // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
@@ -171,9 +165,8 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             .iter()
             .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
         {
-            if let (Some(reservation), Some(cost)) =
-                (e["reservation"].as_u64(), e["cost_nanos"].as_i64())
-            {
+            let reservation = serde::Deserialize::deserialize(&e["reservation"]);
+            if let (Ok(reservation), Some(cost)) = (reservation, e["cost_nanos"].as_i64()) {
                 let actual = crate::core::money::Nanos(cost);
                 let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
                     reservation,
@@ -195,7 +188,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         if done.status.is_terminal() {
             // It finalized itself but its registry row was never written: keep its status.
             let mut fin = row.clone();
-            fin.status = done.status.as_str().into();
+            fin.status = done.status;
             fin.error = done.error.clone();
             fin.result = done.result.clone();
             fin.spend_nanos = done.cost.spend_nanos;
@@ -303,7 +296,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         Err(e) => rec.problems.push(e),
     }
     let mut fin = row.clone();
-    fin.status = end.status.as_str().into();
+    fin.status = end.status;
     fin.error = Some(error);
     fin.spend_nanos = spend;
     fin.own_spend_nanos = own;
@@ -344,7 +337,6 @@ fn doc_from_row(
     if let Some(m) = max {
         limits.spend = m;
     }
-    let parse = |s: &Option<String>| s.as_deref().and_then(|p| ThreadId::parse(p).ok());
     ThreadDoc {
         version: 1,
         id: id.clone(),
@@ -353,8 +345,8 @@ fn doc_from_row(
             .as_ref()
             .map(|d| d.content_hash.clone())
             .unwrap_or_default(),
-        parent_id: parse(&row.parent_id),
-        root_id: ThreadId::parse(&row.root_id).unwrap_or_else(|_| id.clone()),
+        parent_id: row.parent_id.clone(),
+        root_id: row.root_id.clone(),
         status: Status::Created,
         history: vec![crate::record::thread_doc::Transition {
             status: Status::Created,
@@ -371,9 +363,9 @@ fn doc_from_row(
         result: None,
         error: None,
         error_kind: None,
-        continuation_of: parse(&row.continuation_of),
+        continuation_of: row.continuation_of.clone(),
         continued_by: None,
-        chain_root: parse(&row.chain_root),
+        chain_root: row.chain_root.clone(),
         transcript_head: crate::record::transcript::Head {
             seq: -1,
             hash: crate::record::transcript::GENESIS.into(),

@@ -23,7 +23,7 @@ pub(crate) enum ThreadMsg {
     /// An LLM call ended.
     LlmDone {
         /// The reservation it ran under.
-        reservation: u64,
+        reservation: crate::ledger::ReservationId,
         /// What the call returned.
         outcome: Result<LlmResponse, ProviderError>,
     },

@@ -214,11 +214,8 @@ impl Thread {
     pub(crate) fn row(&self) -> ThreadRow {
         let usage = self.calls.usage;
         ThreadRow {
-            id: self.doc.id.to_string(),
             directive: self.doc.directive.clone(),
-            parent_id: self.doc.parent_id.as_ref().map(ToString::to_string),
-            root_id: self.doc.root_id.to_string(),
-            status: self.doc.status.as_str().into(),
+            parent_id: self.doc.parent_id.clone(),
             created_at: self.doc.created_at.clone(),
             updated_at: crate::core::ids::now_ts(),
             model: self.doc.model.clone(),
@@ -233,7 +230,11 @@ impl Thread {
             owner_pid: std::process::id(),
             waiting: self.work.waiting_marker(),
             status_text: self.status_text.clone(),
-            ..Default::default()
+            ..ThreadRow::new(
+                self.doc.id.clone(),
+                self.doc.root_id.clone(),
+                self.doc.status,
+            )
         }
     }
 

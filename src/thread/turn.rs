@@ -10,7 +10,7 @@ use super::state::{Ending, Phase, Thread};
 use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
 use crate::hooks::Control;
-use crate::ledger::{Grant, LedgerError, LedgerMsg};
+use crate::ledger::{Grant, LedgerError, LedgerMsg, ReservationId};
 use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -95,7 +95,7 @@ impl Thread {
 
     /// A provider billed more than the call's reservation: the ledger has settled the actual
     /// cost; the overrun is recorded and this thread's subtree makes no further call.
-    async fn overran(&mut self, reservation: u64, cost: Nanos, overrun: Nanos) {
+    async fn overran(&mut self, reservation: ReservationId, cost: Nanos, overrun: Nanos) {
         self.doc.cost.overrun_nanos += overrun.0;
         let model = self.doc.model.clone();
         self.log(
@@ -335,7 +335,7 @@ impl Thread {
     /// then a retry, the end, or the model's answer.
     pub(crate) async fn llm_done(
         &mut self,
-        reservation: u64,
+        reservation: ReservationId,
         outcome: Result<LlmResponse, ProviderError>,
     ) {
         let call = self
@@ -377,7 +377,7 @@ impl Thread {
     /// the ledger. Returns its cost and, when it is to be retried, the wait.
     fn record_attempt(
         &mut self,
-        reservation: u64,
+        reservation: ReservationId,
         call: Option<&Call>,
         outcome: &Result<LlmResponse, ProviderError>,
         ending: bool,
@@ -432,7 +432,7 @@ impl Thread {
         retry: Option<Duration>,
         usage: &Usage,
         cost: Nanos,
-        reservation: u64,
+        reservation: ReservationId,
         incomplete: bool,
     ) -> (&'static str, Value) {
         let model = &self.doc.model;

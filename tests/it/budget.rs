@@ -327,7 +327,7 @@ proptest! {
             assert_eq!(report.spend_nanos.0, expected_spend(&fx));
             let (v, open) = rt.audit().await;
             assert!(v.is_empty() && open == 0, "{v:?} {open}");
-            assert!(fx.rows().iter().all(|r| weft::internals::is_terminal(&r.status)));
+            assert!(fx.rows().iter().all(|r| r.status.is_terminal()));
             assert!(fx.verify_all().is_empty());
         });
     }

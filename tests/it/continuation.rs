@@ -59,7 +59,7 @@ async fn a_turns_limit_hands_off_down_a_chain_of_three() {
     let docs: Vec<_> = chain.iter().map(|r| fx.doc(&r.id)).collect();
     assert_eq!(
         docs[0].continued_by.as_ref().map(|i| i.to_string()),
-        Some(chain[1].id.clone())
+        Some(chain[1].id.to_string())
     );
     // Money never starts afresh: each continuation's cap is what the chain has left.
     assert_eq!(docs[1].limits.spend.0, 50_000_000 - 2 * per_call);

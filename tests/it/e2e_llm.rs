@@ -408,12 +408,7 @@ root:
                 real_calls += 1;
             }
         }
-        assert!(
-            weft::internals::is_terminal(&r.status),
-            "{} {}",
-            r.id,
-            r.status
-        );
+        assert!(r.status.is_terminal(), "{} {}", r.id, r.status);
         eprintln!("e2e_llm cap: {} {} {:?}", r.directive, r.status, r.error);
     }
     eprintln!(

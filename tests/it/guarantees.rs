@@ -231,11 +231,12 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
     // a commit already queued for an earlier write may close the transaction by luck).
     let (registry, _) = weft::internals::actors(&rt);
     let row = weft::internals::ThreadRow {
-        id: "leaf-1-1".into(),
         directive: "leaf".into(),
-        root_id: id.clone(),
-        status: "created".into(),
-        ..Default::default()
+        ..weft::internals::ThreadRow::new(
+            weft::ThreadId::parse("leaf-1-1").unwrap(),
+            weft::ThreadId::parse(&id).unwrap(),
+            Status::Created,
+        )
     };
     let refused = ractor::call!(registry, |reply| weft::internals::RegistryMsg::Register {
         row: Box::new(row),
@@ -499,10 +500,11 @@ async fn a_locked_database_stalls_its_actor_not_the_workers() {
     let took = unrelated_task_while(state.join("registry.db"), || {
         registry
             .cast(RegistryMsg::Update {
-                row: Box::new(ThreadRow {
-                    id: "nobody-1".into(),
-                    ..Default::default()
-                }),
+                row: Box::new(ThreadRow::new(
+                    weft::ThreadId::parse("nobody-1").unwrap(),
+                    weft::ThreadId::parse("nobody-1").unwrap(),
+                    Status::Created,
+                )),
                 reply: None,
             })
             .unwrap();

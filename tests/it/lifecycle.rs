@@ -527,7 +527,7 @@ mod interleavings {
                             break;
                         }
                     }
-                    let live: Vec<_> = fx.rows().into_iter().filter(|r| !weft::internals::is_terminal(&r.status)).collect();
+                    let live: Vec<_> = fx.rows().into_iter().filter(|r| !r.status.is_terminal()).collect();
                     if let Some(r) = live.get(pick % live.len().max(1)) {
                         rt.cancel(&ThreadId::parse(&r.id).unwrap(), "random cancel");
                     }
@@ -539,7 +539,7 @@ mod interleavings {
                 assert!(report.status.is_terminal());
                 let rows = fx.rows();
                 for r in &rows {
-                    assert!(weft::internals::is_terminal(&r.status), "{} left {}", r.id, r.status);
+                    assert!(r.status.is_terminal(), "{} left {}", r.id, r.status);
                     let finished = fx.events(&r.id).iter().filter(|e| e["type"] == "thread_finished").count();
                     assert_eq!(finished, 1, "{} finished {finished} times", r.id);
                     let doc = fx.doc(&r.id);
@@ -583,7 +583,7 @@ async fn a_cancel_whose_grace_runs_out_leaves_every_thread_terminal() {
     assert_eq!(rows.len(), 111);
     let open: Vec<_> = rows
         .iter()
-        .filter(|r| !weft::internals::is_terminal(&r.status))
+        .filter(|r| !r.status.is_terminal())
         .map(|r| (&r.id, &r.status))
         .collect();
     assert!(open.is_empty(), "registry rows left open: {open:?}");

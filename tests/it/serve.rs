@@ -523,7 +523,7 @@ async fn the_web_page_shows_the_live_tree_and_cancels_a_subtree() {
         .rows()
         .iter()
         .filter(|r| r.root_id == done)
-        .map(|r| (r.id.clone(), r.status.clone()))
+        .map(|r| (r.id.to_string(), r.status.to_string()))
         .collect();
     assert_eq!(want.len(), 3);
     let shot = fx.root().join("page.png");

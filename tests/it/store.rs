@@ -85,7 +85,7 @@ fn contract(store: &dyn ThreadStore, name: &str) {
         .list(&only)
         .unwrap()
         .into_iter()
-        .map(|r| r.id)
+        .map(|r| r.id.to_string())
         .collect();
     assert_eq!(listed, [garden.to_string()], "{name}");
 
@@ -299,12 +299,8 @@ fn the_store_contract_holds_in_memory() {
     contract(&MemoryStore::new(), "memory");
     // What only a store holding a running thread can show: it is not the store's to change.
     let store = MemoryStore::new();
-    let live = weft::ThreadRow {
-        id: "live-1-00000000".into(),
-        root_id: "live-1-00000000".into(),
-        status: "running".into(),
-        ..Default::default()
-    };
+    let live_id = weft::ThreadId::parse("live-1-00000000").unwrap();
+    let live = weft::ThreadRow::new(live_id.clone(), live_id, weft::Status::Running);
     store.insert(live, vec![user("hi")]);
     let id = ThreadId::parse("live-1-00000000").unwrap();
     assert_eq!(

@@ -94,6 +94,7 @@ impl Fixture {
             .find(|r| r.directive == directive)
             .unwrap_or_else(|| panic!("no thread of {directive}"))
             .id
+            .to_string()
     }
 
     /// Every registry row of the project.

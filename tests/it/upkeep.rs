@@ -86,7 +86,7 @@ async fn gc_removes_finished_trees_whole_and_never_a_running_one() {
     );
     assert_eq!(done["threads"], 3, "the child went with its tree");
     assert!(done["databases"].is_array(), "VACUUM ran: {done}");
-    let left: Vec<String> = fx.rows().into_iter().map(|r| r.id).collect();
+    let left: Vec<String> = fx.rows().into_iter().map(|r| r.id.to_string()).collect();
     assert_eq!(
         left,
         std::slice::from_ref(&live_id),

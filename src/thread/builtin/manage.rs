@@ -101,7 +101,7 @@ fn child_request(input: &Value) -> Result<(SpawnRequest, bool), String> {
     let mut req = SpawnRequest::new(directive, inputs);
     req.overrides = match input.get("limits") {
         None | Some(Value::Null) => LimitSet::default(),
-        Some(Value::Object(m)) => LimitSet::from_map(m)?,
+        Some(Value::Object(m)) => LimitSet::from_map(m).map_err(|e| e.to_string())?,
         Some(other) => return Err(format!("`limits` must be an object, got {other}")),
     };
     req.reserve = match input.get("reserve") {
@@ -133,7 +133,7 @@ fn parse_id(v: Option<&Value>) -> Result<ThreadId, String> {
     let text = v
         .and_then(Value::as_str)
         .ok_or("`id` (string) is required")?;
-    ThreadId::parse(text)
+    ThreadId::parse(text).map_err(|e| e.to_string())
 }
 
 impl Thread {
@@ -171,7 +171,7 @@ impl Thread {
                     returned: Some(Value::Object(given)),
                 }
             }
-            Err(m) => ToolOutcome::err(m),
+            Err(m) => ToolOutcome::err(m.to_string()),
         }
     }
 

@@ -2,13 +2,14 @@
 //! retries of the current turn, and the thread's own usage and spend so far.
 
 use crate::core::money::{Nanos, Usage};
+use crate::ledger::ReservationId;
 use crate::provider::ToolCall;
 use std::time::Duration;
 
 /// The LLM call under way: what was reserved for it and what its prompt was.
 pub(crate) struct Call {
     /// The ledger reservation it runs under.
-    pub(crate) reservation: u64,
+    pub(crate) reservation: ReservationId,
     /// What that reservation holds.
     pub(crate) reserved: Nanos,
     /// The prompt's size in bytes (for the next call's bound).

@@ -82,7 +82,10 @@ impl Plan {
             _ => selected,
         };
         crate::core::limits::check_depth(&limits, &directive.name).map_err(SpawnError::Limit)?;
-        let price = ctx.config.price(&model).map_err(SpawnError::Config)?;
+        let price = ctx
+            .config
+            .price(&model)
+            .map_err(|e| SpawnError::Config(e.to_string()))?;
         let hooks = ctx
             .hooks
             .with_directive(

@@ -12,6 +12,7 @@ use super::plan::Plan;
 use super::request::SpawnRequest;
 use crate::core::ids::{now_ts, ThreadId};
 use crate::core::money::Usage;
+use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::record::transcript::TranscriptWriter;
 use crate::registry::{Admission, RegistryMsg, ThreadRow};
@@ -168,7 +169,7 @@ impl Drop for Registered {
         let Some(mut row) = self.row.take() else {
             return;
         };
-        row.status = "error".into();
+        row.status = Status::Error;
         row.error = Some(std::mem::take(&mut self.why));
         row.updated_at = now_ts();
         let _ = self.ctx.registry.cast(RegistryMsg::Update {
@@ -192,19 +193,16 @@ pub(crate) fn mark_in_spawn(ctx: &Ctx, id: &ThreadId, on: bool) {
 fn first_row(plan: &Plan, req: &SpawnRequest) -> ThreadRow {
     let now = now_ts();
     ThreadRow {
-        id: plan.id.to_string(),
         directive: plan.directive.name.clone(),
-        parent_id: plan.parent_id.as_ref().map(ToString::to_string),
-        root_id: plan.root_id.to_string(),
-        status: "created".into(),
+        parent_id: plan.parent_id.clone(),
         created_at: now.clone(),
         updated_at: now,
         model: plan.model.clone(),
         owner_pid: std::process::id(),
-        forked_from: req.seed.as_ref().map(|s| s.from.thread.to_string()),
-        continuation_of: plan.continuation_of.as_ref().map(ToString::to_string),
-        chain_root: plan.chain_root.as_ref().map(ToString::to_string),
-        ..Default::default()
+        forked_from: req.seed.as_ref().map(|s| s.from.thread.clone()),
+        continuation_of: plan.continuation_of.clone(),
+        chain_root: plan.chain_root.clone(),
+        ..ThreadRow::new(plan.id.clone(), plan.root_id.clone(), Status::Created)
     }
 }
 

@@ -1,0 +1,58 @@
+//! The errors of the runtime's public questions and controls: [`QueryError`] for what it reads
+//! of the project's threads, [`ControlError`] for what it asks of a running thread. Each names
+//! the thread; the HTTP layer picks its status code by variant.
+
+use crate::core::ids::ThreadId;
+use crate::store::StoreError;
+
+/// A question about the project's threads ([`Runtime::list`], [`Runtime::get`],
+/// [`Runtime::tree`], [`Runtime::search`], [`Runtime::transcript`]) that could not be answered.
+///
+/// [`Runtime::list`]: super::Runtime::list
+/// [`Runtime::get`]: super::Runtime::get
+/// [`Runtime::tree`]: super::Runtime::tree
+/// [`Runtime::search`]: super::Runtime::search
+/// [`Runtime::transcript`]: super::Runtime::transcript
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The thread store (registry.db, store.db, the thread's files) failed or refused.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The thread's transcript cannot be read.
+    #[error("thread {id} has no readable transcript: {source}")]
+    NoTranscript {
+        /// The thread.
+        id: ThreadId,
+        /// Why.
+        source: StoreError,
+    },
+}
+
+/// A request to a running thread ([`Runtime::inject`], [`Runtime::decide`]) that did not
+/// take effect.
+///
+/// [`Runtime::inject`]: super::Runtime::inject
+/// [`Runtime::decide`]: super::Runtime::decide
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// This process does not run the thread (it ended, or another process runs it).
+    #[error("thread {id} is not running in process {pid}")]
+    NotRunning {
+        /// The thread.
+        id: ThreadId,
+        /// This process.
+        pid: u32,
+    },
+    /// The thread's actor stopped before it answered (it was ending).
+    #[error("thread {id} did not answer: {reason}")]
+    NoAnswer {
+        /// The thread.
+        id: ThreadId,
+        /// What the actor system reported.
+        reason: String,
+    },
+    /// The thread answered with a refusal (no call waits for approval, an unknown call, a
+    /// message it cannot queue…), in its own words.
+    #[error("{0}")]
+    Refused(String),
+}
