@@ -36,7 +36,7 @@ async fn ask_owner(
     #[cfg(unix)]
     {
         let req = json!({ "method": "POST", "path": format!("/v1/threads/{}/{op}", row.id), "body": body });
-        let reply = crate::server::control::request(project, row.owner_pid, &req)
+        let reply = crate::server::peer::request(project, row.owner_pid, &req)
             .await
             .map_err(|m| Exit {
                 code: 1,

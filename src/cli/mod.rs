@@ -5,13 +5,12 @@
 //! Glue only: every action goes through the library (the [`Runtime`], the registry store, the
 //! records' verification). Errors are turned into messages and exit codes here, in one place.
 
-use crate::project::Project;
-use crate::registry::Store;
-use crate::runtime::OpenError;
-use crate::thread::SpawnError;
-
 pub(crate) use args::{Cmd, EnvAction, ForkArgs, MessageChange, ScheduleAction, ThreadsSub};
 use clap::Parser;
+pub(crate) use common::{
+    failed, find_project, open_error, open_store, open_threads, parse_pairs, spawn_exit, usage,
+    Exit,
+};
 use std::path::PathBuf;
 
 /// `println!` that ignores a closed stdout (`weft threads | head` must not panic).
@@ -26,6 +25,7 @@ macro_rules! out {
 
 mod args;
 mod cancel;
+mod common;
 mod history;
 mod init;
 mod live;
@@ -49,30 +49,6 @@ pub struct Cli {
     /// The command.
     #[command(subcommand)]
     pub cmd: Cmd,
-}
-
-/// A CLI failure with its exit code.
-#[derive(Debug)]
-pub(crate) struct Exit {
-    /// Exit code.
-    pub code: i32,
-    /// Message for stderr (may be empty).
-    pub message: String,
-}
-
-/// A failure that is not the user's input (storage, I/O): exit code 1.
-pub(super) fn failed(e: impl std::fmt::Display) -> Exit {
-    Exit {
-        code: 1,
-        message: e.to_string(),
-    }
-}
-
-pub(super) fn usage(message: impl std::fmt::Display) -> Exit {
-    Exit {
-        code: 2,
-        message: message.to_string(),
-    }
 }
 
 /// Runs the CLI; returns the exit code.
@@ -173,58 +149,4 @@ pub async fn main(cli: Cli) -> i32 {
             e.code
         }
     }
-}
-
-pub(super) fn find_project(explicit: Option<PathBuf>) -> Result<Project, Exit> {
-    if let Some(p) = explicit {
-        if !p.join(".weft").is_dir() {
-            return Err(usage(format!(
-                "{} has no .weft/ folder; run `weft init` there first",
-                p.display()
-            )));
-        }
-        return Ok(Project { root: p });
-    }
-    let cwd = std::env::current_dir().map_err(|e| usage(format!("no working directory: {e}")))?;
-    Project::find(&cwd).ok_or_else(|| {
-        usage(format!(
-            "no .weft/ folder in {} or above; run `weft init` first",
-            cwd.display()
-        ))
-    })
-}
-
-pub(super) fn parse_pairs(pairs: &[String], what: &str) -> Result<Vec<(String, String)>, Exit> {
-    pairs
-        .iter()
-        .map(|p| {
-            p.split_once('=')
-                .map(|(k, v)| (k.trim().to_string(), v.to_string()))
-                .ok_or_else(|| usage(format!("{what} `{p}` is not key=value")))
-        })
-        .collect()
-}
-
-pub(super) fn spawn_exit(e: SpawnError) -> Exit {
-    match e.is_internal() {
-        true => Exit {
-            code: 1,
-            message: e.to_string(),
-        },
-        false => usage(e.to_string()),
-    }
-}
-
-pub(super) fn open_error(e: OpenError) -> Exit {
-    usage(e.to_string())
-}
-
-/// The project's thread store (what `log`, `search`, `fork`, `delete` and the other commands
-/// on stored threads read and change).
-pub(super) fn open_threads(project: &Project) -> Result<crate::store::FileStore, Exit> {
-    crate::store::FileStore::open(project).map_err(failed)
-}
-
-pub(super) fn open_store(project: &Project) -> Result<Store, Exit> {
-    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
 }

@@ -2,6 +2,17 @@
 
 use super::{type_matches, Directive, DirectiveError};
 
+/// Outputs a `directive_return` gave that the directive's `outputs` refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "directive_return refused: {}; call directive_return again with every required output",
+    .problems.join("; ")
+)]
+pub struct OutputsError {
+    /// Each output missing or of the wrong type, e.g. "`summary` is required".
+    pub problems: Vec<String>,
+}
+
 impl Directive {
     /// Coerces `-i k=v` text to the declared type of input `k`.
     pub fn coerce_cli_input(
@@ -116,7 +127,7 @@ impl Directive {
     pub fn check_outputs(
         &self,
         given: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(), String> {
+    ) -> Result<(), OutputsError> {
         let mut problems = Vec::new();
         for (k, spec) in &self.outputs {
             match given.get(k) {
@@ -132,7 +143,7 @@ impl Directive {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!("directive_return refused: {}; call directive_return again with every required output", problems.join("; ")))
+            Err(OutputsError { problems })
         }
     }
 

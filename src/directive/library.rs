@@ -1,6 +1,6 @@
 //! Directive lookup (project → user → built-in), the parse cache, and `extends`.
 
-use super::{parse, Directive, DirectiveError};
+use super::{parse, valid_name, Directive, DirectiveError};
 use crate::project::Project;
 use std::path::{Path, PathBuf};
 
@@ -169,19 +169,6 @@ impl Library {
             looked.join(", ")
         )))
     }
-}
-
-/// Is `name` a safe directive name (no `..`, no absolute paths)?
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.split('/').all(|seg| {
-            !seg.is_empty()
-                && seg != "."
-                && seg != ".."
-                && seg
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        })
 }
 
 /// Metadata (not body) comes from `base` where `d`'s own front matter does not set it.

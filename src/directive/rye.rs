@@ -59,7 +59,7 @@ pub(crate) fn parse(
             if let Some(v) = attr(&a, name) {
                 limits
                     .set(name, &serde_json::Value::String(v))
-                    .map_err(|m| err(line_of("<limits"), m))?;
+                    .map_err(|m| err(line_of("<limits"), m.to_string()))?;
             }
         }
     }

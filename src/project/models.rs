@@ -3,7 +3,7 @@
 //! (`pricing.<model>`, `context_window.<model>`); a model missing here needs a price in config
 //! before it can run under a spend limit.
 
-use super::config::{ProviderConfig, ProviderKind};
+use super::providers::{ProviderConfig, ProviderKind};
 use crate::core::money::Price;
 use std::collections::BTreeMap;
 

@@ -323,7 +323,7 @@ async fn forward(
     body: &Value,
 ) -> Reply {
     let req = json!({ "method": "POST", "path": format!("/v1/threads/{id}/{op}"), "body": body });
-    match super::control::request(rt.project(), row.owner_pid, &req).await {
+    match super::peer::request(rt.project(), row.owner_pid, &req).await {
         Ok(reply) => ok(
             reply["status"].as_u64().unwrap_or(502) as u16,
             reply["body"].clone(),

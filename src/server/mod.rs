@@ -7,3 +7,4 @@ pub(crate) mod api;
 pub(crate) mod control;
 mod events;
 pub(crate) mod http;
+pub(crate) mod peer;

@@ -1,0 +1,87 @@
+//! What every command shares: the exit a command ends with ([`Exit`]: code and message, turned
+//! into the process's exit status in one place, `main`), finding the project, and opening its
+//! stores.
+
+use crate::project::Project;
+use crate::registry::Store;
+use crate::runtime::OpenError;
+use crate::thread::SpawnError;
+use std::path::PathBuf;
+
+/// A CLI failure with its exit code.
+#[derive(Debug)]
+pub(crate) struct Exit {
+    /// Exit code.
+    pub code: i32,
+    /// Message for stderr (may be empty).
+    pub message: String,
+}
+
+/// A failure that is not the user's input (storage, I/O): exit code 1.
+pub(crate) fn failed(e: impl std::fmt::Display) -> Exit {
+    Exit {
+        code: 1,
+        message: e.to_string(),
+    }
+}
+
+pub(crate) fn usage(message: impl std::fmt::Display) -> Exit {
+    Exit {
+        code: 2,
+        message: message.to_string(),
+    }
+}
+
+pub(crate) fn find_project(explicit: Option<PathBuf>) -> Result<Project, Exit> {
+    if let Some(p) = explicit {
+        if !p.join(".weft").is_dir() {
+            return Err(usage(format!(
+                "{} has no .weft/ folder; run `weft init` there first",
+                p.display()
+            )));
+        }
+        return Ok(Project { root: p });
+    }
+    let cwd = std::env::current_dir().map_err(|e| usage(format!("no working directory: {e}")))?;
+    Project::find(&cwd).ok_or_else(|| {
+        usage(format!(
+            "no .weft/ folder in {} or above; run `weft init` first",
+            cwd.display()
+        ))
+    })
+}
+
+pub(crate) fn parse_pairs(pairs: &[String], what: &str) -> Result<Vec<(String, String)>, Exit> {
+    pairs
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+                .ok_or_else(|| usage(format!("{what} `{p}` is not key=value")))
+        })
+        .collect()
+}
+
+pub(crate) fn spawn_exit(e: SpawnError) -> Exit {
+    match e.is_internal() {
+        true => Exit {
+            code: 1,
+            message: e.to_string(),
+        },
+        false => usage(e.to_string()),
+    }
+}
+
+pub(crate) fn open_error(e: OpenError) -> Exit {
+    usage(e.to_string())
+}
+
+/// The project's thread store (what `log`, `search`, `fork`, `delete` and the other commands
+/// on stored threads read and change).
+pub(crate) fn open_threads(project: &Project) -> Result<crate::store::FileStore, Exit> {
+    crate::store::FileStore::open(project).map_err(failed)
+}
+
+pub(crate) fn open_store(project: &Project) -> Result<Store, Exit> {
+    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
+}

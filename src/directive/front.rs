@@ -1,0 +1,178 @@
+//! A directive's markdown form: YAML front matter (checked field by field, errors naming
+//! file, line and column) and the body that becomes the prompt. Rye OS's XML form goes to
+//! `rye.rs`.
+
+use super::{
+    type_matches, valid_name, Declared, Directive, DirectiveError, InputSpec, ModelSpec,
+    OnChildError, OutputSpec,
+};
+use crate::core::limits::LimitSet;
+use crate::project::yaml::yaml_message;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Front {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    model: Option<ModelSpec>,
+    #[serde(default)]
+    limits: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    permissions: Option<Vec<String>>,
+    #[serde(default)]
+    approval: Option<Vec<String>>,
+    #[serde(default)]
+    inputs: Option<BTreeMap<String, InputSpec>>,
+    #[serde(default)]
+    outputs: Option<BTreeMap<String, OutputSpec>>,
+    #[serde(default)]
+    hooks: Option<serde_json::Value>,
+    #[serde(default)]
+    extends: Option<String>,
+    #[serde(default)]
+    on_child_error: Option<String>,
+    /// Rye's `version:` — accepted and not kept: a directive is identified by its name and
+    /// its content hash, never by a version it declares.
+    #[serde(default, rename = "version")]
+    _version: Option<serde::de::IgnoredAny>,
+}
+
+/// Splits `---\nyaml\n---\nbody`; returns (yaml, body, line number of the yaml's first line).
+fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
+    let t = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut lines = t.lines();
+    match lines.next() {
+        Some(first) if first.trim_end() == "---" => {}
+        _ => {
+            return Err((
+                1,
+                "expected front matter: the file must start with a line `---`".into(),
+            ))
+        }
+    }
+    let mut yaml = String::new();
+    let mut n = 1u64;
+    for line in lines.by_ref() {
+        n += 1;
+        if line.trim_end() == "---" {
+            let body: Vec<&str> = lines.collect();
+            return Ok((yaml, body.join("\n"), 2));
+        }
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    Err((
+        n,
+        "front matter is not closed: expected a line `---` after the YAML".into(),
+    ))
+}
+
+/// Parses a directive's text. `source` names it in errors; `default_name` is used when the
+/// front matter has no `name`.
+pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, DirectiveError> {
+    let err = |line: Option<(u64, u64)>, message: String| DirectiveError {
+        file: source.into(),
+        line,
+        message,
+    };
+    if text.contains("```xml") && !text.trim_start().starts_with("---") {
+        return super::rye::parse(source, text, default_name);
+    }
+    let (yaml, body, offset) = split_front(text).map_err(|(l, m)| err(Some((l, 1)), m))?;
+    let front: Front = if yaml.trim().is_empty() {
+        Front::default()
+    } else {
+        serde_saphyr::from_str(&yaml).map_err(|e| {
+            let loc = e.location().map(|l| (l.line() + offset - 1, l.column()));
+            err(loc, format!("invalid front matter: {}", yaml_message(&e)))
+        })?
+    };
+    let declared = Declared {
+        description: front.description.is_some(),
+        model: front.model.is_some(),
+        permissions: front.permissions.is_some(),
+        approval: front.approval.is_some(),
+        hooks: front.hooks.is_some(),
+        on_child_error: front.on_child_error.is_some(),
+    };
+    let at =
+        |key: &str| crate::project::yaml::find_line(&yaml, key).map(|(l, c)| (l + offset - 1, c));
+    let limits = match &front.limits {
+        Some(m) => LimitSet::from_map(m).map_err(|m| err(at("limits"), m.to_string()))?,
+        None => LimitSet::default(),
+    };
+    let name = front
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name.to_string());
+    if !valid_name(&name) {
+        return Err(err(
+            at("name"),
+            format!("`{name}` is not a valid directive name"),
+        ));
+    }
+    let inputs = front.inputs.unwrap_or_default();
+    for (k, spec) in &inputs {
+        check_type_name(&spec.kind).map_err(|m| err(at(k), format!("input `{k}`: {m}")))?;
+        if let Some(d) = &spec.default {
+            if !type_matches(&spec.kind, d) {
+                return Err(err(
+                    at(k),
+                    format!("input `{k}`: default {d} is not of type {}", spec.kind),
+                ));
+            }
+        }
+    }
+    let outputs = front.outputs.unwrap_or_default();
+    for (k, spec) in &outputs {
+        check_type_name(&spec.kind).map_err(|m| err(at(k), format!("output `{k}`: {m}")))?;
+    }
+    let on_child_error = match front.on_child_error.as_deref() {
+        None | Some("continue") => OnChildError::Continue,
+        Some("cancel_siblings") => OnChildError::CancelSiblings,
+        Some("fail") => OnChildError::Fail,
+        Some(other) => {
+            return Err(err(
+                at("on_child_error"),
+                format!("on_child_error: `{other}` (expected continue, cancel_siblings or fail)"),
+            ))
+        }
+    };
+    for p in front.permissions.iter().flatten() {
+        if p.is_empty() || p.split('.').any(str::is_empty) {
+            return Err(err(
+                at("permissions"),
+                format!("permission `{p}` has an empty segment"),
+            ));
+        }
+    }
+    Ok(Directive {
+        name,
+        source: source.into(),
+        description: front.description.unwrap_or_default(),
+        model: front.model.unwrap_or_default(),
+        limits,
+        permissions: front.permissions.unwrap_or_default(),
+        approval: front.approval.unwrap_or_default(),
+        inputs,
+        outputs,
+        hooks: front.hooks,
+        on_child_error,
+        body,
+        content_hash: crate::core::ids::sha256_hex(text.as_bytes()),
+        extends: front.extends,
+        declared,
+    })
+}
+
+fn check_type_name(kind: &str) -> Result<(), String> {
+    match kind {
+        "string" | "integer" | "number" | "boolean" | "array" | "object" | "any" => Ok(()),
+        other => Err(format!("unknown type `{other}` (expected string, integer, number, boolean, array, object or any)")),
+    }
+}
