@@ -17,21 +17,25 @@
 //!
 //! # Layout
 //! One folder per concept of SPEC.md; dependencies point one way, from the surfaces down to
-//! plain types: `cli`, `server` → `runtime` → `thread` → `tools` → `store` → `provider`,
-//! `ledger`, `registry`, `record`, `directive` → `project` → `core`.
-//! - `core`: ids, money, limits, capabilities, statuses — plain types, no I/O.
+//! plain types (ARCHITECTURE.md has the map; `tests/it/layout.rs` enforces it):
+//! `cli` → `server` → `runtime` → `thread` → `tools`, `hooks` → `store` → `ledger`,
+//! `registry`, `provider` → `directive`, `record` → `project` → `core`.
+//! - `core`: ids, money, limits, capabilities, statuses, the redactor — plain types, no I/O.
 //! - `project`: a project's paths, the user's config folder, config, YAML error helpers.
 //! - `directive`: front matter and Rye XML parsing, library lookup and `extends`, inputs/outputs.
+//! - `record`: signing, transcript, thread.json, verification, group commit.
 //! - `ledger`: the pure budget book, its actor and `ledger.db`.
 //! - `registry`: `registry.db` and the actor that owns it (spawn admission).
-//! - `record`: signing, transcript, thread.json, verification, group commit.
-//! - `store`: the [`ThreadStore`] boundary (files or memory): threads, events, metadata,
-//!   delete, full-text search.
 //! - `provider`: the [`Provider`] trait and its types; scripted, OpenAI, Anthropic; selection.
-//! - `tools`: tool results and the capability gate in front of every call.
-//! - `thread`: the thread actor split by concern, and the spawn procedure of SPEC §4.
-//! - `runtime`: the public facade ([`Runtime`], [`ThreadHandle`]), resume, crash recovery.
-//! - `server`: the local control endpoint (started by the CLI, never by the runtime).
+//! - `store`: the [`ThreadStore`] boundary (files or memory): threads, events, metadata,
+//!   delete, full-text search, KV, env values and secrets, scheduled effects.
+//! - `tools`: tool results and the capability gate; command tools, the file area, `run_code`,
+//!   MCP servers.
+//! - `hooks`: the hooks engine (what an event fires).
+//! - `thread`: the thread actor — a `Thread` of typed parts, its built-in tools, and the spawn
+//!   procedure of SPEC §4 as typed stages.
+//! - `runtime`: the public facade ([`Runtime`], [`ThreadHandle`]), resume, fork, crash recovery.
+//! - `server`: the control endpoint and `weft serve` (started by the CLI, never by the runtime).
 //! - `cli`: the `weft` binary's commands.
 //!
 //! Public: what a library user needs — the runtime and its handle, events and reports, the
