@@ -381,7 +381,7 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
     for _ in 0..turns {
         script += "  - tool_calls: [ { name: wait_threads, input: {} } ]\n    usage: { input_tokens: 10, output_tokens: 2 }\n";
     }
-    script += "  - text: done\n";
+    script += "  - text: done\n    usage: { input_tokens: 10, output_tokens: 2 }\n";
     let d = format!("---\npermissions: [\"thread.spawn.none\"]\nlimits: {{ turns: {}, tokens: 100000000, spend: 1000, duration: 1h }}\n---\nLoop.\n", turns + 1);
     let p = project(&[("looper", d)], &script, strict);
     let rt = open(&p).await;
