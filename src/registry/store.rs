@@ -244,7 +244,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([limit as i64], row_of).map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// Every row of a tree (by root id), oldest first.
@@ -256,7 +256,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// Rows matching `f`, newest first.
@@ -300,7 +300,7 @@ impl Store {
         let rows = stmt
             .query_map(rusqlite::params_from_iter(args.iter()), row_of)
             .map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// `id`'s subtree, itself included, parents before children.
@@ -337,7 +337,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([id], row_of).map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// Rows still `created` or `running` (any owner).
@@ -349,7 +349,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([], row_of).map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// Claims an unfinished row for repair: moves it from the dead owner `from` to `to` in its
@@ -422,7 +422,7 @@ impl Store {
             ))
             .map_err(st)?;
         let rows = stmt.query_map([root], row_of).map_err(st)?;
-        rows.map(|r| r.map_err(st)?).collect()
+        good_rows(rows)
     }
 
     /// Removes the rows of `ids` (finished threads only; see `ThreadStore::delete`). Returns
@@ -482,6 +482,25 @@ impl Store {
 /// [`RegistryError`] inside, so the caller's `collect` reports it (never a panic).
 fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<ThreadRow, RegistryError>> {
     Ok(read_row(r))
+}
+
+/// The rows of a many-row query. A row weft never wrote (a bad id or status) is left out with
+/// a warning naming it, as recovery always left such a row as is: one damaged row never hides
+/// every other thread. A query for that one row (`get`) still names the damage.
+fn good_rows(
+    rows: impl Iterator<Item = rusqlite::Result<Result<ThreadRow, RegistryError>>>,
+) -> Result<Vec<ThreadRow>, RegistryError> {
+    let mut out = Vec::new();
+    for r in rows {
+        match r.map_err(st)? {
+            Ok(row) => out.push(row),
+            Err(e @ RegistryError::Corrupt { .. }) => {
+                tracing::warn!("{e}: left out of this list")
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
 }
 
 fn read_row(r: &rusqlite::Row<'_>) -> Result<ThreadRow, RegistryError> {
@@ -564,8 +583,12 @@ mod tests {
                 column,
                 value: value.into(),
             };
-            assert_eq!(s.get("t-1"), Err(want.clone()));
-            assert_eq!(s.list(false, 10), Err(want));
+            assert_eq!(s.get("t-1"), Err(want));
+            assert_eq!(
+                s.list(false, 10),
+                Ok(vec![]),
+                "a damaged row hides no other"
+            );
         }
     }
 }
