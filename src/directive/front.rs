@@ -35,7 +35,7 @@ struct Front {
     #[serde(default)]
     extends: Option<String>,
     #[serde(default)]
-    on_child_error: Option<String>,
+    on_child_error: Option<OnChildError>,
     /// Rye's `version:` — accepted and not kept: a directive is identified by its name and
     /// its content hash, never by a version it declares.
     #[serde(default, rename = "version")]
@@ -132,17 +132,6 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
     for (k, spec) in &outputs {
         check_type_name(&spec.kind).map_err(|m| err(at(k), format!("output `{k}`: {m}")))?;
     }
-    let on_child_error = match front.on_child_error.as_deref() {
-        None | Some("continue") => OnChildError::Continue,
-        Some("cancel_siblings") => OnChildError::CancelSiblings,
-        Some("fail") => OnChildError::Fail,
-        Some(other) => {
-            return Err(err(
-                at("on_child_error"),
-                format!("on_child_error: `{other}` (expected continue, cancel_siblings or fail)"),
-            ))
-        }
-    };
     for p in front.permissions.iter().flatten() {
         if p.is_empty() || p.split('.').any(str::is_empty) {
             return Err(err(
@@ -162,7 +151,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         inputs,
         outputs,
         hooks: front.hooks,
-        on_child_error,
+        on_child_error: front.on_child_error.unwrap_or_default(),
         body,
         content_hash: crate::core::ids::sha256_hex(text.as_bytes()),
         extends: front.extends,

@@ -83,8 +83,9 @@ fn any() -> String {
     "any".into()
 }
 
-/// What a parent does when a child ends in error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What a parent does when a child ends in error (front matter `on_child_error:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnChildError {
     /// The error comes back as a tool result; siblings keep running (default).
     #[default]
@@ -186,5 +187,23 @@ mod tests {
         assert_eq!(d.map(|d| d.name).ok().as_deref(), Some("x"));
         let e = super::parse("x.md", "---\nname: x\nversoin: 1\n---\nDo it.\n", "x").unwrap_err();
         assert!(e.to_string().contains("x.md:3"), "{e}");
+    }
+
+    #[test]
+    fn on_child_error_reads_its_three_policies_and_names_a_fourth_at_its_line() {
+        let d = |v: &str| {
+            super::parse(
+                "x.md",
+                &format!("---\non_child_error: {v}\n---\nGo.\n"),
+                "x",
+            )
+        };
+        assert_eq!(
+            d("cancel_siblings").unwrap().on_child_error,
+            super::OnChildError::CancelSiblings
+        );
+        assert_eq!(d("fail").unwrap().on_child_error, super::OnChildError::Fail);
+        let e = d("explode").unwrap_err().to_string();
+        assert!(e.contains("x.md:2") && e.contains("cancel_siblings"), "{e}");
     }
 }
