@@ -136,8 +136,16 @@ pub(crate) fn run(source: &str, timeout: Option<f64>, env: CodeEnv) -> Result<Va
 
 /// The helpers behind the prelude's `kv`, `files` and `console`.
 fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rquickjs::Result<()> {
+    install_kv(ctx, env)?;
+    install_files(ctx, env)?;
+    install_log(ctx, logs)?;
+    ctx.eval::<(), _>(PRELUDE)
+}
+
+/// `__kv_get` and `__kv_set`: the thread's key-value store (capability `kv`).
+fn install_kv<'js>(ctx: &Ctx<'js>, env: &CodeEnv) -> rquickjs::Result<()> {
     let g = ctx.globals();
-    let (kv_ok, read_ok, write_ok) = env.allowed;
+    let (kv_ok, _, _) = env.allowed;
     let (store, thread) = (env.store.clone(), env.thread.clone());
     g.set(
         "__kv_get",
@@ -176,7 +184,14 @@ fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rqui
                     .map_err(|e| throw(&ctx, &e.to_string()))
             },
         )?,
-    )?;
+    )
+}
+
+/// `__file` (the file tools, by name) and `__read` (a file's exact text): the thread's file
+/// area (capabilities `fs.read`, `fs.write`).
+fn install_files<'js>(ctx: &Ctx<'js>, env: &CodeEnv) -> rquickjs::Result<()> {
+    let g = ctx.globals();
+    let (_, read_ok, write_ok) = env.allowed;
     let (area, limits) = (env.area.clone(), env.limits);
     g.set(
         "__file",
@@ -228,8 +243,12 @@ fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rqui
                 std::fs::read_to_string(&path).map_err(|e| throw(&ctx, &format!("{rel}: {e}")))
             },
         )?,
-    )?;
-    g.set(
+    )
+}
+
+/// `__log`: console lines, kept up to [`MAX_TEXT`] bytes.
+fn install_log(ctx: &Ctx<'_>, logs: Arc<Mutex<String>>) -> rquickjs::Result<()> {
+    ctx.globals().set(
         "__log",
         Function::new(ctx.clone(), move |line: String| {
             if let Ok(mut l) = logs.lock() {
@@ -239,6 +258,5 @@ fn install<'js>(ctx: &Ctx<'js>, env: &CodeEnv, logs: Arc<Mutex<String>>) -> rqui
                 }
             }
         })?,
-    )?;
-    ctx.eval::<(), _>(PRELUDE)
+    )
 }

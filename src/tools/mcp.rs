@@ -161,7 +161,7 @@ impl McpHub {
         let client = match (&cfg.command, &cfg.url) {
             (Some(command), _) => {
                 let mut cmd =
-                    tokio::process::Command::new(super::command::resolve_program(command));
+                    tokio::process::Command::new(super::process::resolve_program(command));
                 cmd.args(&cfg.args).current_dir(&self.root).env_clear();
                 for var in ["PATH", "HOME"]
                     .iter()
@@ -279,7 +279,7 @@ impl McpHub {
                 if text.len() as u64 > MAX_RESULT {
                     let total = text.len();
                     let name = tool_name(server, tool);
-                    text = super::command::cut_and_keep(
+                    text = super::process::cut_and_keep(
                         &text, total, MAX_RESULT, files, &name, call_id, false,
                     );
                 }
