@@ -210,6 +210,7 @@ pub use super::sections::{BuiltinHooks, FileLimits, McpServerConfig};
 pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
 
 /// The commented config `weft init` writes.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) const DEFAULT_CONFIG_YAML: &str = r#"# weft project configuration. Every key is optional; shown values are the defaults.
 defaults:
   # Limits every thread starts from; directives and overrides may change them, parents cap them.
