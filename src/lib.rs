@@ -35,8 +35,21 @@
 //! - `thread`: the thread actor — a `Thread` of typed parts, its built-in tools, and the spawn
 //!   procedure of SPEC §4 as typed stages.
 //! - `runtime`: the public facade ([`Runtime`], [`ThreadHandle`]), resume, fork, crash recovery.
-//! - `server`: the control endpoint and `weft serve` (started by the CLI, never by the runtime).
+//! - `server`: the control endpoint and `weft serve`'s HTTP API (started by the CLI, never by
+//!   the runtime).
 //! - `cli`: the `weft` binary's commands.
+//!
+//! # Features
+//! All on by default; a program embedding the library can turn them off
+//! (`default-features = false`) and builds none of their dependencies:
+//! - `cli` (clap, tracing-subscriber): the `weft` binary, its commands and control socket
+//!   (`cli`, `server::control`).
+//! - `server` (axum; implies `cli`): `weft serve`'s HTTP API and web page.
+//! - `mcp` (rmcp): MCP tool servers. Without it a configured server is reported unavailable to
+//!   each thread that may use it, and offers no tools.
+//! - `otel` (OpenTelemetry; implies `cli`): the binary's OTLP span export. The spans themselves
+//!   are plain `tracing` spans, there for any subscriber in every build.
+//! - `js` (rquickjs): `run_code`'s JavaScript engine. Without it `run_code` is a tool error.
 //!
 //! Public: what a library user needs — the runtime and its handle, events and reports, the
 //! provider trait and its types (plug in your own backend), directive, config and limit types,
@@ -44,6 +57,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+#[cfg(feature = "cli")]
 mod cli;
 mod core;
 mod directive;
@@ -54,6 +68,7 @@ mod provider;
 mod record;
 mod registry;
 mod runtime;
+#[cfg(feature = "cli")]
 mod server;
 mod store;
 mod thread;
@@ -92,12 +107,18 @@ pub use crate::store::{
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::ToolFileError;
+/// The `tracing` target of weft's spans (`invoke_agent`, `chat`, `execute_tool`, with the GenAI
+/// semantic-convention names): select it to export them with a subscriber of your own (the
+/// `weft` binary's OTLP export, the `otel` feature, does the same).
+pub const SPAN_TARGET: &str = crate::thread::SPAN_TARGET;
 /// The cancellation token a [`Provider`] receives with every call (from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub use crate::cli::telemetry::{init as init_telemetry, Telemetry};
 /// The `weft` binary's glue (its argument type and entry point); not part of the library API.
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub use crate::cli::{main as cli_main, Cli};
 
@@ -116,6 +137,7 @@ pub mod internals {
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
     pub use crate::registry::{Admission, RegistryMsg, Store, ThreadRow};
+    #[cfg(feature = "server")]
     pub use crate::server::http::serve as serve_http;
 
     /// The names of weft's built-in tools (no command tool may take one).

@@ -10,10 +10,10 @@ use crate::core::status::Status;
 use crate::directive::Library;
 use crate::project::Project;
 use crate::provider::Choice;
-use crate::registry::Store;
+use crate::registry::{Store, ThreadRow};
 use crate::runtime::{Runtime, RuntimeBuilder, ThreadHandle};
 use crate::server::control::ControlEndpoint;
-use crate::thread::Event;
+use crate::thread::{Event, ThreadReport};
 use serde_json::{json, Map, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -90,7 +90,7 @@ async fn follow(
     control: Option<ControlEndpoint>,
     project: &Project,
     handle: ThreadHandle,
-    mut events: tokio::sync::broadcast::Receiver<Event>,
+    events: tokio::sync::broadcast::Receiver<Event>,
     as_json: bool,
 ) -> Result<i32, Exit> {
     for r in rt.recovered() {
@@ -99,65 +99,16 @@ async fn follow(
             r.id, r.owner_pid
         );
     }
-    let live = !as_json && std::io::stdout().is_terminal();
-    let show_lines = !as_json;
-    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (focus, reader) = (handle.id().clone(), rt.clone());
-    let printer = tokio::spawn(async move {
-        let mut tree = LiveTree::default();
-        tree.focus = Some(focus.to_string());
-        let show = |ev: &Event, tree: &mut LiveTree| {
-            if live {
-                tree.apply(ev);
-                // The root's cap, from its signed thread.json (there once it has started).
-                if tree.cap.is_none() && matches!(ev, Event::Turn { id, .. } if *id == focus) {
-                    tree.cap = reader
-                        .get(&focus)
-                        .ok()
-                        .flatten()
-                        .and_then(|v| v.thread?["limits"]["spend"].as_i64())
-                        .map(crate::core::money::Nanos);
-                }
-                tree.draw();
-            } else if show_lines {
-                print_event(ev);
-            }
-        };
-        loop {
-            tokio::select! {
-                ev = events.recv() => match ev {
-                    Ok(ev) => show(&ev, &mut tree),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(_) => break,
-                },
-                _ = &mut stop_rx => {
-                    while let Ok(ev) = events.try_recv() {
-                        show(&ev, &mut tree);
-                    }
-                    break;
-                }
-            }
-        }
-        // The final tree is printed from the registry: clear the live one.
-        tree.erase();
-    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let printer = tokio::spawn(show_events(
+        rt.clone(),
+        handle.id().clone(),
+        events,
+        as_json,
+        stop_rx,
+    ));
     let id = handle.id().clone();
-    let done = handle.wait();
-    tokio::pin!(done);
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut interrupted = false;
-    let report = loop {
-        tokio::select! {
-            r = &mut done => break r.map_err(|e| Exit { code: 1, message: e.to_string() })?,
-            _ = &mut ctrl_c, if !interrupted => {
-                interrupted = true;
-                eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
-                rt.cancel(&id, "Ctrl-C");
-                tokio::spawn(async { let _ = tokio::signal::ctrl_c().await; std::process::exit(130); });
-            }
-        }
-    };
+    let report = wait_or_cancel(&rt, handle).await?;
     let _ = stop_tx.send(());
     let _ = printer.await;
     let rows = Store::open_read_only(&project.state_dir().join("registry.db"))
@@ -168,6 +119,87 @@ async fn follow(
         Status::Cancelled => 130,
         _ => 1,
     };
+    print_outcome(&report, &rows, as_json);
+    drop(control);
+    // An after_complete hook's command finishes before the process exits.
+    rt.drain_hooks().await;
+    rt.shutdown();
+    Ok(code)
+}
+
+/// Shows the tree's events as they come — the live tree on a terminal, one line each
+/// otherwise, nothing with `--json` — until `stop` fires (then the events already sent).
+async fn show_events(
+    reader: Runtime,
+    focus: ThreadId,
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    as_json: bool,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let live = !as_json && std::io::stdout().is_terminal();
+    let show_lines = !as_json;
+    let mut tree = LiveTree::default();
+    tree.focus = Some(focus.to_string());
+    let show = |ev: &Event, tree: &mut LiveTree| {
+        if live {
+            tree.apply(ev);
+            // The root's cap, from its signed thread.json (there once it has started).
+            if tree.cap.is_none() && matches!(ev, Event::Turn { id, .. } if *id == focus) {
+                tree.cap = reader
+                    .get(&focus)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| v.thread?["limits"]["spend"].as_i64())
+                    .map(crate::core::money::Nanos);
+            }
+            tree.draw();
+        } else if show_lines {
+            print_event(ev);
+        }
+    };
+    loop {
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Ok(ev) => show(&ev, &mut tree),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => break,
+            },
+            _ = &mut stop => {
+                while let Ok(ev) = events.try_recv() {
+                    show(&ev, &mut tree);
+                }
+                break;
+            }
+        }
+    }
+    // The final tree is printed from the registry: clear the live one.
+    tree.erase();
+}
+
+/// Waits for the thread's report; the first Ctrl-C cancels the thread, a second one exits at
+/// once (130).
+async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadReport, Exit> {
+    let id = handle.id().clone();
+    let done = handle.wait();
+    tokio::pin!(done);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            r = &mut done => return r.map_err(|e| Exit { code: 1, message: e.to_string() }),
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
+                rt.cancel(&id, "Ctrl-C");
+                tokio::spawn(async { let _ = tokio::signal::ctrl_c().await; std::process::exit(130); });
+            }
+        }
+    }
+}
+
+/// Prints how the run ended: the report as JSON, or the final tree and a summary.
+fn print_outcome(report: &ThreadReport, rows: &[ThreadRow], as_json: bool) {
     if as_json {
         let out = json!({
             "thread_id": report.thread_id, "status": report.status, "result": report.result,
@@ -178,37 +210,32 @@ async fn follow(
                       "spend_nanos": report.spend_nanos, "own_spend_nanos": report.own_spend_nanos, "overrun_nanos": report.overrun_nanos, "threads": rows.len() },
         });
         out!("{out}");
-    } else {
-        out!();
-        print_tree(&rows);
-        out!();
-        out!(
-            "{} {} — {}, {} in / {} out tokens, {} spent by the tree",
-            report.thread_id,
-            report.status.as_str(),
-            crate::record::render::plural(report.turns, "turn"),
-            report.input_tokens,
-            report.output_tokens,
-            report.spend_nanos
-        );
-        if let Some(o) = &report.outputs {
-            out!(
-                "outputs: {}",
-                serde_json::to_string_pretty(o).unwrap_or_default()
-            );
-        }
-        if let Some(r) = &report.result {
-            out!("result: {r}");
-        }
-        if let Some(e) = &report.error {
-            out!("error: {e}");
-        }
+        return;
     }
-    drop(control);
-    // An after_complete hook's command finishes before the process exits.
-    rt.drain_hooks().await;
-    rt.shutdown();
-    Ok(code)
+    out!();
+    print_tree(rows);
+    out!();
+    out!(
+        "{} {} — {}, {} in / {} out tokens, {} spent by the tree",
+        report.thread_id,
+        report.status.as_str(),
+        crate::record::render::plural(report.turns, "turn"),
+        report.input_tokens,
+        report.output_tokens,
+        report.spend_nanos
+    );
+    if let Some(o) = &report.outputs {
+        out!(
+            "outputs: {}",
+            serde_json::to_string_pretty(o).unwrap_or_default()
+        );
+    }
+    if let Some(r) = &report.result {
+        out!("result: {r}");
+    }
+    if let Some(e) = &report.error {
+        out!("error: {e}");
+    }
 }
 
 pub(super) async fn resume(

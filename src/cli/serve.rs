@@ -1,11 +1,29 @@
 //! `weft serve`: the HTTP API, live events and the web page for this project, until Ctrl-C
-//! (which cancels the threads it runs and waits for them to end).
+//! (which cancels the threads it runs and waits for them to end). Behind the `server` feature;
+//! without it the command says so.
 
-use super::{find_project, usage, Exit};
+use super::Exit;
+#[cfg(feature = "server")]
+use super::{find_project, usage};
 use crate::provider::Choice;
+#[cfg(feature = "server")]
 use std::io::Write;
 use std::path::PathBuf;
 
+/// A weft built without the `server` feature has no HTTP server: the command fails, saying why.
+#[cfg(not(feature = "server"))]
+pub(super) async fn serve(
+    _explicit: Option<PathBuf>,
+    _addr: String,
+    _public: bool,
+    _choice: Choice,
+) -> Result<i32, Exit> {
+    Err(super::failed(
+        "`weft serve` is not available: this weft was built without the `server` feature",
+    ))
+}
+
+#[cfg(feature = "server")]
 pub(super) async fn serve(
     explicit: Option<PathBuf>,
     addr: String,
@@ -67,6 +85,7 @@ pub(super) async fn serve(
 }
 
 /// Ctrl-C, or SIGTERM on Unix.
+#[cfg(feature = "server")]
 async fn wait_for_stop() {
     #[cfg(unix)]
     {

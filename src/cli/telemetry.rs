@@ -1,70 +1,36 @@
 //! Logs and traces for the `weft` binary: log lines on stderr (`WEFT_LOG`, default `warn`), and
 //! — only when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set —
 //! weft's spans (see `thread/spans.rs`) exported over OTLP, HTTP/protobuf, in batches from a
-//! background thread. The exporter posts through weft's own reqwest client on the process's
-//! tokio runtime (no second HTTP stack). [`Telemetry::shutdown`] flushes what is left.
+//! background thread (`telemetry/otlp.rs`, the `otel` feature). [`Telemetry::shutdown`] flushes
+//! what is left. A weft built without `otel` logs as usual and warns that a configured endpoint
+//! gets no spans.
 
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
-use std::future::Future;
-use std::pin::Pin;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
+#[cfg(feature = "otel")]
+mod otlp;
+#[cfg(feature = "otel")]
+use otlp::export;
+
 /// What [`init`] set up; shut it down before the process exits.
+#[derive(Default)]
 pub struct Telemetry {
+    /// The span exporter, when spans are exported.
+    #[cfg(feature = "otel")]
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
 
 impl Telemetry {
     /// Exports the spans still buffered (bounded by the exporter's timeout).
     pub fn shutdown(self) {
+        #[cfg(feature = "otel")]
         if let Some(p) = self.provider {
             if let Err(e) = p.shutdown() {
                 eprintln!("weft: exporting the last spans failed: {e}");
             }
         }
-    }
-}
-
-/// The OTLP exporter's HTTP client: weft's reqwest, its requests run on `rt` (the exporter's
-/// thread has no runtime of its own).
-#[derive(Debug)]
-struct Http {
-    client: reqwest::Client,
-    rt: tokio::runtime::Handle,
-}
-
-type Sent = Result<Response<Bytes>, HttpError>;
-
-impl HttpClient for Http {
-    fn send_bytes<'a, 'b>(
-        &'a self,
-        request: Request<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = Sent> + Send + 'b>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        let client = self.client.clone();
-        let task = self.rt.spawn(async move {
-            let (parts, body) = request.into_parts();
-            let mut rb = client
-                .request(parts.method, parts.uri.to_string())
-                .body(body);
-            for (k, v) in &parts.headers {
-                rb = rb.header(k, v);
-            }
-            let resp = rb.send().await?;
-            let (status, headers) = (resp.status(), resp.headers().clone());
-            let bytes = resp.bytes().await?;
-            let mut out = Response::builder().status(status).body(bytes)?;
-            *out.headers_mut() = headers;
-            Ok::<_, HttpError>(out)
-        });
-        Box::pin(async move { task.await.map_err(|e| Box::new(e) as HttpError)? })
     }
 }
 
@@ -84,43 +50,18 @@ pub fn init(rt: tokio::runtime::Handle) -> Telemetry {
     .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()));
     if !configured {
         tracing_subscriber::registry().with(fmt).init();
-        return Telemetry { provider: None };
+        return Telemetry::default();
     }
-    crate::provider::http::ensure_tls_provider();
-    let client = reqwest::Client::builder()
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .build();
-    let exporter = client.map_err(|e| e.to_string()).and_then(|client| {
-        opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_http_client(Http { client, rt })
-            .build()
-            .map_err(|e| e.to_string())
-    });
-    let exporter = match exporter {
-        Ok(e) => e,
-        Err(e) => {
-            tracing_subscriber::registry().with(fmt).init();
-            tracing::warn!("OTLP export is off: {e}");
-            return Telemetry { provider: None };
-        }
-    };
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(
-            opentelemetry_sdk::Resource::builder()
-                .with_service_name("weft")
-                .build(),
-        )
-        .build();
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("weft"))
-        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-            m.target() == crate::thread::SPAN_TARGET
-        }));
-    tracing_subscriber::registry().with(fmt).with(otel).init();
-    Telemetry {
-        provider: Some(provider),
-    }
+    export(fmt, rt)
+}
+
+/// Without the `otel` feature there is no exporter: logs only, and a warning saying why.
+#[cfg(not(feature = "otel"))]
+fn export(
+    fmt: impl Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+    _rt: tokio::runtime::Handle,
+) -> Telemetry {
+    tracing_subscriber::registry().with(fmt).init();
+    tracing::warn!("OTLP export is off: this weft was built without the `otel` feature");
+    Telemetry::default()
 }

@@ -155,6 +155,7 @@ pub(crate) fn now_ts() -> String {
 }
 
 /// The stored form (as [`now_ts`]) of `ms` milliseconds since the epoch.
+#[cfg_attr(not(feature = "server"), allow(dead_code))] // only `weft serve` uses it
 pub(crate) fn ts_of_ms(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()

@@ -303,114 +303,139 @@ fn parse_hook(
 }
 
 fn parse_action(a: &Value, event: &str, root: &Path) -> Result<Action, String> {
-    let injectable = matches!(event, "thread_started" | "thread_continued");
-    let need_inject = |act: Action| {
-        if injectable {
-            Ok(act)
-        } else {
-            Err(format!(
-                "inject works on thread_started and thread_continued, not {event}"
-            ))
-        }
-    };
     if let Some(i) = a.get("inject") {
-        let inject = if let Some(t) = i.get("text").and_then(Value::as_str) {
-            Inject::Text(t.into())
-        } else if let Some(f) = i.get("file").and_then(Value::as_str) {
-            Inject::File(root.join(f))
-        } else if let Some(d) = i.get("directive").and_then(Value::as_str) {
-            Inject::Directive(d.into())
-        } else {
-            return Err("inject takes `text`, `file` or `directive`".into());
-        };
-        return need_inject(Action::Inject(inject));
+        return at_start(Action::Inject(parse_inject(i, root)?), event);
     }
     if let Some(sp) = a.get("spawn") {
-        let directive = sp
-            .get("directive")
-            .and_then(Value::as_str)
-            .ok_or("spawn needs `directive` (a library name)")?;
-        let inputs = match sp.get("inputs") {
-            None | Some(Value::Null) => serde_json::Map::new(),
-            Some(Value::Object(m)) => m.clone(),
-            Some(other) => return Err(format!("spawn `inputs` is a mapping, got {other}")),
-        };
-        return Ok(Action::Spawn {
-            directive: directive.into(),
-            inputs,
-        });
+        return parse_spawn(sp);
     }
     if let Some(r) = a.get("run") {
-        let argv: Vec<String> = r
-            .get("argv")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if argv.is_empty() {
-            return Err("run needs `argv` (a list: program and arguments)".into());
-        }
-        let timeout = match r.get("timeout").and_then(Value::as_str) {
-            Some(t) => humantime::parse_duration(t).map_err(|e| format!("timeout `{t}`: {e}"))?,
-            None => std::time::Duration::from_secs(30),
-        };
-        return Ok(Action::Run { argv, timeout });
+        return parse_run(r);
     }
     // Rye's shape: {primary: load|execute, item_type, item_id}.
     if let Some(primary) = a.get("primary").and_then(Value::as_str) {
-        let item_type = a.get("item_type").and_then(Value::as_str).unwrap_or("");
-        let item_id = a.get("item_id").and_then(Value::as_str).unwrap_or("");
-        return match (primary, item_type) {
-            ("load", "knowledge") => need_inject(Action::Inject(Inject::File(
-                root.join("knowledge").join(format!("{item_id}.md")),
-            ))),
-            ("load", "directive") => need_inject(Action::Inject(Inject::Directive(item_id.into()))),
-            ("execute", "tool") if item_id.ends_with("/control") => parse_control(
-                match a.get("params").and_then(|p| p.get("action")).and_then(Value::as_str) {
-                    // weft has no limit approval yet: escalating ends the thread, as a limit does.
-                    Some("abort" | "escalate") => "fail",
-                    Some(other) => other,
-                    None => "",
-                },
-                event,
-            ),
-            ("execute", "tool") if item_id.ends_with("/emitter") => {
-                let mut params = a.get("params").cloned().unwrap_or(json!({}));
-                let event_type = params
-                    .as_object_mut()
-                    .and_then(|p| p.remove("event_type"))
-                    .and_then(|t| t.as_str().map(str::to_string))
-                    .unwrap_or_else(|| event.to_string());
-                Ok(Action::Emit {
-                    event_type,
-                    payload: params,
-                })
-            }
-            ("execute", "knowledge") => need_inject(Action::Inject(Inject::File(
-                root.join("knowledge").join(format!("{item_id}.md")),
-            ))),
-            ("execute", "directive") => Ok(Action::Spawn {
-                directive: item_id.into(),
-                inputs: a
-                    .get("params")
-                    .and_then(|p| p.get("inputs").or(Some(p)))
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default(),
-            }),
-            _ => Err(format!(
-                "Rye action {primary} {item_type} `{item_id}` has no weft equivalent yet (load knowledge|directive map to inject, execute directive to spawn)"
-            )),
-        };
+        return parse_rye_action(a, primary, event, root);
     }
     if let Some(c) = a.get("control") {
         return parse_control(c.as_str().unwrap_or_default(), event);
     }
     Err(format!("unknown action {a} (inject, spawn, run)"))
+}
+
+/// `act` (an inject) if `event` is one where a thread starts, where there is a conversation to
+/// add to before its first turn.
+fn at_start(act: Action, event: &str) -> Result<Action, String> {
+    if matches!(event, "thread_started" | "thread_continued") {
+        Ok(act)
+    } else {
+        Err(format!(
+            "inject works on thread_started and thread_continued, not {event}"
+        ))
+    }
+}
+
+/// `inject: {text | file | directive}`.
+fn parse_inject(i: &Value, root: &Path) -> Result<Inject, String> {
+    if let Some(t) = i.get("text").and_then(Value::as_str) {
+        Ok(Inject::Text(t.into()))
+    } else if let Some(f) = i.get("file").and_then(Value::as_str) {
+        Ok(Inject::File(root.join(f)))
+    } else if let Some(d) = i.get("directive").and_then(Value::as_str) {
+        Ok(Inject::Directive(d.into()))
+    } else {
+        Err("inject takes `text`, `file` or `directive`".into())
+    }
+}
+
+/// `spawn: {directive, inputs?}`.
+fn parse_spawn(sp: &Value) -> Result<Action, String> {
+    let directive = sp
+        .get("directive")
+        .and_then(Value::as_str)
+        .ok_or("spawn needs `directive` (a library name)")?;
+    let inputs = match sp.get("inputs") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => return Err(format!("spawn `inputs` is a mapping, got {other}")),
+    };
+    Ok(Action::Spawn {
+        directive: directive.into(),
+        inputs,
+    })
+}
+
+/// `run: {argv, timeout?}` (30 s unless set).
+fn parse_run(r: &Value) -> Result<Action, String> {
+    let argv: Vec<String> = r
+        .get("argv")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    if argv.is_empty() {
+        return Err("run needs `argv` (a list: program and arguments)".into());
+    }
+    let timeout = match r.get("timeout").and_then(Value::as_str) {
+        Some(t) => humantime::parse_duration(t).map_err(|e| format!("timeout `{t}`: {e}"))?,
+        None => std::time::Duration::from_secs(30),
+    };
+    Ok(Action::Run { argv, timeout })
+}
+
+/// Rye's `{primary: load|execute, item_type, item_id, params?}` as the weft action it maps to.
+fn parse_rye_action(a: &Value, primary: &str, event: &str, root: &Path) -> Result<Action, String> {
+    let item_type = a.get("item_type").and_then(Value::as_str).unwrap_or("");
+    let item_id = a.get("item_id").and_then(Value::as_str).unwrap_or("");
+    let knowledge = || {
+        Action::Inject(Inject::File(
+            root.join("knowledge").join(format!("{item_id}.md")),
+        ))
+    };
+    match (primary, item_type) {
+        ("load", "knowledge") | ("execute", "knowledge") => at_start(knowledge(), event),
+        ("load", "directive") => at_start(Action::Inject(Inject::Directive(item_id.into())), event),
+        ("execute", "tool") if item_id.ends_with("/control") => parse_control(
+            match a.get("params").and_then(|p| p.get("action")).and_then(Value::as_str) {
+                // weft has no limit approval yet: escalating ends the thread, as a limit does.
+                Some("abort" | "escalate") => "fail",
+                Some(other) => other,
+                None => "",
+            },
+            event,
+        ),
+        ("execute", "tool") if item_id.ends_with("/emitter") => Ok(rye_emit(a, event)),
+        ("execute", "directive") => Ok(Action::Spawn {
+            directive: item_id.into(),
+            inputs: a
+                .get("params")
+                .and_then(|p| p.get("inputs").or(Some(p)))
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+        }),
+        _ => Err(format!(
+            "Rye action {primary} {item_type} `{item_id}` has no weft equivalent yet (load knowledge|directive map to inject, execute directive to spawn)"
+        )),
+    }
+}
+
+/// Rye's emitter tool: its params are the payload, `event_type` (default: the hook's event)
+/// names the event.
+fn rye_emit(a: &Value, event: &str) -> Action {
+    let mut params = a.get("params").cloned().unwrap_or(json!({}));
+    let event_type = params
+        .as_object_mut()
+        .and_then(|p| p.remove("event_type"))
+        .and_then(|t| t.as_str().map(str::to_string))
+        .unwrap_or_else(|| event.to_string());
+    Action::Emit {
+        event_type,
+        payload: params,
+    }
 }
 
 fn parse_control(what: &str, event: &str) -> Result<Action, String> {

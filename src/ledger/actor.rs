@@ -272,6 +272,154 @@ impl LedgerState {
     }
 }
 
+/// One method per change a message asks of the book: each applies it at once and holds its
+/// reply until the change is committed (see [`LedgerActor`]).
+impl LedgerState {
+    /// After [`Book::open`]: a new account is a decision of this batch; a refusal is answered
+    /// at once.
+    fn opened(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        opened: Result<(), LedgerError>,
+        id: ThreadId,
+        parent: Option<ThreadId>,
+        reply: RpcReplyPort<Result<(), LedgerError>>,
+    ) {
+        if let Err(e) = opened {
+            // A chain opened again for this account is not needed after all.
+            if let Some(p) = &parent {
+                self.prune(p);
+            }
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let ids = self.book.chain(&id).unwrap_or_default();
+        self.touch(&ids);
+        self.undo.push(Undo::Open(id));
+        self.hold(
+            me,
+            Box::new(move |e| {
+                let _ = reply.send(e.map_or(Ok(()), Err));
+            }),
+        );
+    }
+
+    /// Opens `id`'s closed account and its closed ancestors again from their ledger.db rows,
+    /// unless the book holds it.
+    fn reopen(&mut self, id: ThreadId) -> Result<(), LedgerError> {
+        if self.book.get(&id).is_some() {
+            return Ok(());
+        }
+        let chain = super::db::closed_chain(&self.db, &id)?;
+        if chain.is_empty() {
+            return Err(LedgerError::Unknown(id));
+        }
+        self.book.reopen(chain);
+        Ok(())
+    }
+
+    /// After [`Book::reserve`]: a grant is a decision of this batch; a refusal is answered at
+    /// once.
+    fn reserved(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        granted: Result<Grant, LedgerError>,
+        reply: RpcReplyPort<Result<Grant, LedgerError>>,
+    ) {
+        let g = match granted {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        if let Some(r) = self.book.reservations.get(&g.reservation).cloned() {
+            self.touch(&r.chain);
+            self.added.push(r);
+        }
+        self.undo.push(Undo::Reserve(g.reservation));
+        self.hold(
+            me,
+            Box::new(move |e| {
+                let _ = reply.send(e.map_or(Ok(g), Err));
+            }),
+        );
+    }
+
+    /// Settles `reservation` at `actual` (an unknown one is already settled).
+    fn settle(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        reservation: ReservationId,
+        actual: Nanos,
+        reply: Option<RpcReplyPort<Result<(), LedgerError>>>,
+    ) {
+        let Some(r) = self.book.reservations.get(&reservation).cloned() else {
+            if let Some(r) = reply {
+                let _ = r.send(Ok(()));
+            }
+            return;
+        };
+        self.book.settle(reservation, actual);
+        self.touch(&r.chain);
+        self.removed.push((r.chain[0].clone(), r.id));
+        // A settlement nobody waits for rides with the next commit (the caller's next reserve
+        // or close): its cost is already in the transcript, and recovery settles recorded
+        // calls, so it needs no commit of its own.
+        // A fact: if this commit fails it stays pending and is retried.
+        if let Some(reply) = reply {
+            self.hold(
+                me,
+                Box::new(move |_| {
+                    let _ = reply.send(Ok(()));
+                }),
+            );
+        }
+    }
+
+    /// Closes `id`'s account, its open reservations released.
+    fn close(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        reply: RpcReplyPort<Result<Account, LedgerError>>,
+    ) {
+        let open: Vec<(ThreadId, ReservationId)> = self
+            .book
+            .open_of(&id)
+            .into_iter()
+            .map(|r| (id.clone(), r))
+            .collect();
+        let a = match self.book.close(&id) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let ids = self.book.chain(&id).unwrap_or_default();
+        self.touch(&ids);
+        self.removed.extend(open);
+        self.prune(&id);
+        // A fact, like a settlement: kept and retried if this commit fails.
+        self.hold(
+            me,
+            Box::new(move |_| {
+                let _ = reply.send(Ok(a));
+            }),
+        );
+    }
+
+    /// Open accounts with the process that opened each.
+    fn open_accounts(&self) -> Vec<(ThreadId, u32)> {
+        self.book
+            .accounts()
+            .filter(|a| !a.closed)
+            .map(|a| (a.id.clone(), a.owner))
+            .collect()
+    }
+}
+
 impl Actor for LedgerActor {
     type Msg = LedgerMsg;
     type State = LedgerState;
@@ -311,43 +459,13 @@ impl Actor for LedgerActor {
                 min_first_call,
                 reply,
             } => {
-                match s
+                let opened = s
                     .book
-                    .open(&id, parent.as_ref(), max, guarantee, min_first_call)
-                {
-                    Ok(()) => {
-                        let ids = s.book.chain(&id).unwrap_or_default();
-                        s.touch(&ids);
-                        s.undo.push(Undo::Open(id));
-                        s.hold(
-                            &me,
-                            Box::new(move |e| {
-                                let _ = reply.send(e.map_or(Ok(()), Err));
-                            }),
-                        );
-                    }
-                    Err(e) => {
-                        // A chain opened again for this account is not needed after all.
-                        if let Some(p) = &parent {
-                            s.prune(p);
-                        }
-                        let _ = reply.send(Err(e));
-                    }
-                }
+                    .open(&id, parent.as_ref(), max, guarantee, min_first_call);
+                s.opened(&me, opened, id, parent, reply);
             }
             LedgerMsg::Reopen { id, reply } => {
-                let res = if s.book.get(&id).is_some() {
-                    Ok(())
-                } else {
-                    super::db::closed_chain(&s.db, &id).and_then(|chain| {
-                        if chain.is_empty() {
-                            return Err(LedgerError::Unknown(id));
-                        }
-                        s.book.reopen(chain);
-                        Ok(())
-                    })
-                };
-                let _ = reply.send(res);
+                let _ = reply.send(s.reopen(id));
             }
             LedgerMsg::Reserve {
                 id,
@@ -357,97 +475,23 @@ impl Actor for LedgerActor {
                 min_output,
                 reply,
             } => {
-                match s
+                let granted = s
                     .book
-                    .reserve(&id, &price, prompt_tokens, want_output, min_output)
-                {
-                    Ok(g) => {
-                        if let Some(r) = s.book.reservations.get(&g.reservation).cloned() {
-                            s.touch(&r.chain);
-                            s.added.push(r);
-                        }
-                        s.undo.push(Undo::Reserve(g.reservation));
-                        s.hold(
-                            &me,
-                            Box::new(move |e| {
-                                let _ = reply.send(e.map_or(Ok(g), Err));
-                            }),
-                        );
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
-                }
+                    .reserve(&id, &price, prompt_tokens, want_output, min_output);
+                s.reserved(&me, granted, reply);
             }
             LedgerMsg::Settle {
                 reservation,
                 actual,
                 reply,
-            } => {
-                let r = s.book.reservations.get(&reservation).cloned();
-                match r {
-                    Some(r) => {
-                        s.book.settle(reservation, actual);
-                        s.touch(&r.chain);
-                        s.removed.push((r.chain[0].clone(), r.id));
-                        // A settlement nobody waits for rides with the next commit (the caller's
-                        // next reserve or close): its cost is already in the transcript, and
-                        // recovery settles recorded calls, so it needs no commit of its own.
-                        // A fact: if this commit fails it stays pending and is retried.
-                        if let Some(reply) = reply {
-                            s.hold(
-                                &me,
-                                Box::new(move |_| {
-                                    let _ = reply.send(Ok(()));
-                                }),
-                            );
-                        }
-                    }
-                    None => {
-                        if let Some(r) = reply {
-                            let _ = r.send(Ok(()));
-                        }
-                    }
-                }
-            }
-            LedgerMsg::Close { id, reply } => {
-                let open: Vec<(ThreadId, ReservationId)> = s
-                    .book
-                    .open_of(&id)
-                    .into_iter()
-                    .map(|r| (id.clone(), r))
-                    .collect();
-                match s.book.close(&id) {
-                    Ok(a) => {
-                        let ids = s.book.chain(&id).unwrap_or_default();
-                        s.touch(&ids);
-                        s.removed.extend(open);
-                        s.prune(&id);
-                        // A fact, like a settlement: kept and retried if this commit fails.
-                        s.hold(
-                            &me,
-                            Box::new(move |_| {
-                                let _ = reply.send(Ok(a));
-                            }),
-                        );
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
-                }
-            }
+            } => s.settle(&me, reservation, actual, reply),
+            LedgerMsg::Close { id, reply } => s.close(&me, id, reply),
             LedgerMsg::Flush => s.flush(Some(&me)),
             LedgerMsg::Get { id, reply } => {
                 let _ = reply.send(s.book.get(&id).cloned());
             }
             LedgerMsg::OpenAccounts { reply } => {
-                let open = s
-                    .book
-                    .accounts()
-                    .filter(|a| !a.closed)
-                    .map(|a| (a.id.clone(), a.owner))
-                    .collect();
-                let _ = reply.send(open);
+                let _ = reply.send(s.open_accounts());
             }
             LedgerMsg::Held { reply } => {
                 let _ = reply.send(s.book.len());

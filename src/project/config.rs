@@ -99,6 +99,25 @@ struct RawConfig {
     continuation_threshold: Option<f64>,
 }
 
+/// The YAML text being overlaid, so an error can name the line of the key it is about.
+struct Source<'a> {
+    /// The file (only named in errors).
+    file: &'a Path,
+    /// Its text.
+    text: &'a str,
+}
+
+impl Source<'_> {
+    /// An error at the first line that names `key`.
+    fn at(&self, key: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.into(),
+            line: find_line(self.text, key),
+            message,
+        }
+    }
+}
+
 /// The effective configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -143,6 +162,7 @@ pub use super::sections::{BuiltinHooks, FileLimits, McpServerConfig};
 pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
 
 /// The commented config `weft init` writes.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) const DEFAULT_CONFIG_YAML: &str = r#"# weft project configuration. Every key is optional; shown values are the defaults.
 defaults:
   # Limits every thread starts from; directives and overrides may change them, parents cap them.
@@ -265,97 +285,32 @@ impl Config {
 
     /// Overlays YAML text (`file` only names it in errors).
     pub fn overlay_text(&mut self, file: &Path, text: &str) -> Result<(), ConfigError> {
-        let err = |line: Option<(u64, u64)>, message: String| ConfigError {
-            file: file.into(),
-            line,
-            message,
-        };
-        let raw: RawConfig = if text.trim().is_empty() {
+        let mut raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_saphyr::from_str(text).map_err(|e| {
-                let loc = e.location().map(|l| (l.line(), l.column()));
-                err(loc, crate::project::yaml::yaml_message(&e))
+            serde_saphyr::from_str(text).map_err(|e| ConfigError {
+                file: file.into(),
+                line: e.location().map(|l| (l.line(), l.column())),
+                message: crate::project::yaml::yaml_message(&e),
             })?
         };
-        if let Some(d) = raw.defaults {
-            if let Some(l) = d.limits {
-                let set = LimitSet::from_map(&l)
-                    .map_err(|m| err(find_line(text, "limits"), format!("defaults.limits: {m}")))?;
-                self.default_limits = self.default_limits.overlay(&set);
-            }
-            if let Some(p) = d.provider {
-                self.default_provider = p;
-            }
-            if let Some(m) = d.max_output_tokens {
-                self.max_output_tokens = m.max(1);
-            }
+        let src = Source { file, text };
+        if let Some(d) = raw.defaults.take() {
+            self.overlay_defaults(&src, d)?;
         }
-        for (name, p) in raw.providers {
-            let merged = match self.providers.remove(&name) {
-                Some(old) if old.kind == p.kind => p.over(old),
-                _ => p,
-            };
-            self.providers.insert(name, merged);
+        for (name, p) in std::mem::take(&mut raw.providers) {
+            self.overlay_provider(name, p);
         }
-        for (model, p) in raw.pricing {
-            let usd = |v: &serde_json::Value, what: &str| {
-                Nanos::from_json_usd(v).map_err(|m| {
-                    err(
-                        find_line(text, &model),
-                        format!("pricing.{model}.{what}: {m}"),
-                    )
-                })
-            };
-            let price = Price {
-                input: usd(&p.input, "input")?.0,
-                output: usd(&p.output, "output")?.0,
-                cache_read: match &p.cache_read {
-                    Some(v) => usd(v, "cache_read")?.0,
-                    None => 0,
-                },
-            };
-            if let Some(o) = p.prompt_overhead_tokens {
-                self.prompt_overhead.insert(model.clone(), o);
-            }
-            self.pricing.insert(model, price);
+        for (model, p) in std::mem::take(&mut raw.pricing) {
+            self.overlay_price(&src, model, p)?;
         }
-        if let Some(d) = raw.durability {
+        if let Some(d) = raw.durability.take() {
             self.durability = d;
         }
-        if let Some(r) = raw.retries {
-            self.retries = r;
-        }
-        if let Some(g) = raw.cancel_grace {
-            self.cancel_grace = humantime::parse_duration(&g).map_err(|_| {
-                err(
-                    find_line(text, "cancel_grace"),
-                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
-                )
-            })?;
-        }
-        if let Some(c) = raw.checkpoint_every {
-            self.checkpoint_every = c.max(1);
-        }
-        self.context_window.extend(raw.context_window);
-        if let Some(o) = raw.prompt_overhead_tokens {
-            self.prompt_overhead.insert("default".into(), o);
-        }
-        if let Some(b) = raw.builtin_hooks {
-            self.builtin_hooks = b;
-        }
-        if let Some(t) = raw.continuation_threshold {
-            if !(0.1..=1.0).contains(&t) {
-                return Err(err(
-                    find_line(text, "continuation_threshold"),
-                    format!("continuation_threshold {t}: a share of the context window between 0.1 and 1.0"),
-                ));
-            }
-            self.continuation_threshold = t;
-        }
+        self.overlay_run_settings(&src, &mut raw)?;
         for (name, server) in raw.mcp_servers {
             if let Some(problem) = server.problem(&name) {
-                return Err(err(find_line(text, &name), problem));
+                return Err(src.at(&name, problem));
             }
             self.mcp_servers.insert(name, server);
         }
@@ -366,6 +321,99 @@ impl Config {
             if let Some(n) = f.max_area_bytes {
                 self.files.max_area_bytes = n;
             }
+        }
+        Ok(())
+    }
+
+    /// `defaults:` — limits (overlaid key by key), provider and largest output.
+    fn overlay_defaults(&mut self, src: &Source<'_>, d: RawDefaults) -> Result<(), ConfigError> {
+        if let Some(l) = d.limits {
+            let set = LimitSet::from_map(&l)
+                .map_err(|m| src.at("limits", format!("defaults.limits: {m}")))?;
+            self.default_limits = self.default_limits.overlay(&set);
+        }
+        if let Some(p) = d.provider {
+            self.default_provider = p;
+        }
+        if let Some(m) = d.max_output_tokens {
+            self.max_output_tokens = m.max(1);
+        }
+        Ok(())
+    }
+
+    /// One of `providers:` (its kinds already checked by serde), overlaid key by key on an
+    /// earlier file's provider of the same name and kind.
+    fn overlay_provider(&mut self, name: String, p: ProviderConfig) {
+        let merged = match self.providers.remove(&name) {
+            Some(old) if old.kind == p.kind => p.over(old),
+            _ => p,
+        };
+        self.providers.insert(name, merged);
+    }
+
+    /// One of `pricing:` (USD per million tokens, rounded to nano-USD once here).
+    fn overlay_price(
+        &mut self,
+        src: &Source<'_>,
+        model: String,
+        p: RawPrice,
+    ) -> Result<(), ConfigError> {
+        let usd = |v: &serde_json::Value, what: &str| {
+            Nanos::from_json_usd(v)
+                .map_err(|m| src.at(&model, format!("pricing.{model}.{what}: {m}")))
+        };
+        let price = Price {
+            input: usd(&p.input, "input")?.0,
+            output: usd(&p.output, "output")?.0,
+            cache_read: match &p.cache_read {
+                Some(v) => usd(v, "cache_read")?.0,
+                None => 0,
+            },
+        };
+        if let Some(o) = p.prompt_overhead_tokens {
+            self.prompt_overhead.insert(model.clone(), o);
+        }
+        self.pricing.insert(model, price);
+        Ok(())
+    }
+
+    /// The settings of how threads run: retries, cancel grace, checkpoints, context windows,
+    /// prompt overhead, built-in hooks, continuation threshold.
+    fn overlay_run_settings(
+        &mut self,
+        src: &Source<'_>,
+        raw: &mut RawConfig,
+    ) -> Result<(), ConfigError> {
+        if let Some(r) = raw.retries {
+            self.retries = r;
+        }
+        if let Some(g) = &raw.cancel_grace {
+            self.cancel_grace = humantime::parse_duration(g).map_err(|_| {
+                src.at(
+                    "cancel_grace",
+                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
+                )
+            })?;
+        }
+        if let Some(c) = raw.checkpoint_every {
+            self.checkpoint_every = c.max(1);
+        }
+        self.context_window
+            .extend(std::mem::take(&mut raw.context_window));
+        if let Some(o) = raw.prompt_overhead_tokens {
+            self.prompt_overhead.insert("default".into(), o);
+        }
+        if let Some(b) = &raw.builtin_hooks {
+            self.builtin_hooks = *b;
+        }
+        if let Some(t) = raw.continuation_threshold {
+            if !(0.1..=1.0).contains(&t) {
+                return Err(src.at(
+                    "continuation_threshold",
+                    format!("continuation_threshold {t}: a share of the context window between 0.1 and 1.0"),
+                ));
+            }
+            self.continuation_threshold = t;
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ pub fn human_duration(ms: u64) -> String {
 }
 
 /// `n` and `word`, with an `s` unless `n` is 1.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))] // the terminal's words
 pub(crate) fn plural(n: u64, word: &str) -> String {
     if n == 1 {
         format!("1 {word}")

@@ -95,112 +95,16 @@ fn checked(path: &std::path::Path) -> Result<rusqlite::Connection, String> {
 pub fn diagnose(project: &Project) -> Checkup {
     let state = project.state_dir();
     let mut up = Checkup::default();
-    let mut ledger = None;
-    for name in ["registry.db", "ledger.db", "store.db"] {
-        let path = state.join(name);
-        if !path.exists() {
-            continue;
-        }
-        match checked(&path) {
-            Ok(db) if name == "ledger.db" => ledger = Some(db),
-            Ok(_) => {}
-            Err(e) => up.broken.push(format!(
-                "{}: {e} — restore it from a backup (thread.json files stay the truth)",
-                path.display()
-            )),
-        }
-    }
+    let ledger = check_databases(&state, &mut up.broken);
     if up.broken.iter().any(|b| b.contains("registry.db")) {
         return up;
     }
-    let rows = match Store::open_read_only(&state.join("registry.db"))
-        .and_then(|s| s.list(false, usize::MAX >> 1))
-    {
-        Ok(rows) => rows,
-        Err(e) if !state.join("registry.db").exists() => {
-            tracing::debug!("no registry yet: {e}");
-            Vec::new()
-        }
-        Err(e) => {
-            up.broken
-                .push(format!("{}: {e}", state.join("registry.db").display()));
-            return up;
-        }
+    let Some(rows) = registry_rows(&state, &mut up.broken) else {
+        return up;
     };
     let (trust, _) = Trust::load(&project.trust_dir());
-    let mut health = Health {
-        threads: rows.len(),
-        ..Default::default()
-    };
-    let week_ago = SystemTime::now()
-        .checked_sub(Duration::from_secs(7 * 86_400))
-        .map(|t| humantime::format_rfc3339_millis(t).to_string())
-        .unwrap_or_default();
+    let mut health = thread_health(project, &trust, &rows, &mut up.problems);
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
-    let (mut ctx_sum, mut ctx_n) = (0u64, 0u64);
-    for r in &rows {
-        if r.status.is_terminal() {
-            health.inactive_7d += usize::from(r.updated_at < week_ago);
-        } else {
-            health.active += 1;
-        }
-        let dir = project.thread_dir(&r.id);
-        if !dir.exists() {
-            let fixable = r.status.is_terminal();
-            let how = if fixable {
-                "the row is removed by --fix"
-            } else {
-                "the next `weft recover` finalizes it"
-            };
-            up.problems.push(problem(
-                "row_without_folder",
-                &r.id,
-                format!(
-                    "registry row ({}) but no folder {}; {how}",
-                    r.status,
-                    dir.display()
-                ),
-                fixable,
-            ));
-            continue;
-        }
-        let (lines, largest) = transcript_figures(&dir.join("transcript.jsonl"));
-        health.transcript_lines += lines;
-        if largest > 0 {
-            ctx_sum += largest;
-            ctx_n += 1;
-            if largest > health.context_max_tokens {
-                health.context_max_tokens = largest;
-                health.context_max_thread = Some(r.id.to_string());
-            }
-        }
-        match ThreadDoc::read_verified(&dir.join("thread.json"), &trust) {
-            Err(e) => up.problems.push(problem(
-                "unverified",
-                &r.id,
-                format!("{e} (`weft verify {}` names the broken part)", r.id),
-                false,
-            )),
-            Ok(doc)
-                if doc.status != r.status
-                    && (doc.status.is_terminal() || r.status.is_terminal()) =>
-            {
-                let fixable = doc.status.is_terminal() && !r.status.is_terminal();
-                up.problems.push(problem(
-                    "status_mismatch",
-                    &r.id,
-                    format!(
-                        "thread.json says {} but the registry says {}",
-                        doc.status.as_str(),
-                        r.status
-                    ),
-                    fixable,
-                ));
-            }
-            Ok(_) => {}
-        }
-    }
-    health.context_avg_tokens = ctx_sum.checked_div(ctx_n).unwrap_or(0);
     folders_without_rows(project, &trust, &by_id, &mut up.problems);
     if let Some(db) = ledger {
         ledger_leftovers(&db, &by_id, &mut up.problems);
@@ -213,6 +117,144 @@ pub fn diagnose(project: &Project) -> Checkup {
     }
     up.health = Some(health);
     up
+}
+
+/// Runs SQLite's integrity check on each database of `state` there is, adding the broken ones
+/// to `broken`; returns ledger.db, opened read-only, when it is sound.
+fn check_databases(
+    state: &std::path::Path,
+    broken: &mut Vec<String>,
+) -> Option<rusqlite::Connection> {
+    let mut ledger = None;
+    for name in ["registry.db", "ledger.db", "store.db"] {
+        let path = state.join(name);
+        if !path.exists() {
+            continue;
+        }
+        match checked(&path) {
+            Ok(db) if name == "ledger.db" => ledger = Some(db),
+            Ok(_) => {}
+            Err(e) => broken.push(format!(
+                "{}: {e} — restore it from a backup (thread.json files stay the truth)",
+                path.display()
+            )),
+        }
+    }
+    ledger
+}
+
+/// Every row of the registry (none when there is no registry yet); None, with the reason
+/// added to `broken`, when it cannot be read.
+fn registry_rows(state: &std::path::Path, broken: &mut Vec<String>) -> Option<Vec<ThreadRow>> {
+    let path = state.join("registry.db");
+    match Store::open_read_only(&path).and_then(|s| s.list(false, usize::MAX >> 1)) {
+        Ok(rows) => Some(rows),
+        Err(e) if !path.exists() => {
+            tracing::debug!("no registry yet: {e}");
+            Some(Vec::new())
+        }
+        Err(e) => {
+            broken.push(format!("{}: {e}", path.display()));
+            None
+        }
+    }
+}
+
+/// The figures of the registry's threads (all but the sizes), and the problems of each row's
+/// folder: missing, or its thread.json unverified or disagreeing with the row.
+fn thread_health(
+    project: &Project,
+    trust: &Trust,
+    rows: &[ThreadRow],
+    problems: &mut Vec<Problem>,
+) -> Health {
+    let mut health = Health {
+        threads: rows.len(),
+        ..Default::default()
+    };
+    let week_ago = SystemTime::now()
+        .checked_sub(Duration::from_secs(7 * 86_400))
+        .map(|t| humantime::format_rfc3339_millis(t).to_string())
+        .unwrap_or_default();
+    let (mut ctx_sum, mut ctx_n) = (0u64, 0u64);
+    for r in rows {
+        if r.status.is_terminal() {
+            health.inactive_7d += usize::from(r.updated_at < week_ago);
+        } else {
+            health.active += 1;
+        }
+        let Ok(id) = ThreadId::parse(&r.id) else {
+            continue;
+        };
+        let dir = project.thread_dir(&id);
+        if !dir.exists() {
+            problems.push(row_without_folder(r, &dir));
+            continue;
+        }
+        let (lines, largest) = transcript_figures(&dir.join("transcript.jsonl"));
+        health.transcript_lines += lines;
+        if largest > 0 {
+            ctx_sum += largest;
+            ctx_n += 1;
+            if largest > health.context_max_tokens {
+                health.context_max_tokens = largest;
+                health.context_max_thread = Some(r.id.to_string());
+            }
+        }
+        problems.extend(doc_problem(r, &dir, trust));
+    }
+    health.context_avg_tokens = ctx_sum.checked_div(ctx_n).unwrap_or(0);
+    health
+}
+
+/// A registry row whose thread folder `dir` is gone.
+fn row_without_folder(r: &ThreadRow, dir: &std::path::Path) -> Problem {
+    let fixable = r.status.is_terminal();
+    let how = if fixable {
+        "the row is removed by --fix"
+    } else {
+        "the next `weft recover` finalizes it"
+    };
+    problem(
+        "row_without_folder",
+        &r.id,
+        format!(
+            "registry row ({}) but no folder {}; {how}",
+            r.status,
+            dir.display()
+        ),
+        fixable,
+    )
+}
+
+/// What is wrong with the thread.json in `dir`, if anything: unverified, or a status that
+/// disagrees with the row where either one is terminal.
+fn doc_problem(r: &ThreadRow, dir: &std::path::Path, trust: &Trust) -> Option<Problem> {
+    match ThreadDoc::read_verified(&dir.join("thread.json"), trust) {
+        Err(e) => Some(problem(
+            "unverified",
+            &r.id,
+            format!("{e} (`weft verify {}` names the broken part)", r.id),
+            false,
+        )),
+        Ok(doc)
+            if doc.status.as_str() != r.status
+                && (doc.status.is_terminal() || r.status.is_terminal()) =>
+        {
+            let fixable = doc.status.is_terminal() && !r.status.is_terminal();
+            Some(problem(
+                "status_mismatch",
+                &r.id,
+                format!(
+                    "thread.json says {} but the registry says {}",
+                    doc.status.as_str(),
+                    r.status
+                ),
+                fixable,
+            ))
+        }
+        Ok(_) => None,
+    }
 }
 
 /// Lines of a transcript and the largest prompt (input tokens) any of its calls sent.

@@ -56,7 +56,8 @@ fn control_failed(e: ControlError) -> Reply {
 /// Where a steering request may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reach {
-    /// To the thread's actor here, else to the process that owns it.
+    /// To the thread's actor here, else to the process that owns it (`weft serve`'s HTTP).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     Anywhere,
     /// Here only (a request that came over a control socket from another process).
     Local,

@@ -1,10 +1,13 @@
 //! Surfaces that serve a running runtime to other processes: one API handler set (`api`) on two
 //! transports — every runtime's local control socket (`control`) and `weft serve`'s HTTP with
-//! Server-Sent Events and the web page (`http`, `events`). Started by whoever serves (the CLI);
-//! the runtime never imports this room.
+//! Server-Sent Events and the web page (`http`, `events`, behind the `server` feature). Started by
+//! whoever serves (the CLI, so the room is built with the `cli` feature); the runtime never
+//! imports this room.
 
 pub(crate) mod api;
 pub(crate) mod control;
+#[cfg(feature = "server")]
 mod events;
+#[cfg(feature = "server")]
 pub(crate) mod http;
 pub(crate) mod peer;

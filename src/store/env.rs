@@ -316,6 +316,7 @@ impl FileStore {
 
     /// The values every thread shares: the project's over the user's, secrets decrypted (for
     /// processes started once per runtime, such as MCP servers).
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub(crate) fn env_shared(&self) -> Result<BTreeMap<String, String>, StoreError> {
         let mut found =
             self.with_env_db(&Scope::Project, |db| rows(db, &["project".to_string()]))?;

@@ -144,11 +144,38 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Imp
             .push(format!("{original}: already imported as {id}"));
         return Ok(out);
     }
+    let events = nova_events(path, lines, &mut out.skipped);
+    let thread = NewThread {
+        directive: "import/nova".into(),
+        status: "completed".into(),
+        created_at: created,
+        updated_at: updated,
+        meta: nova_meta(&manifest, &original),
+        imported: Some(json!({ "format": "nova", "file": out.file, "original_id": original })),
+        events,
+        ..Default::default()
+    };
+    let id = store.create(thread).map_err(|source| ImportError::Store {
+        file: file(),
+        original: None,
+        source,
+    })?;
+    out.threads.push((original, id));
+    Ok(out)
+}
+
+/// The events of a nova file's lines after the manifest ((index, line) pairs); a line that is
+/// not JSON, or neither a message nor a known event, is skipped and reported in `skipped`.
+fn nova_events<'a>(
+    path: &Path,
+    lines: impl Iterator<Item = (usize, &'a str)>,
+    skipped: &mut Vec<String>,
+) -> Vec<Value> {
     let mut events = Vec::new();
     let mut last_assistant = String::new();
     for (i, line) in lines {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
-            out.skipped.push(format!(
+            skipped.push(format!(
                 "{}:{}: not JSON (a torn line?), skipped",
                 path.display(),
                 i + 1
@@ -179,7 +206,7 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Imp
                 json!({ "type": "message", "role": if role == "user" { "user" } else { "system" }, "text": text, "at": at })
             }
             _ => {
-                out.skipped.push(format!(
+                skipped.push(format!(
                     "{}:{}: neither a message nor a known event, skipped",
                     path.display(),
                     i + 1
@@ -189,6 +216,11 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Imp
         };
         events.push(event);
     }
+    events
+}
+
+/// An imported nova thread's metadata: its source, original id and the manifest's names.
+fn nova_meta(manifest: &Value, original: &str) -> Map<String, Value> {
     let mut meta = Map::new();
     meta.insert("source".into(), json!("nova"));
     meta.insert("original_id".into(), json!(original));
@@ -202,23 +234,7 @@ pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, Imp
             meta.insert(to.into(), v.clone());
         }
     }
-    let thread = NewThread {
-        directive: "import/nova".into(),
-        status: "completed".into(),
-        created_at: created,
-        updated_at: updated,
-        meta,
-        imported: Some(json!({ "format": "nova", "file": out.file, "original_id": original })),
-        events,
-        ..Default::default()
-    };
-    let id = store.create(thread).map_err(|source| ImportError::Store {
-        file: file(),
-        original: None,
-        source,
-    })?;
-    out.threads.push((original, id));
-    Ok(out)
+    meta
 }
 
 /// Imports a deepagents-cli `threads.json`: each thread's metadata and lineage (deepagents
@@ -234,39 +250,11 @@ pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Importe
         file: file(),
         source,
     })?;
-    let Some(entries) = doc["threads"].as_array() else {
-        return Err(ImportError::NotAList { file: file() });
-    };
     let mut out = Imported {
         file: file_name(path),
         ..Default::default()
     };
-    // Values, not maps: indexing a missing key of a Value is Null, never a panic.
-    let mut threads: Vec<&Value> = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
-        match e.is_object() && e["id"].is_string() {
-            true => threads.push(e),
-            false => out.skipped.push(format!(
-                "{}: threads[{i}] is not a thread entry, skipped",
-                path.display()
-            )),
-        }
-    }
-    if let Some(cur) = doc["current_thread_id"].as_str() {
-        if !threads.iter().any(|t| t["id"] == cur) {
-            out.skipped.push(format!(
-                "{}: current_thread_id {cur} names no thread (ignored)",
-                path.display()
-            ));
-        }
-    }
-    // Parents first, so a child can name its parent's weft id.
-    threads.sort_by_key(|t| {
-        (
-            t["parent_id"].is_string(),
-            t["created"].as_str().unwrap_or("").to_string(),
-        )
-    });
+    let threads = deepagents_entries(path, &doc, &mut out.skipped)?;
     let mut ids: HashMap<String, ThreadId> = HashMap::new();
     for t in threads {
         let original = t["id"].as_str().unwrap_or_default().to_string();
@@ -276,48 +264,7 @@ pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Importe
             ids.extend(ThreadId::parse(&id).ok().map(|w| (original.clone(), w)));
             continue;
         }
-        let created = ts(&t["created"]);
-        let used = ts(&t["last_used"]).or_else(|| created.clone());
-        if created.is_none() {
-            out.skipped.push(format!(
-                "{original}: unparsable `created` {}; imported with the import time",
-                t["created"]
-            ));
-        }
-        let mut meta = Map::new();
-        meta.insert("source".into(), json!("deepagents"));
-        meta.insert("original_id".into(), json!(original));
-        for k in ["name", "assistant_id", "token_count", "parent_id"] {
-            if let Some(v) = Some(&t[k]).filter(|v| !v.is_null()) {
-                meta.insert(
-                    if k == "parent_id" {
-                        "original_parent".into()
-                    } else {
-                        k.to_string()
-                    },
-                    v.clone(),
-                );
-            }
-        }
-        if let Some(m) = Some(&t["metadata"]).filter(|m| m.is_object()) {
-            meta.insert("deepagents".into(), m.clone());
-        }
-        let parent = t["parent_id"].as_str().and_then(|p| ids.get(p)).cloned();
-        let name = t["name"].as_str().unwrap_or("unnamed thread");
-        let note = json!({ "type": "note", "text": format!("imported from deepagents: {name} (its messages live in the deepagents checkpointer, not in threads.json)") });
-        let thread = NewThread {
-            directive: "import/deepagents".into(),
-            status: "completed".into(),
-            created_at: created.unwrap_or_default(),
-            updated_at: used.unwrap_or_default(),
-            meta,
-            forked_from: parent,
-            imported: Some(
-                json!({ "format": "deepagents", "file": out.file, "original_id": original }),
-            ),
-            events: vec![note],
-            ..Default::default()
-        };
+        let thread = deepagents_thread(t, &original, &ids, &mut out);
         let id = store.create(thread).map_err(|source| ImportError::Store {
             file: file(),
             original: Some(original.clone()),
@@ -327,6 +274,98 @@ pub fn import_deepagents(store: &dyn ThreadStore, path: &Path) -> Result<Importe
         out.threads.push((original, id));
     }
     Ok(out)
+}
+
+/// The thread entries of a deepagents `threads.json`, parents first (so a child can name its
+/// parent's weft id); an entry that is not a thread is skipped and reported in `skipped`.
+fn deepagents_entries<'a>(
+    path: &Path,
+    doc: &'a Value,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<&'a Value>, ImportError> {
+    let Some(entries) = doc["threads"].as_array() else {
+        return Err(ImportError::NotAList {
+            file: path.to_path_buf(),
+        });
+    };
+    // Values, not maps: indexing a missing key of a Value is Null, never a panic.
+    let mut threads: Vec<&Value> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        match e.is_object() && e["id"].is_string() {
+            true => threads.push(e),
+            false => skipped.push(format!(
+                "{}: threads[{i}] is not a thread entry, skipped",
+                path.display()
+            )),
+        }
+    }
+    if let Some(cur) = doc["current_thread_id"].as_str() {
+        if !threads.iter().any(|t| t["id"] == cur) {
+            skipped.push(format!(
+                "{}: current_thread_id {cur} names no thread (ignored)",
+                path.display()
+            ));
+        }
+    }
+    threads.sort_by_key(|t| {
+        (
+            t["parent_id"].is_string(),
+            t["created"].as_str().unwrap_or("").to_string(),
+        )
+    });
+    Ok(threads)
+}
+
+/// One deepagents entry as a finished weft thread holding one note; its parent (already
+/// imported, in `ids`) becomes its `forked_from`. An unparsable `created` is reported in `out`.
+fn deepagents_thread(
+    t: &Value,
+    original: &str,
+    ids: &HashMap<String, ThreadId>,
+    out: &mut Imported,
+) -> NewThread {
+    let created = ts(&t["created"]);
+    let used = ts(&t["last_used"]).or_else(|| created.clone());
+    if created.is_none() {
+        out.skipped.push(format!(
+            "{original}: unparsable `created` {}; imported with the import time",
+            t["created"]
+        ));
+    }
+    let mut meta = Map::new();
+    meta.insert("source".into(), json!("deepagents"));
+    meta.insert("original_id".into(), json!(original));
+    for k in ["name", "assistant_id", "token_count", "parent_id"] {
+        if let Some(v) = Some(&t[k]).filter(|v| !v.is_null()) {
+            meta.insert(
+                if k == "parent_id" {
+                    "original_parent".into()
+                } else {
+                    k.to_string()
+                },
+                v.clone(),
+            );
+        }
+    }
+    if let Some(m) = Some(&t["metadata"]).filter(|m| m.is_object()) {
+        meta.insert("deepagents".into(), m.clone());
+    }
+    let parent = t["parent_id"].as_str().and_then(|p| ids.get(p)).cloned();
+    let name = t["name"].as_str().unwrap_or("unnamed thread");
+    let note = json!({ "type": "note", "text": format!("imported from deepagents: {name} (its messages live in the deepagents checkpointer, not in threads.json)") });
+    NewThread {
+        directive: "import/deepagents".into(),
+        status: "completed".into(),
+        created_at: created.unwrap_or_default(),
+        updated_at: used.unwrap_or_default(),
+        meta,
+        forked_from: parent,
+        imported: Some(
+            json!({ "format": "deepagents", "file": out.file, "original_id": original }),
+        ),
+        events: vec![note],
+        ..Default::default()
+    }
 }
 
 /// A thread in another format: `nova` (a manifest line, then messages and events as nova

@@ -69,7 +69,8 @@ impl FileTool {
         }
     }
 
-    /// The file tool called `name`.
+    /// The file tool called `name` (`run_code`'s `files` helpers name them).
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
     pub(crate) fn parse(name: &str) -> Option<FileTool> {
         FileTool::ALL.into_iter().find(|t| t.name() == name)
     }

@@ -3,29 +3,31 @@
 //! Owns what a tool result is ([`ToolOutcome`]) and which capability a call needs. Must never
 //! let a call through that the thread's capabilities do not cover: a denial is an error result
 //! for the model, never a failure of the thread. The thread-management tools act on the thread
-//! actor's own state and live in `thread/`; command tools (`command.rs`, input checked by
-//! `schema.rs`) and the file area (`files.rs`) live here.
+//! actor's own state and live in `thread/`; command tools (`command.rs`, run by `process.rs`,
+//! input checked by `schema.rs`) and the file area (`files.rs`) live here.
 
 mod code;
 mod command;
 mod files;
 mod mcp;
+mod process;
 mod schema;
 
 pub(crate) use code::{run as run_code, CodeEnv};
 pub use command::ToolFileError;
-pub(crate) use command::{CallEnv, CommandTool, CommandTools};
+pub(crate) use command::{CommandTool, CommandTools};
 pub(crate) use files::{copy_between, resolve as resolve_in_area, FileTool};
 pub(crate) use mcp::{split_name as split_mcp_name, McpHub};
+pub(crate) use process::CallEnv;
 
 use crate::core::capability;
 use crate::provider::ToolCall;
 use serde_json::{json, Value};
 
-/// Runs a command tool (see [`command::run`]).
-pub(crate) use command::run as run_command;
 /// Runs a file tool (see [`files::run`]).
 pub(crate) use files::run as run_file_tool;
+/// Runs a command tool (see [`process::run`]).
+pub(crate) use process::run as run_command;
 
 /// A tool's result.
 #[derive(Debug, Clone, PartialEq)]

@@ -330,6 +330,7 @@ kid:
 /// Processes opening a fresh project at the same moment (a `weft serve` and a `weft run` started
 /// together) both get its databases and its trust store: neither fails with "database is
 /// locked" while the other creates them, nor reads the user's public key half-written.
+#[cfg(feature = "server")]
 #[test]
 fn a_run_and_a_serve_opening_a_fresh_project_together_both_start() {
     use std::io::BufRead;

@@ -429,6 +429,7 @@ root:
 /// The built-in `openai` and `anthropic` providers of a project made by `weft init`, configured
 /// only through the official SDKs' environment variables, run on the real server and are billed
 /// at the built-in price of the model asked for.
+#[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_built_in_providers_run_from_the_sdk_environment_variables() {
     let Some(url) = server() else { return };

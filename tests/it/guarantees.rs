@@ -585,6 +585,7 @@ leaf:
 /// A tree with more live threads than the process may open files: each live thread used to hold
 /// its transcript open, so under the common soft limit of 1,024 a 10k tree met EMFILE. Here: 150
 /// live leaves under a limit of 96 descriptors, through the real binary.
+#[cfg(feature = "cli")]
 #[test]
 fn more_live_threads_than_open_files_allowed() {
     let root = directive(

@@ -434,6 +434,7 @@ async fn a_limit_hook_lifts_a_turns_limit_once_and_never_spend() {
 }
 
 /// The user's own hooks (`$WEFT_HOME/hooks.yaml`, layer 0) run first, through the real binary.
+#[cfg(feature = "cli")]
 #[test]
 fn the_users_hooks_run_before_the_directives_and_the_projects() {
     let home = tempfile::tempdir().unwrap();

@@ -1,28 +1,44 @@
-//! weft's integration tests: one binary, one module per area.
+//! weft's integration tests: one binary, one module per area. A module (or test) that needs a
+//! feature is built only with it; those that drive the `weft` binary need `cli`.
 
 mod budget;
+#[cfg(feature = "cli")]
 mod cli;
+#[cfg(all(feature = "cli", feature = "js"))]
 mod code;
 mod continuation;
+#[cfg(feature = "cli")]
 mod crash;
 mod directives;
 mod e2e_llm;
+#[cfg(feature = "cli")]
 mod effects;
+#[cfg(feature = "server")]
 mod env;
 mod fake_llm;
 mod guarantees;
 mod hooks;
+#[cfg(feature = "cli")]
 mod interop;
 mod layout;
+#[cfg(feature = "cli")]
 mod lifecycle;
+#[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "cli")]
 mod messages;
+#[cfg(feature = "otel")]
 mod otel;
 mod providers;
+#[cfg(feature = "server")]
 mod serve;
+#[cfg(feature = "cli")]
 mod state;
+#[cfg(feature = "cli")]
 mod store;
 mod support;
+#[cfg(feature = "cli")]
 mod tools;
 mod tree;
+#[cfg(feature = "cli")]
 mod upkeep;

@@ -1,4 +1,6 @@
 //! Shared fixtures: a temporary project with directives, config and a script.
+// Some helpers serve only the modules that drive the `weft` binary (feature `cli`).
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
 
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -195,6 +197,7 @@ pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// The `weft` binary, with the suite's key home, on `project`.
+#[cfg(feature = "cli")]
 pub fn weft_cmd(project: &Path) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
     c.env("WEFT_HOME", weft_home())
@@ -204,6 +207,7 @@ pub fn weft_cmd(project: &Path) -> std::process::Command {
 }
 
 /// `weft threads --json` of `project` (empty before any run).
+#[cfg(feature = "cli")]
 pub fn rows_json(project: &Path) -> Vec<Value> {
     let o = weft_cmd(project)
         .args(["threads", "--json"])
@@ -253,6 +257,7 @@ pub fn tool_values(fx: &Fixture, id: &str) -> Vec<(Value, bool)> {
 
 /// Spawns `cmd` with stdout piped and returns it with the first line it prints (a server's
 /// address or port).
+#[cfg_attr(not(any(feature = "server", feature = "otel")), allow(dead_code))]
 pub fn spawn_announcing(cmd: &mut std::process::Command) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
