@@ -52,16 +52,23 @@ pub fn init(rt: tokio::runtime::Handle) -> Telemetry {
         tracing_subscriber::registry().with(fmt).init();
         return Telemetry::default();
     }
-    export(fmt, rt)
+    #[cfg(feature = "otel")]
+    return Telemetry {
+        provider: export(fmt, rt),
+    };
+    #[cfg(not(feature = "otel"))]
+    {
+        no_export(fmt, rt);
+        Telemetry::default()
+    }
 }
 
 /// Without the `otel` feature there is no exporter: logs only, and a warning saying why.
 #[cfg(not(feature = "otel"))]
-fn export(
+fn no_export(
     fmt: impl Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
     _rt: tokio::runtime::Handle,
-) -> Telemetry {
+) {
     tracing_subscriber::registry().with(fmt).init();
     tracing::warn!("OTLP export is off: this weft was built without the `otel` feature");
-    Telemetry::default()
 }

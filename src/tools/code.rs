@@ -9,34 +9,13 @@
 //! The engine (`code/quickjs.rs`) is behind the `js` feature; a weft built without it refuses
 //! every call with a tool error that says so.
 
-use super::files::FileLimits;
-use crate::core::ids::ThreadId;
-use crate::store::FileStore;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
+mod env;
 #[cfg(feature = "js")]
 mod quickjs;
 
-/// What a script may reach, and where.
-// Read only by the engine: a weft built without `js` fills it in and refuses the call.
-#[cfg_attr(not(feature = "js"), allow(dead_code))]
-pub(crate) struct CodeEnv {
-    /// The thread running it (its key-value store).
-    pub thread: ThreadId,
-    /// The store holding it.
-    pub store: Arc<FileStore>,
-    /// The thread's file area.
-    pub area: PathBuf,
-    /// File area bounds.
-    pub limits: FileLimits,
-    /// Which helpers the thread's capabilities allow: (`kv`, `fs.read`, `fs.write`).
-    pub allowed: (bool, bool, bool),
-    /// The thread's cancel.
-    pub cancel: CancellationToken,
-}
+pub(crate) use env::CodeEnv;
 
 /// Runs `source`; Ok is `{result, logs}`, Err the message for the model (with any logs).
 #[cfg(feature = "js")]

@@ -2,7 +2,6 @@
 //! posting HTTP/protobuf through weft's reqwest on the process's tokio runtime (no second HTTP
 //! stack). Only spans of target `weft::otel` are exported.
 
-use super::Telemetry;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
@@ -51,12 +50,13 @@ impl HttpClient for Http {
     }
 }
 
-/// Installs the log subscriber `fmt` with the OTLP span exporter (the endpoint is configured);
-/// if the exporter cannot be made, logs only, with a warning saying why.
+/// Installs the log subscriber `fmt` with the OTLP span exporter (the endpoint is configured)
+/// and returns the exporter to flush at exit; if the exporter cannot be made, logs only, with a
+/// warning saying why.
 pub(super) fn export(
     fmt: impl Layer<Registry> + Send + Sync + 'static,
     rt: tokio::runtime::Handle,
-) -> Telemetry {
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     crate::provider::http::ensure_tls_provider();
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(5))
@@ -74,7 +74,7 @@ pub(super) fn export(
         Err(e) => {
             tracing_subscriber::registry().with(fmt).init();
             tracing::warn!("OTLP export is off: {e}");
-            return Telemetry::default();
+            return None;
         }
     };
     let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
@@ -91,7 +91,5 @@ pub(super) fn export(
             m.target() == crate::thread::SPAN_TARGET
         }));
     tracing_subscriber::registry().with(fmt).with(otel).init();
-    Telemetry {
-        provider: Some(provider),
-    }
+    Some(provider)
 }

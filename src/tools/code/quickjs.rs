@@ -3,7 +3,7 @@
 //! helpers. Must never give a script I/O of its own (no modules, files, network or clock beyond
 //! `Date`), nor a helper the thread's capabilities do not cover.
 
-use super::CodeEnv;
+use super::env::CodeEnv;
 use crate::store::ThreadStore;
 use rquickjs::{Context, Ctx, Exception, Function, Runtime};
 use serde_json::{json, Value};
