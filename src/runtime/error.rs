@@ -5,14 +5,8 @@
 use crate::core::ids::ThreadId;
 use crate::store::StoreError;
 
-/// A question about the project's threads ([`Runtime::list`], [`Runtime::get`],
-/// [`Runtime::tree`], [`Runtime::search`], [`Runtime::transcript`]) that could not be answered.
-///
-/// [`Runtime::list`]: super::Runtime::list
-/// [`Runtime::get`]: super::Runtime::get
-/// [`Runtime::tree`]: super::Runtime::tree
-/// [`Runtime::search`]: super::Runtime::search
-/// [`Runtime::transcript`]: super::Runtime::transcript
+/// A question about the project's threads (`Runtime::list`, `get`, `tree`,
+/// `search`, `transcript`) that could not be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     /// The thread store (registry.db, store.db, the thread's files) failed or refused.
@@ -28,11 +22,8 @@ pub enum QueryError {
     },
 }
 
-/// A request to a running thread ([`Runtime::inject`], [`Runtime::decide`]) that did not
+/// A request to a running thread (`Runtime::inject`, `Runtime::decide`) that did not
 /// take effect.
-///
-/// [`Runtime::inject`]: super::Runtime::inject
-/// [`Runtime::decide`]: super::Runtime::decide
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ControlError {
     /// This process does not run the thread (it ended, or another process runs it).

@@ -147,6 +147,9 @@ impl Actor for ThreadActor {
             let report = end_subtree(&t.ctx, &id, &end).await;
             t.child_finished(report).await;
         }
+        if let Some(why) = t.record_failure() {
+            t.record_failed(why).await;
+        }
         Ok(())
     }
 

@@ -19,6 +19,9 @@ impl Thread {
     /// back as [`ThreadMsg::ChildSpawned`] or [`ThreadMsg::SpawnRefused`] under `call_id`, and
     /// the thread does not end while it is under way.
     pub(crate) fn start_child(&mut self, call_id: String, mut req: SpawnRequest, wait: bool) {
+        if self.record.failed.is_some() {
+            return; // the thread ends once this message is handled: no child starts now
+        }
         self.kids.spawning.insert(call_id.clone());
         req.parent_span = self.work.spans.get(&call_id).cloned();
         req.parent = Some(ParentLink {

@@ -93,10 +93,36 @@ impl Thread {
     }
 
     /// A transcript append failed: the thread ends `error` rather than go on with a record that
-    /// lost a line.
+    /// lost a line (a thread already ending ends `error` instead of how it was ending).
     pub(crate) async fn record_failed(&mut self, why: String) {
         tracing::error!(thread = %self.doc.id, "{why}");
+        if let Phase::Draining(e) = &mut self.phase {
+            *e = Ending::error(why);
+            return;
+        }
         self.finalize(Ending::error(why)).await;
+    }
+
+    /// A loss not yet acted on turns the ending into `error`.
+    fn unless_record_failed(&mut self, e: Ending) -> Ending {
+        match self.record.failed.take() {
+            Some(why) => Ending::error(why),
+            None => e,
+        }
+    }
+
+    /// A final line lost after the terminal status was set (never signed yet): the thread ends
+    /// `error` with the loss instead (a handed-off thread keeps `continued`, and the note).
+    fn final_lines_lost(&mut self) {
+        let Some(why) = self.record.failed.take() else {
+            return;
+        };
+        tracing::error!(thread = %self.doc.id, "{why}");
+        if self.doc.status != Status::Continued {
+            self.doc.history.pop();
+            self.doc.transition(Status::Error);
+        }
+        self.doc.error = Some(why);
     }
 
     /// Children did not acknowledge the cancel within the grace: they are killed, and the
@@ -168,6 +194,7 @@ impl Thread {
         } else {
             self.work.returned_files.clear();
         }
+        let e = self.unless_record_failed(e);
         self.set_outcome(&e);
         // A handoff: the continuation starts now (it needs this thread's final spend) and takes
         // over the parent link or the root's waiter.
@@ -175,6 +202,7 @@ impl Thread {
             self.continue_with(messages).await;
         }
         self.final_lines(e.status);
+        self.final_lines_lost();
         crate::core::failpoint::hit("finalize.line");
         self.write_final_doc().await;
         crate::core::failpoint::hit("finalize.doc");

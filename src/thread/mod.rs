@@ -7,7 +7,8 @@
 //! through `Thread::finalize`, which settles the ledger exactly once, writes the final registry
 //! row and signed thread.json, and tells the parent.
 //!
-//! Rooms, lowest first (a file imports only files listed before it):
+//! Rooms, lowest first (a file names items only of files listed before it; the behaviour files'
+//! `impl Thread` methods call one another freely, as one type's methods do):
 //! - plain data: `report` (what a thread reports), `msg` (the actor's messages and arguments),
 //!   `ctx` (what every thread shares; live events), `spans`, `conversation`.
 //! - `spawn/`: the typed spawn stages (plan, ledger account, registry row, files, launch).

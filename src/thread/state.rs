@@ -145,8 +145,9 @@ impl Thread {
         self.remember_said(kind, seq, &payload);
         if let Err(e) = self.record.transcript.append(kind, payload) {
             tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
-            let lost =
-                format!("the transcript could not be written (a `{kind}` line was lost): {e}");
+            let lost = format!(
+                "the transcript could not be written at its `{kind}` line (that line, or the checkpoint after it, was lost): {e}"
+            );
             self.record.failed.get_or_insert(lost);
             return;
         }

@@ -15,6 +15,12 @@ impl Thread {
     /// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will
     /// answer.
     pub(crate) async fn dispatch_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        if self.record.failed.is_some() {
+            // The thread ends once this message is handled: nothing more of it starts.
+            return Some(ToolOutcome::err(
+                "not run: the thread's transcript could not be written",
+            ));
+        }
         crate::core::failpoint::hit("tool.dispatch");
         let span = super::spans::tool(&self.life.span, &call.name, &call.id);
         self.work.spans.insert(call.id.clone(), span);
@@ -117,7 +123,9 @@ impl Thread {
 
     /// A command tool, as a process on a task.
     fn command_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
-        let tool = self.ctx.commands.get(&call.name)?.clone();
+        let Some(tool) = self.ctx.commands.get(&call.name).cloned() else {
+            return Some(ToolOutcome::err(format!("unknown tool `{}`", call.name)));
+        };
         let root = self.ctx.project.root.clone();
         let area = self.ctx.store.files_dir(self.id());
         let cancel = self.life.cancel.child_token();

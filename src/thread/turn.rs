@@ -149,7 +149,7 @@ impl Thread {
     /// `NextTurn`: messages delivered, limits checked, the worst case reserved, the call
     /// started as a task.
     pub(crate) async fn next_turn(&mut self) {
-        if !matches!(self.phase, Phase::Idle) {
+        if !matches!(self.phase, Phase::Idle) || self.record.failed.is_some() {
             return;
         }
         self.deliver_inbox();
@@ -525,6 +525,9 @@ impl Thread {
             role: Role::Assistant,
             content,
         });
+        if self.record.failed.is_some() {
+            return; // the actor ends the thread once this message is handled
+        }
         if resp.tool_calls.is_empty() {
             return self.answer_without_tools(resp.text).await;
         }

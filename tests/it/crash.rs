@@ -270,3 +270,77 @@ fn a_lost_transcript_line_fails_the_thread() {
         "{kinds:?}"
     );
 }
+
+/// Open ledger accounts and (id, status, error) of every registry row, read from the databases.
+fn leftovers(project: &Path) -> (i64, Vec<(String, String, String)>) {
+    let ledger = rusqlite::Connection::open(project.join(".weft/state/ledger.db")).unwrap();
+    let open: i64 = ledger
+        .query_row("SELECT COUNT(*) FROM accounts WHERE closed=0", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let reg = rusqlite::Connection::open(project.join(".weft/state/registry.db")).unwrap();
+    let mut stmt = reg
+        .prepare("SELECT id, status, COALESCE(error, '') FROM threads")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    (open, rows)
+}
+
+/// A spawn that fails after its account and row exist (here its folder cannot be written:
+/// `spawn.files` makes that stage fail) undoes both before `weft run` exits: no open account,
+/// no `created` row, no folder — for a root (the run fails) and for a child (its parent gets
+/// the refusal and finishes).
+#[test]
+fn a_spawn_that_fails_after_registration_leaves_nothing_behind() {
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]\n    usage: { input_tokens: 10, output_tokens: 5 }\n  - text: root done\n    usage: { input_tokens: 10, output_tokens: 5 }\nleaf:\n  - text: leaf done\n    usage: { input_tokens: 10, output_tokens: 5 }\n";
+    for (n, what) in [(1, "root"), (2, "child")] {
+        let fx = Fixture::new(
+            &[
+                (
+                    "root",
+                    &directive("permissions: [thread.spawn.leaf]", "Root."),
+                ),
+                ("leaf", &directive("", "Leaf.")),
+            ],
+            script,
+            "",
+        );
+        let p = fx.root();
+        let script = p.join("script.yaml");
+        let args = [
+            "run",
+            "root",
+            "--json",
+            "--script",
+            script.to_str().unwrap(),
+        ];
+        let run = weft(p, &args, Some(&format!("spawn.files:{n}")));
+        let (open, rows) = leftovers(p);
+        assert_eq!(open, 0, "{what}: accounts left open: {rows:?}");
+        assert!(
+            rows.iter()
+                .all(|(_, s, _)| s != "created" && s != "running"),
+            "{what}: {rows:?}"
+        );
+        let failed: Vec<_> = rows
+            .iter()
+            .filter(|(_, _, e)| e.contains("failpoint spawn.files"))
+            .collect();
+        assert_eq!(failed.len(), 1, "{what}: {rows:?}");
+        let folder = p.join(".weft/threads").join(&failed[0].0);
+        assert!(!folder.exists(), "{what}: {} left behind", folder.display());
+        match what {
+            "root" => assert!(!run.status.success(), "the root's run succeeded"),
+            _ => assert!(
+                run.status.success() && rows.iter().any(|(_, s, _)| s == "completed"),
+                "the parent did not finish: {rows:?} {}",
+                String::from_utf8_lossy(&run.stderr)
+            ),
+        }
+    }
+}

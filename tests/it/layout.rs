@@ -101,6 +101,9 @@ type ModPath = Vec<String>;
 struct Module {
     file: String,
     text: String,
+    /// A folder's front door (`mod.rs`, `lib.rs`, or `x.rs` beside a folder `x/`): its
+    /// re-exports and its docs describe the rooms below it rather than depend on them.
+    folder: bool,
 }
 
 fn modules(src: &Path) -> BTreeMap<ModPath, Module> {
@@ -137,7 +140,17 @@ fn modules(src: &Path) -> BTreeMap<ModPath, Module> {
             })
             .collect::<Vec<_>>()
             .join("\n");
-        out.insert(parts, Module { file: rel, text });
+        let folder = rel.ends_with("mod.rs")
+            || rel == "lib.rs"
+            || src.join(rel.trim_end_matches(".rs")).is_dir();
+        out.insert(
+            parts,
+            Module {
+                file: rel,
+                text,
+                folder,
+            },
+        );
     }
     out
 }
@@ -326,20 +339,44 @@ fn file_imports(
     let mut reexports: BTreeMap<ModPath, BTreeMap<String, ModPath>> = BTreeMap::new();
     let mut used: BTreeMap<ModPath, Vec<ModPath>> = BTreeMap::new();
     for (at, m) in mods {
+        let folder = m.folder;
+        // Names bound by this file's `use` lines: an inline `parts::Kids` after `use
+        // super::parts;` is followed to the file `Kids` lives in.
+        let mut bound: BTreeMap<String, ModPath> = BTreeMap::new();
         for (public, stmt) in use_statements(&m.text) {
-            for (path, bound) in expand_use(&stmt) {
+            for (path, name) in expand_use(&stmt) {
                 let Some(abs) = absolute(mods, at, &path) else {
                     continue;
                 };
                 if public {
-                    reexports.entry(at.clone()).or_default().insert(bound, abs);
-                } else {
+                    reexports
+                        .entry(at.clone())
+                        .or_default()
+                        .insert(name.clone(), abs.clone());
+                }
+                bound.insert(name, abs.clone());
+                // A folder's re-exports are its front door; any other file depends on what it
+                // names, `pub` or not.
+                if !public || !folder {
                     used.entry(at.clone()).or_default().push(abs);
                 }
             }
         }
-        for path in inline_paths(&m.text) {
-            if let Some(abs) = absolute(mods, at, &path) {
+        let code: String = match folder {
+            true => m
+                .text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            false => m.text.clone(),
+        };
+        for path in inline_paths(&code) {
+            let abs = match bound.get(&path[0]) {
+                Some(b) => Some(b.iter().chain(&path[1..]).cloned().collect()),
+                None => absolute(mods, at, &path),
+            };
+            if let Some(abs) = abs {
                 used.entry(at.clone()).or_default().push(abs);
             }
         }
@@ -484,19 +521,15 @@ fn long_functions(rel: &str, text: &str) -> Vec<String> {
     for (i, line) in lines.iter().enumerate() {
         let t = line.trim_start();
         let indent = line.len() - t.len();
-        let opens = [
-            "fn ",
-            "pub fn ",
-            "pub(crate) fn ",
-            "pub(super) fn ",
-            "async fn ",
-            "pub async fn ",
-            "pub(crate) async fn ",
-            "pub(super) async fn ",
-        ]
-        .iter()
-        .any(|p| t.starts_with(p));
-        if !opens || line.trim_end().ends_with(';') {
+        let Some(name) = fn_name(t) else {
+            continue;
+        };
+        // A declaration (a trait's method without a body) ends its signature with `;`.
+        let opens = lines[i..]
+            .iter()
+            .map(|l| l.trim_end())
+            .find(|l| l.ends_with('{') || l.ends_with(';'));
+        if opens.is_none_or(|l| l.ends_with(';')) {
             continue;
         }
         let end = lines[i + 1..].iter().position(|l| {
@@ -504,17 +537,37 @@ fn long_functions(rel: &str, text: &str) -> Vec<String> {
             l.len() - lt.len() == indent && lt.starts_with('}')
         });
         if let Some(len) = end.map(|e| e + 2).filter(|n| *n > MAX_FN_LINES) {
-            let name: String = t
-                .split("fn ")
-                .nth(1)
-                .unwrap_or("")
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
             out.push(format!("{rel}:{} `{name}` ({len} lines)", i + 1));
         }
     }
     out
+}
+
+/// The name of the function a line opens (after any of `pub(..)`, `const`, `async`, `unsafe`,
+/// `extern "C"`), or None.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line;
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("fn ") {
+            let name: String = r
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            return (!name.is_empty()).then_some(name);
+        }
+        let word_end = match rest.strip_prefix("pub(") {
+            Some(r) => r.find(')').map(|i| i + 5)?,
+            None => rest.find(' ')?,
+        };
+        let word = &rest[..word_end];
+        let qualifier = word.starts_with("pub")
+            || ["const", "async", "unsafe", "extern", "\"C\""].contains(&word);
+        if !qualifier {
+            return None;
+        }
+        rest = &rest[word_end..];
+    }
 }
 
 #[test]
@@ -529,11 +582,21 @@ fn no_function_passes_a_hundred_lines() {
             )
         })
         .collect();
-    let sample = "fn f() {\n".to_string() + &"    x();\n".repeat(MAX_FN_LINES) + "}\n";
-    assert_eq!(
-        long_functions("x.rs", &sample).len(),
-        1,
-        "the length reader misses a long function"
+    for head in [
+        "fn f() {",
+        "pub(crate) const fn f() {",
+        "pub(in crate::a) async unsafe fn f() {",
+    ] {
+        let sample = format!("{head}\n{}}}\n", "    x();\n".repeat(MAX_FN_LINES));
+        assert_eq!(long_functions("x.rs", &sample).len(), 1, "missed: {head}");
+    }
+    let declaration = format!(
+        "    fn f(\n        a: u8,\n    ) -> u8;\n    fn g() {{\n{}    }}\n",
+        "        x();\n".repeat(10)
+    );
+    assert!(
+        long_functions("x.rs", &declaration).is_empty(),
+        "a declaration taken for a body"
     );
     assert!(
         long.is_empty(),

@@ -17,7 +17,7 @@ pub use error::SpawnError;
 pub(crate) use request::{Continuation, ParentLink, Seed, SpawnRequest};
 pub(crate) use stages::MIN_OUTPUT_TOKENS;
 
-use crate::core::ids::{now_ts, ThreadId};
+use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::provider::Message;
 use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
@@ -41,31 +41,58 @@ pub(crate) async fn spawn(
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     let plan = Plan::make(ctx, &req)?;
     let account = Account::open(ctx, &plan, &req).await?;
-    let mut registered = Registered::admit(ctx, &plan, &req).await?;
-    let mut files = Files::write(ctx, &plan, &req).map_err(|e| registered.failed(e))?;
+    let registered = match Registered::admit(ctx, &plan, &req).await {
+        Ok(r) => r,
+        Err(e) => return Err(unwind(e, None, None, account).await),
+    };
+    let mut files = match Files::write(ctx, &plan, &req) {
+        Ok(f) => f,
+        Err(e) => return Err(unwind(e, None, Some(registered), account).await),
+    };
     let Some(transcript) = files.transcript.take() else {
-        return Err(registered.failed(SpawnError::Storage("transcript: not opened".into())));
+        let e = SpawnError::Storage("transcript: not opened".into());
+        return Err(unwind(e, Some(files), Some(registered), account).await);
     };
     let parent = req.parent.take();
     let id = plan.id.clone();
     let args = arguments(plan, req, transcript, parent.as_ref(), on_finish);
     let cell = parent.map(|p| p.actor.get_cell());
-    let actor = (ctx.launch)(ctx.clone(), args, cell).await.map_err(|e| {
-        registered.failed(SpawnError::Storage(format!(
-            "cannot start the thread actor: {e}"
-        )))
-    })?;
+    let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
+        Ok(a) => a,
+        Err(e) => {
+            let e = SpawnError::Storage(format!("cannot start the thread actor: {e}"));
+            return Err(unwind(e, Some(files), Some(registered), account).await);
+        }
+    };
     files.keep();
     registered.keep();
     account.keep();
     Ok((id, actor))
 }
 
+/// Undoes the stages a failed spawn got through, last first, waiting for each — a process that
+/// exits on `e` leaves no folder, no `created` row and no open account — and clears the thread's
+/// `in_spawn` mark last. Returns `e`.
+async fn unwind(
+    e: SpawnError,
+    files: Option<Files>,
+    mut registered: Option<Registered>,
+    account: Account,
+) -> SpawnError {
+    drop(files);
+    if let Some(r) = registered.as_mut() {
+        r.undo_row(&e).await;
+    }
+    account.undo().await;
+    drop(registered);
+    e
+}
+
 /// The first thread.json (history: created). The actor signs it as it starts (created,
 /// running: one file write instead of two); a crash before that leaves a registry row that
 /// recovery completes from the registry and the ledger.
 fn first_doc(plan: &Plan, req: &SpawnRequest, head: crate::record::transcript::Head) -> ThreadDoc {
-    let now = now_ts();
+    let now = plan.created_at.clone();
     ThreadDoc {
         version: 1,
         id: plan.id.clone(),

@@ -20,6 +20,8 @@ use std::sync::Arc;
 pub(crate) struct Plan {
     /// Its id (generated from the directive's name).
     pub id: ThreadId,
+    /// When it was created (its row's and its thread.json's `created_at`).
+    pub created_at: String,
     /// Its parent's id (None for a root).
     pub parent_id: Option<ThreadId>,
     /// Its parent's verified thread.json.
@@ -102,6 +104,7 @@ impl Plan {
             _ => id.clone(),
         };
         Ok(Plan {
+            created_at: crate::core::ids::now_ts(),
             parent_id: req.parent.as_ref().map(|p| p.id.clone()),
             parent_doc,
             root_id,

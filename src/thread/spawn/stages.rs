@@ -4,8 +4,11 @@
 //! future is dropped half-way, leaves nothing behind: no open account holding the parent's
 //! guarantee, no `created` row, no half-written folder.
 //!
-//! The undo is sent, not awaited (a drop cannot wait): the ledger and registry actors take it
-//! before any request made after the spawn returned, as their mailboxes are first in, first out.
+//! A spawn that fails undoes them itself, last first, waiting for each (`spawn`'s `unwind`), so a
+//! process that exits on the error leaves nothing behind. A drop is the fallback for a spawn
+//! whose future is dropped half-way: it cannot wait, so it sends the undo, which the ledger and
+//! registry actors take before any request made after it (their mailboxes are first in, first
+//! out).
 
 use super::error::SpawnError;
 use super::plan::Plan;
@@ -52,7 +55,7 @@ impl Account {
             output_tokens: MIN_OUTPUT_TOKENS,
             cache_read_tokens: 0,
         });
-        ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
+        let opened = ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
             id: plan.id.clone(),
             parent: plan.parent_id.clone().or_else(|| plan.chain_parent.clone()),
             max: plan.limits.spend,
@@ -60,9 +63,21 @@ impl Account {
             min_first_call,
             reply
         })
-        .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))??;
+        .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))
+        .and_then(|r| r.map_err(SpawnError::from));
+        if let Err(e) = opened {
+            guard.undo().await;
+            return Err(e);
+        }
         crate::core::failpoint::hit("spawn.ledger");
         Ok(guard)
+    }
+
+    /// Closes the account now, waiting for the ledger (a spawn that failed).
+    pub(crate) async fn undo(mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Close { id, reply });
+        }
     }
 
     /// The spawn got through: the account stays open.
@@ -151,10 +166,12 @@ impl Registered {
         Ok(guard)
     }
 
-    /// Notes why a later stage failed (the row's error if the spawn is undone).
-    pub(crate) fn failed(&mut self, e: SpawnError) -> SpawnError {
-        self.why = e.to_string();
-        e
+    /// Marks the row `error` with why the thread never ran, waiting for the registry (retried
+    /// while registry.db is busy). The `in_spawn` mark stays until the guard drops.
+    pub(crate) async fn undo_row(&mut self, why: &SpawnError) {
+        if let Some(row) = self.row.take() {
+            self.ctx.store_row(error_row(row, why.to_string())).await;
+        }
     }
 
     /// The spawn got through: the row stays as registered.
@@ -165,18 +182,24 @@ impl Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
+        if let Some(row) = self.row.take() {
+            let row = error_row(row, std::mem::take(&mut self.why));
+            let _ = self.ctx.registry.cast(RegistryMsg::Update {
+                row: Box::new(row),
+                reply: None,
+            });
+        }
+        // Last: whoever waits for the thread to leave `in_spawn` finds the undo done.
         mark_in_spawn(&self.ctx, &self.id, false);
-        let Some(mut row) = self.row.take() else {
-            return;
-        };
-        row.status = Status::Error;
-        row.error = Some(std::mem::take(&mut self.why));
-        row.updated_at = now_ts();
-        let _ = self.ctx.registry.cast(RegistryMsg::Update {
-            row: Box::new(row),
-            reply: None,
-        });
     }
+}
+
+/// The row of a thread that never ran.
+fn error_row(mut row: ThreadRow, why: String) -> ThreadRow {
+    row.status = Status::Error;
+    row.error = Some(why);
+    row.updated_at = now_ts();
+    row
 }
 
 /// From its row to its running actor, a thread is `in_spawn` (see `Ctx::in_spawn`).
@@ -191,12 +214,11 @@ pub(crate) fn mark_in_spawn(ctx: &Ctx, id: &ThreadId, on: bool) {
 
 /// The row a thread is registered with (`created`).
 fn first_row(plan: &Plan, req: &SpawnRequest) -> ThreadRow {
-    let now = now_ts();
     ThreadRow {
         directive: plan.directive.name.clone(),
         parent_id: plan.parent_id.clone(),
-        created_at: now.clone(),
-        updated_at: now,
+        created_at: plan.created_at.clone(),
+        updated_at: plan.created_at.clone(),
         model: plan.model.clone(),
         owner_pid: std::process::id(),
         forked_from: req.seed.as_ref().map(|s| s.from.thread.clone()),
@@ -243,6 +265,12 @@ impl Files {
             id: Some(plan.id.clone()),
             transcript: None,
         };
+        if crate::core::failpoint::fails("spawn.files") {
+            return Err(SpawnError::Storage(format!(
+                "{}: failpoint spawn.files",
+                dir.display()
+            )));
+        }
         if let Some(p) = &plan.parent_id {
             let from = store.files_dir(p);
             for rel in &req.attach {
