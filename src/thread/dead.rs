@@ -153,61 +153,117 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         problems: vec![],
     };
     let id = row.id.clone();
-    let error = end.error.clone();
     ctx.forget(&id);
-    // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
-    // them with the recorded cost (a no-op for those already settled), then close the account,
-    // which releases whatever is still reserved as unspent.
-    let tr = ctx.store.transcript_path(&id);
-    if let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) {
-        for e in read
-            .events
-            .iter()
-            .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
-        {
-            let reservation = serde::Deserialize::deserialize(&e["reservation"]);
-            if let (Ok(reservation), Some(cost)) = (reservation, e["cost_nanos"].as_i64()) {
-                let actual = crate::core::money::Nanos(cost);
-                let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
-                    reservation,
-                    actual,
-                    reply: Some(reply)
-                });
-            }
-        }
-    }
+    settle_recorded(ctx, &id).await;
     let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
         id: id.clone(),
         reply
     })
     .ok()
     .and_then(Result::ok);
-    let spend = acct.as_ref().map_or(row.spend_nanos, |a| a.spent.0);
-    let own = acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0);
+    let spend = Spend {
+        tree: acct.as_ref().map_or(row.spend_nanos, |a| a.spent.0),
+        own: acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0),
+        max: acct.as_ref().map(|a| a.max),
+    };
     if let Ok(done) = ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
         if done.status.is_terminal() {
-            // It finalized itself but its registry row was never written: keep its status.
-            let mut fin = row.clone();
-            fin.status = done.status;
-            fin.error = done.error.clone();
-            fin.result = done.result.clone();
-            fin.spend_nanos = done.cost.spend_nanos;
-            fin.own_spend_nanos = done.cost.own_spend_nanos;
-            fin.updated_at = now_ts();
-            if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
-                row: Box::new(fin.clone()),
-                reply
-            }) {
-                rec.problems.push(format!("registry: {e}"));
-            }
-            return Finalized::of(rec, &fin, end).with_status(done.status, done.error);
+            return already_finished(ctx, row, end, rec, done).await;
         }
     }
-    let tr_path = ctx.store.transcript_path(&id);
+    let head = end_transcript(ctx, row, end, &spend, &mut rec);
+    end_doc(ctx, row, end, &spend, head, &mut rec);
+    let mut fin = row.clone();
+    fin.status = end.status;
+    fin.error = Some(end.error.clone());
+    fin.spend_nanos = spend.tree;
+    fin.own_spend_nanos = spend.own;
+    fin.updated_at = now_ts();
+    finish_row(ctx, &fin, &mut rec).await;
+    ctx.store.index_later(crate::store::Ended {
+        id: id.clone(),
+        directive: fin.directive.clone(),
+        head: -1,
+        said: None,
+    });
+    Finalized::of(rec, &fin, end)
+}
+
+/// What a dead thread's account says it spent (its subtree's, its own) and could spend.
+struct Spend {
+    tree: i64,
+    own: i64,
+    max: Option<crate::core::money::Nanos>,
+}
+
+/// Calls the transcript recorded but whose settlement the ledger may never have stored: settled
+/// with the recorded cost (a no-op for those already settled), before the account is closed,
+/// which releases whatever is still reserved as unspent.
+async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
+    let tr = ctx.store.transcript_path(id);
+    let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
+        return;
+    };
+    for e in read
+        .events
+        .iter()
+        .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
+    {
+        let reservation = serde::Deserialize::deserialize(&e["reservation"]);
+        if let (Ok(reservation), Some(cost)) = (reservation, e["cost_nanos"].as_i64()) {
+            let actual = crate::core::money::Nanos(cost);
+            let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+                reservation,
+                actual,
+                reply: Some(reply)
+            });
+        }
+    }
+}
+
+/// It finalized itself but its registry row was never written: the row takes its status.
+async fn already_finished(
+    ctx: &Ctx,
+    row: &ThreadRow,
+    end: &DeadEnd,
+    mut rec: Recovered,
+    done: ThreadDoc,
+) -> Finalized {
+    let mut fin = row.clone();
+    fin.status = done.status;
+    fin.error = done.error.clone();
+    fin.result = done.result.clone();
+    fin.spend_nanos = done.cost.spend_nanos;
+    fin.own_spend_nanos = done.cost.own_spend_nanos;
+    fin.updated_at = now_ts();
+    finish_row(ctx, &fin, &mut rec).await;
+    Finalized::of(rec, &fin, end).with_status(done.status, done.error)
+}
+
+async fn finish_row(ctx: &Ctx, fin: &ThreadRow, rec: &mut Recovered) {
+    if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
+        row: Box::new(fin.clone()),
+        reply
+    }) {
+        rec.problems.push(format!("registry: {e}"));
+    }
+}
+
+/// The transcript, a torn last line set aside (or made, if the process died before writing
+/// it), ends with the `end.kind` line and `thread_finished`. Returns its new head.
+fn end_transcript(
+    ctx: &Ctx,
+    row: &ThreadRow,
+    end: &DeadEnd,
+    spend: &Spend,
+    rec: &mut Recovered,
+) -> Option<crate::record::transcript::Head> {
+    let id = &row.id;
+    let tr_path = ctx.store.transcript_path(id);
     // The process may have died between registering the thread and creating its files.
-    if let Err(e) = std::fs::create_dir_all(ctx.store.files_dir(&id)) {
+    if let Err(e) = std::fs::create_dir_all(ctx.store.files_dir(id)) {
         rec.problems
-            .push(format!("{}: {e}", ctx.store.files_dir(&id).display()));
+            .push(format!("{}: {e}", ctx.store.files_dir(id).display()));
     }
     let repaired = if tr_path.exists() {
         crate::record::transcript::repair(&tr_path).map(|(head, torn)| {
@@ -225,47 +281,46 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             )
         })
     };
-    let head = match repaired {
-        Ok((head, fresh)) => {
-            let w = TranscriptWriter::open_append(
-                &tr_path,
-                id.as_str(),
-                head,
-                ctx.signer.clone(),
-                Durability::Strict,
-                u64::MAX,
-            );
-            match w {
-                Ok(mut w) => {
-                    let note = if fresh {
-                        "the process died before the thread's files were written"
-                    } else {
-                        ""
-                    };
-                    let _ = w.append(end.kind, json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
-                    let _ = w.append(
-                        "thread_finished",
-                        json!({ "status": end.status, "error": error, "error_kind": end.kind, "spend_nanos": spend, "own_spend_nanos": own }),
-                    );
-                    if let Err(e) = w.checkpoint() {
-                        rec.problems.push(format!("{}: {e}", tr_path.display()));
-                    }
-                    Some(w.head().clone())
-                }
-                Err(e) => {
-                    rec.problems.push(format!("{}: {e}", tr_path.display()));
-                    None
-                }
-            }
-        }
-        Err(e) => {
+    let written = repaired.and_then(|(head, fresh)| {
+        let mut w = TranscriptWriter::open_append(
+            &tr_path,
+            id.as_str(),
+            head,
+            ctx.signer.clone(),
+            Durability::Strict,
+            u64::MAX,
+        )?;
+        let note = match fresh {
+            true => "the process died before the thread's files were written",
+            false => "",
+        };
+        let _ = w.append(end.kind, json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
+        let _ = w.append(
+            "thread_finished",
+            json!({ "status": end.status, "error": end.error, "error_kind": end.kind, "spend_nanos": spend.tree, "own_spend_nanos": spend.own }),
+        );
+        if let Err(e) = w.checkpoint() {
             rec.problems.push(format!("{}: {e}", tr_path.display()));
-            None
         }
-    };
-    let doc_path = ctx.store.doc_path(&id);
-    // A thread.json torn by the crash (not JSON at all) is set aside and rebuilt; one that parses
-    // but fails verification is left for `weft verify` to report: recovery never signs over it.
+        Ok(w.head().clone())
+    });
+    written
+        .map_err(|e| rec.problems.push(format!("{}: {e}", tr_path.display())))
+        .ok()
+}
+
+/// thread.json ends with `end`: a torn one (not JSON at all) is set aside and rebuilt from the
+/// row; one that parses but fails verification is left for `weft verify` to report — recovery
+/// never signs over it.
+fn end_doc(
+    ctx: &Ctx,
+    row: &ThreadRow,
+    end: &DeadEnd,
+    spend: &Spend,
+    head: Option<crate::record::transcript::Head>,
+    rec: &mut Recovered,
+) {
+    let doc_path = ctx.store.doc_path(&row.id);
     let torn_doc = doc_path.exists()
         && std::fs::read(&doc_path)
             .map(|b| serde_json::from_slice::<Value>(&b).is_err())
@@ -277,43 +332,23 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         ThreadDoc::read_verified(&doc_path, &ctx.trust)
             .map_err(|e| format!("{e} (left as is; `weft verify` reports it)"))
     } else {
-        Ok(doc_from_row(ctx, row, &id, acct.as_ref().map(|a| a.max)))
+        Ok(doc_from_row(ctx, row, &row.id, spend.max))
     };
-    match doc {
-        Ok(mut doc) => {
-            doc.error = Some(error.clone());
-            doc.error_kind = Some(end.kind.into());
-            doc.cost.spend_nanos = spend;
-            doc.cost.own_spend_nanos = own;
-            if let Some(h) = head {
-                doc.transcript_head = h;
-            }
-            doc.transition(end.status);
-            if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
-                rec.problems.push(format!("{}: {e}", doc_path.display()));
-            }
-        }
-        Err(e) => rec.problems.push(e),
+    let mut doc = match doc {
+        Ok(d) => d,
+        Err(e) => return rec.problems.push(e),
+    };
+    doc.error = Some(end.error.clone());
+    doc.error_kind = Some(end.kind.into());
+    doc.cost.spend_nanos = spend.tree;
+    doc.cost.own_spend_nanos = spend.own;
+    if let Some(h) = head {
+        doc.transcript_head = h;
     }
-    let mut fin = row.clone();
-    fin.status = end.status;
-    fin.error = Some(error);
-    fin.spend_nanos = spend;
-    fin.own_spend_nanos = own;
-    fin.updated_at = now_ts();
-    if let Err(e) = ractor::call!(ctx.registry, |reply| RegistryMsg::FinishInterrupted {
-        row: Box::new(fin.clone()),
-        reply
-    }) {
-        rec.problems.push(format!("registry: {e}"));
+    doc.transition(end.status);
+    if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
+        rec.problems.push(format!("{}: {e}", doc_path.display()));
     }
-    ctx.store.index_later(crate::store::Ended {
-        id: id.clone(),
-        directive: fin.directive.clone(),
-        head: -1,
-        said: None,
-    });
-    Finalized::of(rec, &fin, end)
 }
 
 /// A thread.json for a thread whose process died before writing one: what the registry and
