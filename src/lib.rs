@@ -110,6 +110,8 @@ pub mod internals {
     pub use crate::record::verify::{verify_thread, Verdict};
     pub use crate::registry::{is_terminal, Admission, RegistryMsg, Store, ThreadRow};
     pub use crate::server::http::serve as serve_http;
+    pub use crate::store::messages as search_messages;
+    pub use crate::thread::rebuild_conversation;
 
     /// The names of weft's built-in tools (no command tool may take one).
     pub fn builtin_tool_names() -> Vec<&'static str> {

@@ -142,7 +142,7 @@ pub fn apply_edits(lines: &[Value]) -> Vec<Value> {
 }
 
 /// The user and assistant messages of a thread's lines, edits applied, in order.
-pub(crate) fn messages(lines: &[Value]) -> Vec<SearchMessage> {
+pub fn messages(lines: &[Value]) -> Vec<SearchMessage> {
     apply_edits(lines)
         .iter()
         .filter_map(|l| {

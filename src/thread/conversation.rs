@@ -50,7 +50,7 @@ pub(super) fn message_text(m: &Message) -> String {
 /// Rebuilds a conversation from transcript events (resume, fork): user messages,
 /// assistant text and tool calls, tool results. A tool call left without a result (the thread
 /// ended mid-call) gets an error result. Also returns the LLM calls made, attempts included.
-pub(crate) fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
+pub fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
     let mut msgs: Vec<Message> = Vec::new();
     let mut calls = 0u64;
     // Edited messages read as edited, deleted ones not at all (the signed lines stay).

@@ -41,7 +41,7 @@ mod turn;
 
 pub(crate) use actor::launch;
 pub(crate) use builtin::reserved_names as builtin_names;
-pub(crate) use conversation::rebuild_conversation;
+pub use conversation::rebuild_conversation;
 pub(crate) use ctx::Ctx;
 pub use ctx::Event;
 pub use dead::Recovered;

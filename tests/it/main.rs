@@ -19,6 +19,7 @@ mod mcp;
 mod messages;
 mod otel;
 mod providers;
+mod records;
 mod serve;
 mod state;
 mod store;
