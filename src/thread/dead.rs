@@ -10,11 +10,12 @@ use crate::core::money::Nanos;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::project::config::Durability;
+use crate::record::line::{Gone, Line};
 use crate::record::thread_doc::ThreadDoc;
 use crate::record::transcript::TranscriptWriter;
 use crate::registry::{RegistryMsg, ThreadRow};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,10 +23,41 @@ use std::time::Duration;
 pub(crate) struct DeadEnd {
     /// `error` (interrupted, failed) or `cancelled` (killed).
     pub(crate) status: Status,
-    /// `interrupted`, `killed` or `failed`: the transcript event and thread.json's `error_kind`.
-    pub(crate) kind: &'static str,
+    /// Why: the transcript line before `thread_finished` and thread.json's `error_kind`.
+    pub(crate) kind: DeadKind,
     /// The thread's error message.
     pub(crate) error: String,
+}
+
+/// Why a thread ended without its actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadKind {
+    /// Its process died (recovery).
+    Interrupted,
+    /// Its subtree did not end within its parent's cancel grace.
+    Killed,
+    /// Its actor panicked or stopped without finalizing.
+    Failed,
+}
+
+impl DeadKind {
+    /// Its name: the transcript line's kind and thread.json's `error_kind`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DeadKind::Interrupted => "interrupted",
+            DeadKind::Killed => "killed",
+            DeadKind::Failed => "failed",
+        }
+    }
+
+    /// Its transcript line.
+    fn line(self, gone: Gone) -> Line {
+        match self {
+            DeadKind::Interrupted => Line::Interrupted(gone),
+            DeadKind::Killed => Line::Killed(gone),
+            DeadKind::Failed => Line::Failed(gone),
+        }
+    }
 }
 
 /// What finalizing a dead thread did.
@@ -161,28 +193,8 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     };
     let error = end.error.clone();
     ctx.forget(&id);
-    // Calls the transcript recorded but whose settlement the ledger may never have stored: settle
-    // them with the recorded cost (a no-op for those already settled), then close the account,
-    // which releases whatever is still reserved as unspent.
-    let tr = ctx.store.transcript_path(&id);
-    if let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) {
-        for e in read
-            .events
-            .iter()
-            .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
-        {
-            if let (Some(reservation), Some(cost)) =
-                (e["reservation"].as_u64(), e["cost_nanos"].as_i64())
-            {
-                let actual = crate::core::money::Nanos(cost);
-                let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
-                    reservation,
-                    actual,
-                    reply: Some(reply)
-                });
-            }
-        }
-    }
+    // Then close the account, which releases whatever is still reserved as unspent.
+    settle_recorded(ctx, &id).await;
     let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
         id: id.clone(),
         reply
@@ -249,11 +261,20 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
                     } else {
                         ""
                     };
-                    let _ = w.append(end.kind, json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
-                    let _ = w.append(
-                        "thread_finished",
-                        json!({ "status": end.status, "error": error, "error_kind": end.kind, "spend_nanos": spend, "own_spend_nanos": own }),
-                    );
+                    let gone = Gone {
+                        owner_pid: row.owner_pid,
+                        torn_line_kept: rec.torn_line_kept,
+                        note: note.into(),
+                    };
+                    let _ = w.append_line(end.kind.line(gone));
+                    let _ = w.append_line(Line::ThreadFinished {
+                        status: end.status,
+                        error: Some(error.clone()),
+                        spend_nanos: Nanos(spend),
+                        own_spend_nanos: Nanos(own),
+                        run: None,
+                        error_kind: Some(end.kind.as_str().into()),
+                    });
                     if let Err(e) = w.checkpoint() {
                         rec.problems.push(format!("{}: {e}", tr_path.display()));
                     }
@@ -289,7 +310,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     match doc {
         Ok(mut doc) => {
             doc.error = Some(error.clone());
-            doc.error_kind = Some(end.kind.into());
+            doc.error_kind = Some(end.kind.as_str().into());
             doc.cost.spend_nanos = spend;
             doc.cost.own_spend_nanos = own;
             if let Some(h) = head {
@@ -321,6 +342,35 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         said: None,
     });
     Finalized::of(rec, &fin, end)
+}
+
+/// Settles the calls `id`'s transcript recorded but whose settlement the ledger may never have
+/// stored, at their recorded cost (a no-op for those already settled).
+async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
+    let tr = ctx.store.transcript_path(id);
+    let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
+        return;
+    };
+    for line in read.events.iter().map(Line::parse) {
+        let (reservation, actual) = match line {
+            Line::LlmCall {
+                reservation: Some(r),
+                cost_nanos,
+                ..
+            }
+            | Line::LlmRetry {
+                reservation: Some(r),
+                cost_nanos,
+                ..
+            } => (r, cost_nanos),
+            _ => continue,
+        };
+        let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+            reservation,
+            actual,
+            reply: Some(reply)
+        });
+    }
 }
 
 /// A thread.json for a thread whose process died before writing one: what the registry and

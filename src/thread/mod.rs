@@ -45,7 +45,7 @@ pub use conversation::rebuild_conversation;
 pub(crate) use ctx::Ctx;
 pub use ctx::Event;
 pub use dead::Recovered;
-pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd};
+pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd, DeadKind};
 pub(crate) use msg::ThreadMsg;
 pub(crate) use report::StatusSnapshot;
 pub use report::ThreadReport;

@@ -7,6 +7,7 @@ use super::msg::ThreadMsg;
 use super::state::{Ending, Phase, Thread};
 use crate::core::status::Status;
 use crate::provider::{Block, Message, Role, ToolCall};
+use crate::record::line::Line;
 use crate::tools::{check, needed_capability, ToolOutcome};
 use serde_json::json;
 use std::collections::HashMap;
@@ -39,10 +40,11 @@ impl Thread {
         };
         if let Some(cap) = &needed {
             if let Err(denied) = check(&self.doc.capabilities, cap, self.doc.id.as_str()) {
-                self.log(
-                    "tool_denied",
-                    json!({ "id": call.id, "name": call.name, "capability": cap }),
-                );
+                self.log(Line::ToolDenied {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    capability: cap.clone(),
+                });
                 return Some(ToolOutcome::err(denied));
             }
         }
@@ -163,10 +165,11 @@ impl Thread {
         self.work.tasks.remove(&call_id);
         if matches!(self.phase, Phase::Draining(_)) {
             // Ending anyway, but what the tool did (or that it was killed) is recorded.
-            self.log(
-                "tool_result",
-                json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
-            );
+            self.log(Line::ToolResult {
+                id: call_id.clone(),
+                is_error: outcome.is_error,
+                content: outcome.content.clone(),
+            });
         }
         if !self.drained().await {
             self.tool_done(call_id, outcome).await;
@@ -202,10 +205,11 @@ impl Thread {
                 span.record("error.type", "tool_error");
             }
         }
-        self.log(
-            "tool_result",
-            json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
-        );
+        self.log(Line::ToolResult {
+            id: call_id,
+            is_error: outcome.is_error,
+            content: outcome.content,
+        });
         crate::core::failpoint::hit("tool.result");
         if done {
             self.results_in().await;
@@ -280,10 +284,13 @@ impl Thread {
         let parked = self
             .work
             .take_parked(call.as_deref(), self.doc.id.as_str())?;
-        self.log(
-            "approval_decided",
-            json!({ "id": parked.id, "name": parked.name, "approved": approve, "reason": reason, "by": "person" }),
-        );
+        self.log(Line::ApprovalDecided {
+            id: parked.id.clone(),
+            name: parked.name.clone(),
+            approved: approve,
+            reason: reason.clone(),
+            by: "person".into(),
+        });
         self.publish_waiting();
         let id = parked.id.clone();
         let outcome = match approve {
