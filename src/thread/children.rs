@@ -10,6 +10,7 @@ use super::state::{Phase, Thread};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::directive::OnChildError;
+use crate::hooks::HookEvent;
 use crate::record::line::Line;
 use crate::tools::ToolOutcome;
 use ractor::ActorRef;
@@ -133,11 +134,11 @@ impl Thread {
             self.drained().await;
             return;
         }
-        if self.hooks.wants("child_finished") {
+        if self.hooks.wants(HookEvent::ChildFinished) {
             let ctx = json!({ "thread_id": self.doc.id, "child": {
                 "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
                 "outputs": r.outputs, "error": r.error } });
-            self.fire("child_finished", ctx);
+            self.fire(HookEvent::ChildFinished, ctx);
         }
         let entry = self.kids.entry(&id);
         if entry.report.is_some() {

@@ -9,6 +9,7 @@ use super::report::ThreadReport;
 use super::state::{Ending, Phase, Thread};
 use crate::core::money::Nanos;
 use crate::core::status::Status;
+use crate::hooks::HookEvent;
 use crate::ledger::LedgerMsg;
 use crate::record::line::{Line, RunTotals};
 use serde_json::json;
@@ -55,7 +56,7 @@ impl Thread {
             message: error.clone(),
         });
         let ctx = json!({ "thread_id": self.doc.id, "error": { "message": error }, "classification": classification });
-        let fired = self.fire("error", ctx);
+        let fired = self.fire(HookEvent::Error, ctx);
         let may_retry = matches!(self.phase, Phase::Idle | Phase::Thinking)
             && self.calls.current.is_none()
             && self.hooks.retries < crate::hooks::MAX_HOOK_RETRIES;
@@ -275,7 +276,7 @@ impl Thread {
             "cost": { "turns": self.doc.cost.turns, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                       "cache_read_tokens": usage.cache_read_tokens, "own_spend_nanos": own, "spend_nanos": spend },
         });
-        self.fire("after_complete", done);
+        self.fire(HookEvent::AfterComplete, done);
         self.log(fin);
     }
 

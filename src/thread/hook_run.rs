@@ -6,7 +6,7 @@
 
 use super::spawn::SpawnRequest;
 use super::state::Thread;
-use crate::hooks::{Action, Control, Hook, Inject};
+use crate::hooks::{Action, Control, Hook, HookEvent, Inject};
 use crate::provider::Block;
 use crate::record::line::Line;
 use serde_json::{json, Map, Value};
@@ -23,7 +23,7 @@ pub(crate) struct Fired {
 
 impl Thread {
     /// Fires `event` with context `ctx`.
-    pub(crate) fn fire(&mut self, event: &str, mut ctx: Value) -> Fired {
+    pub(crate) fn fire(&mut self, event: HookEvent, mut ctx: Value) -> Fired {
         let hooks = self.hooks.list.clone();
         let firing = crate::hooks::firing(&hooks, event, &ctx);
         let mut fired = Fired::default();
@@ -39,13 +39,13 @@ impl Thread {
                 Ok("usage_record") => {}
                 Ok(kind) => self.log(Line::HookFired {
                     id: h.id.clone(),
-                    event: event.to_string(),
+                    event: event.as_str().into(),
                     action: kind.into(),
                     layer: h.layer,
                 }),
                 Err(error) => self.log(Line::HookFailed {
                     id: h.id.clone(),
-                    event: Some(event.to_string()),
+                    event: Some(event.as_str().into()),
                     error,
                     source: Some(h.source.clone()),
                 }),
@@ -58,7 +58,7 @@ impl Thread {
     fn act(
         &mut self,
         h: &Hook,
-        event: &str,
+        event: HookEvent,
         ctx: &Value,
         fired: &mut Fired,
     ) -> Result<&'static str, String> {
@@ -91,7 +91,7 @@ impl Thread {
             }
             Action::Spawn { directive, inputs } => {
                 let inputs = interpolated(inputs, ctx);
-                let as_root = event == "after_complete";
+                let as_root = event == HookEvent::AfterComplete;
                 self.hook_spawn(&h.id, directive, inputs, as_root);
                 Ok(if as_root { "spawn_root" } else { "spawn" })
             }

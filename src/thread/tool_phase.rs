@@ -6,6 +6,7 @@ use super::builtin::{Builtin, Needs};
 use super::msg::ThreadMsg;
 use super::state::{Ending, Phase, Thread};
 use crate::core::status::Status;
+use crate::hooks::HookEvent;
 use crate::provider::{Block, Message, Role, ToolCall};
 use crate::record::line::Line;
 use crate::tools::{check, needed_capability, ToolOutcome};
@@ -244,10 +245,10 @@ impl Thread {
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
         };
-        if self.hooks.wants("directive_return") {
+        if self.hooks.wants(HookEvent::DirectiveReturn) {
             let ctx = json!({ "thread_id": self.doc.id, "outputs": outputs,
                               "cost": { "turns": self.doc.cost.turns, "spend_nanos": self.calls.own_spend } });
-            self.fire("directive_return", ctx);
+            self.fire(HookEvent::DirectiveReturn, ctx);
         }
         let e = Ending {
             outputs: Some(outputs),

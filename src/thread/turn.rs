@@ -9,7 +9,7 @@ use super::spawn::MIN_OUTPUT_TOKENS;
 use super::state::{Ending, Phase, Thread};
 use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
-use crate::hooks::Control;
+use crate::hooks::{Control, HookEvent};
 use crate::ledger::{Grant, LedgerError, LedgerMsg};
 use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
 use crate::record::line::{CallError, Line};
@@ -60,8 +60,8 @@ impl Thread {
             });
         }
         let event = match continued {
-            Some(_) => "thread_continued",
-            None => "thread_started",
+            Some(_) => HookEvent::ThreadContinued,
+            None => HookEvent::ThreadStarted,
         };
         if self.hooks.wants(event) {
             let ctx = json!({
@@ -125,7 +125,7 @@ impl Thread {
         });
         self.life.span.record("weft.limit", limit);
         let ctx = json!({ "thread_id": self.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
-        let fired = self.fire("limit", ctx);
+        let fired = self.fire(HookEvent::Limit, ctx);
         if fired.control == Some(Control::Continue) && self.lift_once(limit) {
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
@@ -258,10 +258,10 @@ impl Thread {
         let Some(window) = self.ctx.config.context_window_of(&self.doc.model) else {
             return Ok(want);
         };
-        if self.hooks.wants("context_window_pressure") {
+        if self.hooks.wants(HookEvent::ContextWindowPressure) {
             let ctx = json!({ "thread_id": self.doc.id, "pressure_ratio": prompt_tokens as f64 / window as f64,
                               "tokens_used": prompt_tokens, "window": window });
-            self.fire("context_window_pressure", ctx);
+            self.fire(HookEvent::ContextWindowPressure, ctx);
         }
         let threshold = (window as f64 * self.ctx.config.continuation_threshold) as u64;
         if prompt_tokens > threshold
@@ -424,12 +424,12 @@ impl Thread {
             reply: None,
         });
         crate::core::failpoint::hit("settle.cast");
-        if self.hooks.wants("after_step") {
+        if self.hooks.wants(HookEvent::AfterStep) {
             let step = json!({
                 "thread_id": self.doc.id, "turn": self.calls.made,
                 "cost": { "spend_nanos": self.calls.own_spend, "input_tokens": self.calls.usage.input_tokens, "output_tokens": self.calls.usage.output_tokens },
             });
-            self.fire("after_step", step);
+            self.fire(HookEvent::AfterStep, step);
         }
         (cost, retry)
     }
