@@ -139,6 +139,8 @@ pub mod internals {
     pub use crate::registry::{Admission, RegistryMsg, Store, ThreadRow};
     #[cfg(feature = "server")]
     pub use crate::server::http::serve as serve_http;
+    pub use crate::store::messages as search_messages;
+    pub use crate::thread::rebuild_conversation;
 
     /// The names of weft's built-in tools (no command tool may take one).
     pub fn builtin_tool_names() -> Vec<&'static str> {

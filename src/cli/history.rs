@@ -3,6 +3,7 @@
 
 use super::{find_project, open_threads, usage, EnvAction, Exit, MessageChange, ScheduleAction};
 use crate::core::ids::ThreadId;
+use crate::record::line::Line;
 use crate::store::{SearchQuery, StoreError, ThreadStore};
 use serde_json::json;
 use std::io::Write;
@@ -109,16 +110,18 @@ pub(super) fn message(
     let project = find_project(explicit)?;
     let id = ThreadId::parse(&id).map_err(usage)?;
     let store = open_threads(&project)?;
-    let (event, what) = match change {
+    let (line, what) = match change {
         MessageChange::Edit { seq, text } => (
-            json!({ "type": "message_edited", "target": seq, "text": text }),
+            Line::MessageEdited { target: seq, text },
             format!("edited message {seq}"),
         ),
         MessageChange::Delete { seq } => (
-            json!({ "type": "message_deleted", "target": seq }),
+            Line::MessageDeleted { target: seq },
             format!("deleted message {seq}"),
         ),
     };
+    // The store takes an event as an object with its `type`, as it takes one from outside.
+    let event = serde_json::to_value(line).map_err(super::failed)?;
     let seq = store.append(&id, vec![event]).map_err(store_exit)?;
     if as_json {
         out!("{}", json!({ "thread_id": id, "seq": seq }));

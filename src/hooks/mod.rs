@@ -9,25 +9,13 @@
 //! pass silently: errors name the file and the hook.
 
 mod cond;
+mod event;
 
 pub(crate) use cond::lookup;
 use cond::Cond;
+pub(crate) use event::HookEvent;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-
-/// The events a hook may name.
-pub(crate) const EVENTS: &[&str] = &[
-    "thread_started",
-    "thread_continued",
-    "after_step",
-    "child_finished",
-    "limit",
-    "error",
-    "after_complete",
-    // Rye's: before each call when the model's window is known, and on `directive_return`.
-    "context_window_pressure",
-    "directive_return",
-];
 
 /// What a hook does.
 #[derive(Debug, Clone)]
@@ -96,7 +84,7 @@ pub(crate) struct Hook {
     /// Unique across all layers.
     pub id: String,
     /// The event it fires on.
-    pub event: String,
+    pub event: HookEvent,
     /// When it fires (always, if None).
     pub condition: Option<Cond>,
     /// What it does.
@@ -141,7 +129,7 @@ impl Hooks {
         if builtins.usage_record {
             all.push(Hook {
                 id: "builtin_usage_record".into(),
-                event: "after_complete".into(),
+                event: HookEvent::AfterComplete,
                 condition: None,
                 action: Action::UsageRecord,
                 layer: 2,
@@ -172,7 +160,7 @@ impl Hooks {
 }
 
 /// The hooks of `list` that `event` fires in `ctx`, in order.
-pub(crate) fn firing<'a>(list: &'a [Hook], event: &str, ctx: &Value) -> Vec<&'a Hook> {
+pub(crate) fn firing<'a>(list: &'a [Hook], event: HookEvent, ctx: &Value) -> Vec<&'a Hook> {
     list.iter()
         .filter(|h| h.event == event)
         .filter(|h| h.condition.as_ref().is_none_or(|c| c.holds(ctx)))
@@ -267,16 +255,17 @@ fn parse_hook(
     if h.get("id").and_then(Value::as_str).is_none() {
         return Err(err("every hook needs an `id`".into()));
     }
-    let event = h
+    let name = h
         .get("event")
         .and_then(Value::as_str)
         .ok_or_else(|| err("every hook needs an `event`".into()))?;
-    if !EVENTS.contains(&event) {
+    let Some(event) = HookEvent::parse(name) else {
+        let known: Vec<&str> = HookEvent::ALL.iter().map(|e| e.as_str()).collect();
         return Err(err(format!(
-            "unknown event `{event}` ({})",
-            EVENTS.join(", ")
+            "unknown event `{name}` ({})",
+            known.join(", ")
         )));
-    }
+    };
     let condition = h
         .get("condition")
         .filter(|c| !c.is_null())
@@ -286,7 +275,7 @@ fn parse_hook(
     let action = h
         .get("action")
         .ok_or_else(|| err("every hook needs an `action`".into()))
-        .and_then(|a| parse_action(a, event, root).map_err(|m| err(format!("action: {m}"))))?;
+        .and_then(|a| parse_action(a, name, root).map_err(|m| err(format!("action: {m}"))))?;
     let layer = match h.get("layer").and_then(Value::as_u64) {
         // Rye files name their layer; an infrastructure hook (4) only observes.
         Some(4) => 4,
@@ -294,7 +283,7 @@ fn parse_hook(
     };
     Ok(Hook {
         id,
-        event: event.into(),
+        event,
         condition,
         action,
         layer,

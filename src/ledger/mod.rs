@@ -24,6 +24,7 @@ mod actor;
 mod book;
 mod db;
 
+pub use crate::core::ids::ReservationId;
 pub(crate) use actor::LedgerActor;
 pub use actor::LedgerMsg;
 pub use book::Book;
@@ -91,27 +92,6 @@ impl Account {
     /// `max − used` (never negative).
     pub fn headroom(&self) -> Nanos {
         Nanos((self.max.0 - self.used().0).max(0))
-    }
-}
-
-/// A call reservation's ledger-wide id. Only the ledger makes one; transcripts record it as a
-/// plain number (`"reservation": 12`), which is how recovery reads it back.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(transparent)]
-pub struct ReservationId(u64);
-
-impl ReservationId {
-    /// The number as recorded.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl std::fmt::Display for ReservationId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
     }
 }
 

@@ -189,6 +189,22 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Its name, as serialized (`rate_limited`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Server => "server",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Auth => "auth",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::ContextOverflow => "context_overflow",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Script => "script",
+        }
+    }
+
     /// Parses a script's `error.kind`.
     pub fn parse(s: &str) -> Option<ErrorKind> {
         serde_json::from_value(serde_json::Value::String(s.into())).ok()
@@ -292,4 +308,29 @@ pub(crate) fn heuristic_prompt_tokens(req: &LlmRequest) -> u64 {
         bytes += t.name.len() + t.description.len() + t.input_schema.to_string().len();
     }
     (bytes as u64).div_ceil(3) + 8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    #[test]
+    fn an_error_kind_is_named_as_it_is_serialized() {
+        use ErrorKind::*;
+        for k in [
+            RateLimited,
+            Overloaded,
+            Server,
+            Timeout,
+            Connection,
+            Auth,
+            InvalidRequest,
+            ContextOverflow,
+            Cancelled,
+            Script,
+        ] {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+            assert_eq!(ErrorKind::parse(k.as_str()), Some(k));
+        }
+    }
 }

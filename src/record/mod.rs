@@ -1,12 +1,14 @@
 //! The durable, signed records of a thread: the user's key and the trust store (`signing`), the
-//! hash-chained transcript (`transcript`), thread.json (`thread_doc`), read-only verification
-//! (`verify`), and the group commit shared by the actors that own a database (`batch`).
+//! hash-chained transcript (`transcript`) and its lines as types (`line`), thread.json
+//! (`thread_doc`), read-only verification (`verify`), lines as people read them (`render`), and
+//! the group commit shared by the actors that own a database (`batch`).
 //!
 //! Owns file formats and their integrity. Must never decide what a thread does next: it writes
 //! what it is given and reads back what is there, naming the file and line of any damage.
 
 pub(crate) mod batch;
 pub(crate) mod disk;
+pub(crate) mod line;
 pub(crate) mod render;
 pub(crate) mod signing;
 pub(crate) mod thread_doc;

@@ -1,7 +1,8 @@
 //! Transcript lines as people read them (`weft log`, the web page's twin): a short label and
 //! the text, checkpoints left out, long tool output cut with a note of how much was left.
 
-use crate::core::money::Nanos;
+use super::line::Line;
+use crate::core::money::{Nanos, Usage};
 use serde_json::Value;
 
 /// Tool output longer than this is cut in the readable form (`--json` keeps it whole).
@@ -48,110 +49,110 @@ fn cut(text: &str) -> String {
     format!("{}… ({} more bytes)", &text[..end], text.len() - end)
 }
 
-fn usd(v: &Value) -> String {
-    Nanos(v.as_i64().unwrap_or(0)).to_string()
-}
-
 /// The label and text of a transcript line; None for lines people do not read (checkpoints).
 pub fn describe(line: &Value) -> Option<(String, String)> {
-    let kind = line["type"].as_str().unwrap_or("?");
-    let s = |k: &str| line[k].as_str().unwrap_or_default().to_string();
-    let (label, text) = match kind {
-        "checkpoint" => return None,
-        "thread_started" => (
+    let (label, text) = match Line::parse(line) {
+        Line::Checkpoint { .. } => return None,
+        Line::ThreadStarted {
+            directive,
+            model,
+            provider,
+            parent,
+            ..
+        } => (
             "started",
             format!(
-                "{} on {} ({}){}",
-                s("directive"),
-                s("model"),
-                s("provider"),
-                line["parent"]
-                    .as_str()
+                "{directive} on {model} ({provider}){}",
+                parent
                     .map(|p| format!(", child of {p}"))
                     .unwrap_or_default()
             ),
         ),
-        "status" => ("status", s("status")),
-        "message" => (
-            if line["role"] == "assistant" {
-                "assistant"
-            } else {
-                "user"
-            },
-            s("text"),
-        ),
-        "assistant_text" => ("assistant", s("text")),
-        "tool_use" => ("tool call", format!("{} {}", s("name"), line["input"])),
-        "tool_result" => (
-            if line["is_error"] == true {
+        Line::Status { status } => ("status", status.as_str().to_string()),
+        Line::Message { role, text, .. } if role == "assistant" => ("assistant", text),
+        Line::Message { text, .. } => ("user", text),
+        Line::AssistantText { text } => ("assistant", text),
+        Line::ToolUse { name, input, .. } => ("tool call", format!("{name} {input}")),
+        Line::ToolResult {
+            is_error, content, ..
+        } => (
+            if is_error {
                 "tool error"
             } else {
                 "tool result"
             },
-            cut(&match &line["content"] {
-                Value::String(t) => t.clone(),
-                other => other.to_string(),
-            }),
+            cut(&content),
         ),
-        "llm_call" | "llm_retry" => (
-            if kind == "llm_call" {
-                "llm"
-            } else {
-                "llm retry"
-            },
-            format!(
-                "{} · {} in / {} out · {}{}",
-                s("model"),
-                line["usage"]["input_tokens"].as_u64().unwrap_or(0),
-                line["usage"]["output_tokens"].as_u64().unwrap_or(0),
-                usd(&line["cost_nanos"]),
-                line["error"]["message"]
-                    .as_str()
-                    .or(line["message"].as_str())
-                    .map(|m| format!(" · {m}"))
-                    .unwrap_or_default()
-            ),
+        Line::LlmCall {
+            model,
+            usage,
+            cost_nanos,
+            error,
+            ..
+        } => (
+            "llm",
+            call(&model, usage, cost_nanos, error.map(|e| e.message)),
         ),
-        "child_spawned" => ("child", format!("started {}", s("id"))),
-        "child_finished" => (
+        Line::LlmRetry {
+            model,
+            usage,
+            cost_nanos,
+            message,
+            ..
+        } => ("llm retry", call(&model, usage, cost_nanos, Some(message))),
+        Line::ChildSpawned { id, .. } => ("child", format!("started {id}")),
+        Line::ChildFinished {
+            id,
+            status,
+            spend_nanos,
+            error,
+        } => (
             "child",
             format!(
-                "{} {} ({}){}",
-                s("id"),
-                s("status"),
-                usd(&line["spend_nanos"]),
-                line["error"]
-                    .as_str()
-                    .map(|e| format!(" — {e}"))
-                    .unwrap_or_default()
+                "{id} {} ({}){}",
+                status.as_str(),
+                spend_nanos.unwrap_or_default(),
+                error.map(|e| format!(" — {e}")).unwrap_or_default()
             ),
         ),
-        "thread_finished" => (
+        Line::ThreadFinished {
+            status, error, run, ..
+        } => (
             "finished",
             format!(
                 "{}{}{}",
-                s("status"),
-                line["error"]
-                    .as_str()
-                    .map(|e| format!(" — {e}"))
-                    .unwrap_or_default(),
-                match &line["outputs"] {
-                    Value::Null => String::new(),
-                    o => format!(" outputs {o}"),
-                }
+                status.as_str(),
+                error.map(|e| format!(" — {e}")).unwrap_or_default(),
+                run.and_then(|r| r.outputs)
+                    .map(|o| format!(" outputs {o}"))
+                    .unwrap_or_default()
             ),
         ),
-        other => {
-            let mut rest = line.clone();
-            if let Some(o) = rest.as_object_mut() {
-                for k in ["seq", "ts", "type", "prev"] {
-                    o.remove(k);
-                }
-            }
-            return Some((other.replace('_', " "), cut(&rest.to_string())));
-        }
+        _ => return Some(as_it_is(line)),
     };
     Some((label.to_string(), text))
+}
+
+/// An LLM call's model, tokens, cost and error, if any.
+fn call(model: &str, usage: Usage, cost: Nanos, error: Option<String>) -> String {
+    format!(
+        "{model} · {} in / {} out · {cost}{}",
+        usage.input_tokens,
+        usage.output_tokens,
+        error.map(|m| format!(" · {m}")).unwrap_or_default()
+    )
+}
+
+/// Any other line: its kind, and its fields as JSON.
+fn as_it_is(line: &Value) -> (String, String) {
+    let kind = line["type"].as_str().unwrap_or("?");
+    let mut rest = line.clone();
+    if let Some(o) = rest.as_object_mut() {
+        for k in ["seq", "ts", "type", "prev"] {
+            o.remove(k);
+        }
+    }
+    (kind.replace('_', " "), cut(&rest.to_string()))
 }
 
 #[cfg(test)]

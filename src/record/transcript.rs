@@ -5,6 +5,7 @@
 //! written every N lines and at the end. Only the owning thread actor appends; readers tolerate
 //! a torn last line (a crash mid-append) and report it instead of failing.
 
+use super::line::Line;
 use crate::core::ids::now_ts;
 use crate::project::config::Durability;
 use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
@@ -149,6 +150,12 @@ impl TranscriptWriter {
         Ok(())
     }
 
+    /// Appends one typed line (see [`Self::append`]).
+    pub(crate) fn append_line(&mut self, line: Line) -> std::io::Result<()> {
+        let (kind, payload) = line.into_parts();
+        self.append(&kind, payload)
+    }
+
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
         self.checkpoint_line()?;
@@ -161,7 +168,8 @@ impl TranscriptWriter {
         let body =
             json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
         let sig = self.signer.sign(CHECKPOINT_DOMAIN, &body);
-        self.write_line("checkpoint", json!({ "sig": sig }))?;
+        let (kind, payload) = Line::Checkpoint { sig: Some(sig) }.into_parts();
+        self.write_line(&kind, payload)?;
         self.since_checkpoint = 0;
         Ok(())
     }

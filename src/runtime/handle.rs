@@ -5,7 +5,7 @@
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::thread::{
-    end_subtree, Ctx, DeadEnd, Event, SpawnError, StatusSnapshot, ThreadMsg, ThreadReport,
+    end_subtree, Ctx, DeadEnd, DeadKind, Event, SpawnError, StatusSnapshot, ThreadMsg, ThreadReport,
 };
 use ractor::ActorRef;
 use std::collections::HashSet;
@@ -102,7 +102,7 @@ impl ThreadHandle {
             Err(_) => {
                 let end = DeadEnd {
                     status: Status::Error,
-                    kind: "failed",
+                    kind: DeadKind::Failed,
                     error: format!(
                         "thread {} stopped without finalizing (its actor failed)",
                         self.id

@@ -13,7 +13,7 @@ use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::registry::{RegistryMsg, ThreadRow};
-use crate::thread::{finalize_dead, Ctx, DeadEnd, Recovered};
+use crate::thread::{finalize_dead, Ctx, DeadEnd, DeadKind, Recovered};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -70,7 +70,7 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
         }
         let end = DeadEnd {
             status: Status::Error,
-            kind: "interrupted",
+            kind: DeadKind::Interrupted,
             error: format!(
                 "interrupted: the process that ran this thread (pid {}) ended while it was {}; `weft resume {}` continues it",
                 row.owner_pid, row.status, row.id

@@ -3,6 +3,7 @@
 //! `message_edited` / `message_deleted` change them without touching the signed history.
 
 use super::{SearchMessage, StoreError};
+use crate::record::line::Line;
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -105,60 +106,56 @@ pub(crate) fn check_target(lines: &[Value], event: &Value) -> Result<(), StoreEr
 /// a deleted one is gone, the edit lines themselves are left out. The signed lines stay as
 /// they are in the transcript; this is a reading of them.
 pub fn apply_edits(lines: &[Value]) -> Vec<Value> {
-    let mut edits: HashMap<i64, Option<&str>> = HashMap::new();
+    // Each line's seq, and the new text of an edited one (None: deleted).
+    let mut edits: HashMap<i64, Option<String>> = HashMap::new();
+    let mut kept = Vec::with_capacity(lines.len());
     for l in lines {
-        let target = l.get("target").and_then(Value::as_i64);
-        match (l.get("type").and_then(Value::as_str), target) {
-            (Some("message_edited"), Some(t)) => {
-                edits.insert(t, l.get("text").and_then(Value::as_str));
+        match Line::parse(l) {
+            Line::MessageEdited { target, text } => {
+                edits.insert(target, Some(text));
             }
-            (Some("message_deleted"), Some(t)) => {
-                edits.insert(t, None);
+            Line::MessageDeleted { target } => {
+                edits.insert(target, None);
             }
-            _ => {}
+            _ => kept.push(l),
         }
     }
-    lines
-        .iter()
-        .filter(|l| {
-            !matches!(
-                l.get("type").and_then(Value::as_str),
-                Some("message_edited" | "message_deleted")
-            )
-        })
-        .filter_map(|l| {
-            let seq = l.get("seq").and_then(Value::as_i64).unwrap_or(-1);
-            match edits.get(&seq) {
-                None => Some(l.clone()),
-                Some(None) => None,
-                Some(Some(text)) => {
-                    let mut l = l.clone();
-                    l["text"] = Value::String((*text).to_string());
-                    Some(l)
-                }
+    kept.into_iter()
+        .filter_map(|l| match edits.get(&seq_of(l)) {
+            None => Some(l.clone()),
+            Some(None) => None,
+            Some(Some(text)) => {
+                let mut l = l.clone();
+                l["text"] = Value::String(text.clone());
+                Some(l)
             }
         })
         .collect()
 }
 
+/// A line's `seq` (−1 if it has none).
+fn seq_of(line: &Value) -> i64 {
+    line.get("seq").and_then(Value::as_i64).unwrap_or(-1)
+}
+
 /// The user and assistant messages of a thread's lines, edits applied, in order.
-pub(crate) fn messages(lines: &[Value]) -> Vec<SearchMessage> {
+pub fn messages(lines: &[Value]) -> Vec<SearchMessage> {
     apply_edits(lines)
         .iter()
         .filter_map(|l| {
-            let role = match l.get("type").and_then(Value::as_str)? {
-                "message" => l.get("role").and_then(Value::as_str).unwrap_or("user"),
-                "assistant_text" => "assistant",
+            let (role, text) = match Line::parse(l) {
+                Line::Message { role, text, .. } if role.is_empty() => ("user".into(), text),
+                Line::Message { role, text, .. } => (role, text),
+                Line::AssistantText { text } => ("assistant".into(), text),
                 _ => return None,
             };
-            let text = l.get("text").and_then(Value::as_str)?;
             if text.trim().is_empty() {
                 return None;
             }
             Some(SearchMessage {
-                seq: l.get("seq").and_then(Value::as_i64).unwrap_or(-1),
-                role: role.to_string(),
-                text: text.to_string(),
+                seq: seq_of(l),
+                role,
+                text,
             })
         })
         .collect()

@@ -6,6 +6,7 @@
 
 use super::{NewThread, StoreError, ThreadStore};
 use crate::core::ids::ThreadId;
+use crate::record::line::Line;
 use crate::registry::ThreadFilter;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -394,10 +395,10 @@ pub fn export(store: &dyn ThreadStore, id: &ThreadId, format: &str) -> Result<St
                     .or(l.get("ts"))
                     .cloned()
                     .unwrap_or(Value::Null);
-                out.extend(match l["type"].as_str().unwrap_or_default() {
-                    "message" => Some(json!({ "role": l["role"], "text": l["text"], "timestamp": at })),
-                    "assistant_text" => Some(json!({ "role": "assistant", "text": l["text"], "timestamp": at })),
-                    "tool_use" => Some(json!({ "type": "tool_use", "name": l["name"], "input": l["input"], "timestamp": at })),
+                out.extend(match Line::parse(l) {
+                    Line::Message { role, text, .. } => Some(json!({ "role": role, "text": text, "timestamp": at })),
+                    Line::AssistantText { text } => Some(json!({ "role": "assistant", "text": text, "timestamp": at })),
+                    Line::ToolUse { name, input, .. } => Some(json!({ "type": "tool_use", "name": name, "input": input, "timestamp": at })),
                     _ => None,
                 });
             }

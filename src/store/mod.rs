@@ -26,7 +26,7 @@ mod maintain;
 mod memory;
 mod queue;
 
-pub use check::{apply_edits, check_event, APPENDABLE};
+pub use check::{apply_edits, check_event, messages, APPENDABLE};
 pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;

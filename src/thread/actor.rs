@@ -8,7 +8,7 @@
 
 use super::builtin::Offer;
 use super::ctx::Ctx;
-use super::dead::{end_subtree, DeadEnd};
+use super::dead::{end_subtree, DeadEnd, DeadKind};
 use super::msg::{ThreadArgs, ThreadMsg};
 use super::parts::{Calls, HookState, Kids, Life, Record, Talk, ToolWork};
 use super::report::StatusSnapshot;
@@ -16,8 +16,8 @@ use super::state::{Phase, Thread};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::provider::BoxFuture;
+use crate::record::line::Line;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
-use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -98,7 +98,7 @@ impl Actor for ThreadActor {
         };
         for problem in mcp_problems {
             tracing::warn!(thread = %t.doc.id, "{problem}");
-            t.log("mcp_unavailable", json!({ "message": problem }));
+            t.log(Line::McpUnavailable { message: problem });
         }
         me.cast(ThreadMsg::Start)?;
         Ok(t)
@@ -141,7 +141,7 @@ impl Actor for ThreadActor {
         if t.kids.map.get(&id).is_some_and(|c| c.report.is_none()) {
             let end = DeadEnd {
                 status: Status::Error,
-                kind: "failed",
+                kind: DeadKind::Failed,
                 error: format!("thread actor failed: {err}"),
             };
             let report = end_subtree(&t.ctx, &id, &end).await;

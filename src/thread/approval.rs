@@ -11,6 +11,7 @@
 use super::ctx::Event;
 use super::state::Thread;
 use crate::provider::ToolCall;
+use crate::record::line::Line;
 use serde_json::json;
 
 impl Thread {
@@ -29,10 +30,11 @@ impl Thread {
 
     /// Parks `call` until a decision; the thread is marked waiting.
     pub(crate) fn park_for_approval(&mut self, call: ToolCall) {
-        self.log(
-            "approval_requested",
-            json!({ "id": call.id, "name": call.name, "input": call.input }),
-        );
+        self.log(Line::ApprovalRequested {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            input: call.input.clone(),
+        });
         self.work.approvals.push(call);
         self.publish_waiting();
     }
@@ -50,11 +52,12 @@ impl Thread {
     /// Records the parked calls of a thread that ends as not run.
     pub(crate) fn abandon_approvals(&mut self) {
         for call in std::mem::take(&mut self.work.approvals) {
-            self.log(
-                "tool_result",
-                json!({ "id": call.id, "is_error": true,
-                        "content": json!({"error": "not run: the thread ended while the call waited for approval"}).to_string() }),
-            );
+            let error = "not run: the thread ended while the call waited for approval";
+            self.log(Line::ToolResult {
+                id: call.id,
+                is_error: true,
+                content: json!({ "error": error }).to_string(),
+            });
         }
     }
 }

@@ -10,6 +10,8 @@ use super::state::{Phase, Thread};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::directive::OnChildError;
+use crate::hooks::HookEvent;
+use crate::record::line::Line;
 use crate::tools::ToolOutcome;
 use ractor::ActorRef;
 use serde_json::json;
@@ -85,10 +87,11 @@ impl Thread {
             self.drained().await;
             return;
         }
-        self.log(
-            "child_spawned",
-            json!({ "id": child, "wait": wait, "call_id": call_id }),
-        );
+        self.log(Line::ChildSpawned {
+            id: child.clone(),
+            wait,
+            call_id: call_id.clone(),
+        });
         if !wait {
             let running = ToolOutcome::ok(json!({ "thread_id": child, "status": "running" }));
             return self.tool_done(call_id, running).await;
@@ -105,7 +108,12 @@ impl Thread {
     pub(crate) async fn spawn_refused(&mut self, call_id: String, error: String) {
         self.kids.spawning.remove(&call_id);
         if let Some(hook) = call_id.strip_prefix("hook:") {
-            self.log("hook_failed", json!({ "id": hook, "error": error }));
+            self.log(Line::HookFailed {
+                id: hook.to_string(),
+                event: None,
+                error: error.clone(),
+                source: None,
+            });
         }
         self.kids.doomed.remove(&call_id);
         if !self.drained().await {
@@ -116,10 +124,12 @@ impl Thread {
     /// A child ended.
     pub(crate) async fn child_finished(&mut self, r: ThreadReport) {
         let id = r.thread_id.clone();
-        self.log(
-            "child_finished",
-            json!({ "id": id, "status": r.status, "spend_nanos": r.spend_nanos, "error": r.error }),
-        );
+        self.log(Line::ChildFinished {
+            id: id.clone(),
+            status: r.status,
+            spend_nanos: Some(r.spend_nanos),
+            error: r.error.clone(),
+        });
         if r.status == Status::Continued && r.error.is_none() {
             // Handed off: its continuation answers in its place (`ChildContinued` re-keys the
             // waits, whichever of the two messages comes first); this report is nobody's result.
@@ -127,11 +137,11 @@ impl Thread {
             self.drained().await;
             return;
         }
-        if self.hooks.wants("child_finished") {
+        if self.hooks.wants(HookEvent::ChildFinished) {
             let ctx = json!({ "thread_id": self.doc.id, "child": {
                 "id": id, "directive": r.directive, "status": r.status, "spend_nanos": r.spend_nanos,
                 "outputs": r.outputs, "error": r.error } });
-            self.fire("child_finished", ctx);
+            self.fire(HookEvent::ChildFinished, ctx);
         }
         let entry = self.kids.entry(&id);
         if entry.report.is_some() {
@@ -198,6 +208,6 @@ impl Thread {
         actor: ActorRef<ThreadMsg>,
     ) {
         self.kids.rekey(&old, new.clone(), actor);
-        self.log("child_continued", json!({ "old": old, "new": new }));
+        self.log(Line::ChildContinued { old, new });
     }
 }

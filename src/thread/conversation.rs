@@ -5,6 +5,7 @@ use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::directive::Directive;
 use crate::provider::{Block, Message, Role};
+use crate::record::line::Line;
 use serde_json::{json, Value};
 
 pub(super) fn system_prompt(d: &Directive, id: &ThreadId, limits: &Limits) -> String {
@@ -50,51 +51,37 @@ pub(super) fn message_text(m: &Message) -> String {
 /// Rebuilds a conversation from transcript events (resume, fork): user messages,
 /// assistant text and tool calls, tool results. A tool call left without a result (the thread
 /// ended mid-call) gets an error result. Also returns the LLM calls made, attempts included.
-pub(crate) fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
+pub fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
     let mut msgs: Vec<Message> = Vec::new();
     let mut calls = 0u64;
     // Edited messages read as edited, deleted ones not at all (the signed lines stay).
     for e in &crate::store::apply_edits(events) {
-        let text = |k: &str| {
-            e.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        match e.get("type").and_then(Value::as_str).unwrap_or_default() {
-            "llm_call" | "llm_retry" => calls += 1,
-            "conversation" => {
-                msgs = serde_json::from_value(e.get("messages").cloned().unwrap_or(Value::Null))
-                    .unwrap_or_default();
-                calls += e.get("calls_made").and_then(Value::as_u64).unwrap_or(0);
+        match Line::parse(e) {
+            Line::LlmCall { .. } | Line::LlmRetry { .. } => calls += 1,
+            Line::Conversation {
+                messages,
+                calls_made,
+            } => {
+                msgs = serde_json::from_value(messages).unwrap_or_default();
+                calls += calls_made;
             }
-            "message" => {
+            Line::Message { text, .. } => {
                 close_tool_round(&mut msgs);
-                msgs.push(Message::user(text("text")));
+                msgs.push(Message::user(text));
             }
-            "assistant_text" | "tool_use" => {
-                let block = if e["type"] == "assistant_text" {
-                    Block::Text { text: text("text") }
-                } else {
-                    Block::ToolUse {
-                        id: text("id"),
-                        name: text("name"),
-                        input: e.get("input").cloned().unwrap_or(Value::Null),
-                    }
-                };
-                match msgs.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.content.push(block),
-                    _ => msgs.push(Message {
-                        role: Role::Assistant,
-                        content: vec![block],
-                    }),
-                }
+            Line::AssistantText { text } => said_by_model(&mut msgs, Block::Text { text }),
+            Line::ToolUse { id, name, input } => {
+                said_by_model(&mut msgs, Block::ToolUse { id, name, input })
             }
-            "tool_result" => {
+            Line::ToolResult {
+                id,
+                is_error,
+                content,
+            } => {
                 let block = Block::ToolResult {
-                    id: text("id"),
-                    content: text("content"),
-                    is_error: e.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                    id,
+                    content,
+                    is_error,
                 };
                 match msgs.last_mut() {
                     Some(m)
@@ -114,6 +101,17 @@ pub(crate) fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
     }
     close_tool_round(&mut msgs);
     (msgs, calls)
+}
+
+/// Adds `block` to the model's message under way (or starts one).
+fn said_by_model(msgs: &mut Vec<Message>, block: Block) {
+    match msgs.last_mut() {
+        Some(m) if m.role == Role::Assistant => m.content.push(block),
+        _ => msgs.push(Message {
+            role: Role::Assistant,
+            content: vec![block],
+        }),
+    }
 }
 
 /// Gives every unanswered tool call of the last assistant message an error result.

@@ -10,11 +10,12 @@ use crate::core::money::Nanos;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::project::config::Durability;
+use crate::record::line::{Gone, Line};
 use crate::record::thread_doc::ThreadDoc;
 use crate::record::transcript::TranscriptWriter;
 use crate::registry::{RegistryMsg, ThreadRow};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,10 +23,41 @@ use std::time::Duration;
 pub(crate) struct DeadEnd {
     /// `error` (interrupted, failed) or `cancelled` (killed).
     pub(crate) status: Status,
-    /// `interrupted`, `killed` or `failed`: the transcript event and thread.json's `error_kind`.
-    pub(crate) kind: &'static str,
+    /// Why: the transcript line before `thread_finished` and thread.json's `error_kind`.
+    pub(crate) kind: DeadKind,
     /// The thread's error message.
     pub(crate) error: String,
+}
+
+/// Why a thread ended without its actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadKind {
+    /// Its process died (recovery).
+    Interrupted,
+    /// Its subtree did not end within its parent's cancel grace.
+    Killed,
+    /// Its actor panicked or stopped without finalizing.
+    Failed,
+}
+
+impl DeadKind {
+    /// Its name: the transcript line's kind and thread.json's `error_kind`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DeadKind::Interrupted => "interrupted",
+            DeadKind::Killed => "killed",
+            DeadKind::Failed => "failed",
+        }
+    }
+
+    /// Its transcript line.
+    fn line(self, gone: Gone) -> Line {
+        match self {
+            DeadKind::Interrupted => Line::Interrupted(gone),
+            DeadKind::Killed => Line::Killed(gone),
+            DeadKind::Failed => Line::Failed(gone),
+        }
+    }
 }
 
 /// What finalizing a dead thread did.
@@ -196,31 +228,6 @@ struct Spend {
     max: Option<crate::core::money::Nanos>,
 }
 
-/// Calls the transcript recorded but whose settlement the ledger may never have stored: settled
-/// with the recorded cost (a no-op for those already settled), before the account is closed,
-/// which releases whatever is still reserved as unspent.
-async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
-    let tr = ctx.store.transcript_path(id);
-    let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
-        return;
-    };
-    for e in read
-        .events
-        .iter()
-        .filter(|e| e["type"] == "llm_call" || e["type"] == "llm_retry")
-    {
-        let reservation = serde::Deserialize::deserialize(&e["reservation"]);
-        if let (Ok(reservation), Some(cost)) = (reservation, e["cost_nanos"].as_i64()) {
-            let actual = crate::core::money::Nanos(cost);
-            let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
-                reservation,
-                actual,
-                reply: Some(reply)
-            });
-        }
-    }
-}
-
 /// It finalized itself but its registry row was never written: the row takes its status.
 async fn already_finished(
     ctx: &Ctx,
@@ -294,11 +301,20 @@ fn end_transcript(
             true => "the process died before the thread's files were written",
             false => "",
         };
-        let _ = w.append(end.kind, json!({ "owner_pid": row.owner_pid, "torn_line_kept": rec.torn_line_kept, "note": note }));
-        let _ = w.append(
-            "thread_finished",
-            json!({ "status": end.status, "error": end.error, "error_kind": end.kind, "spend_nanos": spend.tree, "own_spend_nanos": spend.own }),
-        );
+        let gone = Gone {
+            owner_pid: row.owner_pid,
+            torn_line_kept: rec.torn_line_kept,
+            note: note.into(),
+        };
+        let _ = w.append_line(end.kind.line(gone));
+        let _ = w.append_line(Line::ThreadFinished {
+            status: end.status,
+            error: Some(end.error.clone()),
+            spend_nanos: Nanos(spend.tree),
+            own_spend_nanos: Nanos(spend.own),
+            run: None,
+            error_kind: Some(end.kind.as_str().into()),
+        });
         if let Err(e) = w.checkpoint() {
             rec.problems.push(format!("{}: {e}", tr_path.display()));
         }
@@ -339,7 +355,7 @@ fn end_doc(
         Err(e) => return rec.problems.push(e),
     };
     doc.error = Some(end.error.clone());
-    doc.error_kind = Some(end.kind.into());
+    doc.error_kind = Some(end.kind.as_str().into());
     doc.cost.spend_nanos = spend.tree;
     doc.cost.own_spend_nanos = spend.own;
     if let Some(h) = head {
@@ -348,6 +364,35 @@ fn end_doc(
     doc.transition(end.status);
     if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
         rec.problems.push(format!("{}: {e}", doc_path.display()));
+    }
+}
+
+/// Settles the calls `id`'s transcript recorded but whose settlement the ledger may never have
+/// stored, at their recorded cost (a no-op for those already settled).
+async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
+    let tr = ctx.store.transcript_path(id);
+    let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
+        return;
+    };
+    for line in read.events.iter().map(Line::parse) {
+        let (reservation, actual) = match line {
+            Line::LlmCall {
+                reservation: Some(r),
+                cost_nanos,
+                ..
+            }
+            | Line::LlmRetry {
+                reservation: Some(r),
+                cost_nanos,
+                ..
+            } => (r, cost_nanos),
+            _ => continue,
+        };
+        let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+            reservation,
+            actual,
+            reply: Some(reply)
+        });
     }
 }
 

@@ -3,12 +3,15 @@
 //! thread.json, and tell the parent. Every exit path comes through [`Thread::finalize`].
 
 use super::ctx::Event;
-use super::dead::{end_subtree, DeadEnd};
+use super::dead::{end_subtree, DeadEnd, DeadKind};
 use super::msg::ThreadMsg;
 use super::report::ThreadReport;
 use super::state::{Ending, Phase, Thread};
+use crate::core::money::Nanos;
 use crate::core::status::Status;
+use crate::hooks::HookEvent;
 use crate::ledger::LedgerMsg;
+use crate::record::line::{Line, RunTotals};
 use serde_json::json;
 
 impl Thread {
@@ -49,18 +52,22 @@ impl Thread {
         error: String,
         classification: serde_json::Value,
     ) {
-        self.log("error", json!({ "message": error }));
+        self.log(Line::Error {
+            message: error.clone(),
+        });
         let ctx = json!({ "thread_id": self.doc.id, "error": { "message": error }, "classification": classification });
-        let fired = self.fire("error", ctx);
+        let fired = self.fire(HookEvent::Error, ctx);
         let may_retry = matches!(self.phase, Phase::Idle | Phase::Thinking)
             && self.calls.current.is_none()
             && self.hooks.retries < crate::hooks::MAX_HOOK_RETRIES;
         if fired.control == Some(crate::hooks::Control::Retry) && may_retry {
             self.hooks.retries += 1;
-            self.log(
-                "hook_control",
-                json!({ "action": "retry", "retry": self.hooks.retries }),
-            );
+            self.log(Line::HookControl {
+                action: "retry".into(),
+                limit: None,
+                refused: None,
+                retry: Some(self.hooks.retries),
+            });
             self.phase = Phase::Idle;
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
@@ -73,7 +80,9 @@ impl Thread {
         if matches!(self.phase, Phase::Draining(_)) {
             return;
         }
-        self.log("cancel_requested", json!({ "reason": reason }));
+        self.log(Line::CancelRequested {
+            reason: reason.clone(),
+        });
         let e = Ending {
             error: Some(format!("cancelled: {reason}")),
             ..Ending::with(Status::Cancelled)
@@ -87,7 +96,11 @@ impl Thread {
             return;
         }
         let d = humantime::format_duration(self.limits.duration()).to_string();
-        self.log("limit_hit", json!({ "limit": "duration", "max": d }));
+        self.log(Line::LimitHit {
+            limit: "duration".into(),
+            used: None,
+            max: d.clone(),
+        });
         self.finalize(Ending::error(format!("limit exceeded: duration {d}")))
             .await;
     }
@@ -150,7 +163,7 @@ impl Thread {
         }
         let live = self.kids.live();
         if !live.is_empty() {
-            self.log("cancelling_children", json!({ "children": live }));
+            self.log(Line::CancellingChildren { children: live });
         }
         self.kids
             .cancel_live(&format!("parent {} is ending", self.doc.id));
@@ -165,17 +178,19 @@ impl Thread {
         for id in self.kids.live() {
             let end = DeadEnd {
                 status: Status::Cancelled,
-                kind: "killed",
+                kind: DeadKind::Killed,
                 error: format!(
                     "killed: its subtree did not end within cancel_grace ({grace}) after {} asked it to",
                     self.doc.id
                 ),
             };
             let r = end_subtree(&self.ctx, &id, &end).await;
-            self.log(
-                "child_finished",
-                json!({ "id": id, "status": r.status, "error": r.error }),
-            );
+            self.log(Line::ChildFinished {
+                id: id.clone(),
+                status: r.status,
+                spend_nanos: None,
+                error: r.error.clone(),
+            });
             if let Some(c) = self.kids.map.get_mut(&id) {
                 c.report = Some(r);
             }
@@ -251,14 +266,13 @@ impl Thread {
     async fn continue_with(&mut self, messages: Vec<crate::provider::Message>) {
         match self.start_continuation(messages).await {
             Ok(next) => {
-                self.log("continued_by", json!({ "id": next }));
+                self.log(Line::ContinuedBy { id: next.clone() });
                 self.doc.continued_by = Some(next);
             }
             Err(err) => {
-                self.log(
-                    "error",
-                    json!({ "message": format!("the continuation could not start: {err}") }),
-                );
+                self.log(Line::Error {
+                    message: format!("the continuation could not start: {err}"),
+                });
                 self.doc.error = Some(format!(
                     "continued, but the continuation could not start: {err}"
                 ));
@@ -270,18 +284,28 @@ impl Thread {
     fn final_lines(&mut self, status: Status) {
         let usage = self.calls.usage;
         let (own, spend) = (self.calls.own_spend, self.doc.cost.spend_nanos);
-        let fin = json!({
-            "status": status, "result": self.doc.result, "outputs": self.doc.outputs, "error": self.doc.error,
-            "turns": self.doc.cost.turns, "usage": usage, "own_spend_nanos": own, "spend_nanos": spend, "overrun_nanos": self.doc.cost.overrun_nanos,
-        });
+        let fin = Line::ThreadFinished {
+            status,
+            error: self.doc.error.clone(),
+            spend_nanos: Nanos(spend),
+            own_spend_nanos: own,
+            run: Some(RunTotals {
+                result: self.doc.result.clone(),
+                outputs: self.doc.outputs.clone(),
+                turns: self.doc.cost.turns,
+                usage,
+                overrun_nanos: Nanos(self.doc.cost.overrun_nanos),
+            }),
+            error_kind: None,
+        };
         let done = json!({
             "thread_id": self.doc.id, "directive": self.doc.directive, "status": status,
             "result": self.doc.result, "outputs": self.doc.outputs, "duration_ms": self.life.started.elapsed().as_millis() as u64,
             "cost": { "turns": self.doc.cost.turns, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                       "cache_read_tokens": usage.cache_read_tokens, "own_spend_nanos": own, "spend_nanos": spend },
         });
-        self.fire("after_complete", done);
-        self.log("thread_finished", fin);
+        self.fire(HookEvent::AfterComplete, done);
+        self.log(fin);
     }
 
     /// The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
@@ -339,11 +363,14 @@ impl Thread {
             let to = format!("from/{}/{rel}", self.id());
             match crate::tools::copy_between(&own, &rel, &theirs, &to) {
                 Ok(_) => handed.push(to),
-                Err(e) => self.log("files_not_returned", json!({ "path": rel, "error": e })),
+                Err(error) => self.log(Line::FilesNotReturned { path: rel, error }),
             }
         }
         if !handed.is_empty() {
-            self.log("files_returned", json!({ "to": parent, "paths": handed }));
+            self.log(Line::FilesReturned {
+                to: parent,
+                paths: handed.clone(),
+            });
         }
         self.work.returned_files = handed;
     }

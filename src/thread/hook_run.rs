@@ -1,12 +1,14 @@
 //! Firing hooks (SPEC §9) at a thread's moments: the engine (`crate::hooks`) picks the hooks an
 //! event fires; this runs their actions where the thread's state is — injecting context into the
 //! conversation, running commands as tasks (the event as JSON on stdin), spawning, appending the
-//! usage record. A failing hook is a `hook_failed` transcript event and never changes the thread.
+//! usage record, lifting a limit once on `control: continue`. A failing hook is a `hook_failed`
+//! transcript event and never changes the thread.
 
 use super::spawn::SpawnRequest;
 use super::state::Thread;
-use crate::hooks::{Action, Control, Hook, Inject};
+use crate::hooks::{Action, Control, Hook, HookEvent, Inject};
 use crate::provider::Block;
+use crate::record::line::Line;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -21,7 +23,7 @@ pub(crate) struct Fired {
 
 impl Thread {
     /// Fires `event` with context `ctx`.
-    pub(crate) fn fire(&mut self, event: &str, mut ctx: Value) -> Fired {
+    pub(crate) fn fire(&mut self, event: HookEvent, mut ctx: Value) -> Fired {
         let hooks = self.hooks.list.clone();
         let firing = crate::hooks::firing(&hooks, event, &ctx);
         let mut fired = Fired::default();
@@ -35,14 +37,18 @@ impl Thread {
             match self.act(h, event, &ctx, &mut fired) {
                 // The built-in usage record is the usage file's line, not a transcript event.
                 Ok("usage_record") => {}
-                Ok(kind) => self.log(
-                    "hook_fired",
-                    json!({ "id": h.id, "event": event, "action": kind, "layer": h.layer }),
-                ),
-                Err(e) => self.log(
-                    "hook_failed",
-                    json!({ "id": h.id, "event": event, "error": e, "source": h.source }),
-                ),
+                Ok(kind) => self.log(Line::HookFired {
+                    id: h.id.clone(),
+                    event: event.as_str().into(),
+                    action: kind.into(),
+                    layer: h.layer,
+                }),
+                Err(error) => self.log(Line::HookFailed {
+                    id: h.id.clone(),
+                    event: Some(event.as_str().into()),
+                    error,
+                    source: Some(h.source.clone()),
+                }),
             }
         }
         fired
@@ -52,7 +58,7 @@ impl Thread {
     fn act(
         &mut self,
         h: &Hook,
-        event: &str,
+        event: HookEvent,
         ctx: &Value,
         fired: &mut Fired,
     ) -> Result<&'static str, String> {
@@ -76,19 +82,40 @@ impl Thread {
                 payload,
             } => {
                 let payload = crate::hooks::interpolate_value(payload, ctx);
-                self.log(
-                    "hook_event",
-                    json!({ "id": h.id, "event_type": event_type, "payload": payload }),
-                );
+                self.log(Line::HookEvent {
+                    id: h.id.clone(),
+                    event_type: event_type.clone(),
+                    payload,
+                });
                 Ok("emit")
             }
             Action::Spawn { directive, inputs } => {
                 let inputs = interpolated(inputs, ctx);
-                let as_root = event == "after_complete";
+                let as_root = event == HookEvent::AfterComplete;
                 self.hook_spawn(&h.id, directive, inputs, as_root);
                 Ok(if as_root { "spawn_root" } else { "spawn" })
             }
         }
+    }
+
+    /// `control: continue` on a limit: lifts `limit` once (a turn or a tenth more tokens);
+    /// spend, duration and depth are never lifted (money and time are not a hook's to give).
+    pub(crate) fn lift_once(&mut self, limit: &str) -> bool {
+        if self.hooks.lifted.iter().any(|l| l == limit) {
+            self.log(continue_line(limit, Some("already lifted once")));
+            return false;
+        }
+        match limit {
+            "turns" => self.limits.turns += 1,
+            "tokens" => self.limits.tokens += (self.limits.tokens / 10).max(1),
+            other => {
+                self.log(continue_line(other, Some("this limit is never lifted")));
+                return false;
+            }
+        }
+        self.hooks.lifted.push(limit.to_string());
+        self.log(continue_line(limit, None));
+        true
     }
 
     /// Adds injected context to the last user message (the first one, at the start).
@@ -220,4 +247,14 @@ fn interpolated(inputs: &Map<String, Value>, ctx: &Value) -> Map<String, Value> 
             (k.clone(), v)
         })
         .collect()
+}
+
+/// The `hook_control` line of a `continue` on `limit` (refused, or followed).
+fn continue_line(limit: &str, refused: Option<&str>) -> Line {
+    Line::HookControl {
+        action: "continue".into(),
+        limit: Some(limit.to_string()),
+        refused: refused.map(str::to_string),
+        retry: None,
+    }
 }

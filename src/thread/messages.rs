@@ -5,7 +5,7 @@
 
 use super::state::Thread;
 use crate::provider::Message;
-use serde_json::json;
+use crate::record::line::Line;
 
 /// Longest message one `inject` or `notify_parent` may carry.
 const MAX_MESSAGE: usize = 64 * 1024;
@@ -22,7 +22,10 @@ impl Thread {
                 text.len()
             ));
         }
-        self.log("message_queued", json!({ "from": from, "text": text }));
+        self.log(Line::MessageQueued {
+            from: from.to_string(),
+            text: text.clone(),
+        });
         self.talk.inbox.push((from.to_string(), text));
         Ok(())
     }
@@ -35,10 +38,11 @@ impl Thread {
             } else {
                 format!("Message from child thread {from}: {text}")
             };
-            self.log(
-                "message",
-                json!({ "role": "user", "text": text, "from": from }),
-            );
+            self.log(Line::Message {
+                role: "user".into(),
+                text: text.clone(),
+                from: Some(from),
+            });
             self.talk.push(Message::user(text));
         }
     }

@@ -42,11 +42,11 @@ mod turn;
 
 pub(crate) use actor::launch;
 pub(crate) use builtin::reserved_names as builtin_names;
-pub(crate) use conversation::rebuild_conversation;
+pub use conversation::rebuild_conversation;
 pub(crate) use ctx::Ctx;
 pub use ctx::Event;
 pub use dead::Recovered;
-pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd};
+pub(crate) use dead::{end_subtree, finalize_dead, DeadEnd, DeadKind};
 pub(crate) use msg::ThreadMsg;
 pub(crate) use report::StatusSnapshot;
 pub use report::ThreadReport;

@@ -13,9 +13,11 @@ use super::report::ThreadReport;
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::money::{Nanos, Price};
+use crate::core::redact::Redactor;
 use crate::core::status::Status;
 use crate::directive::Directive;
 use crate::provider::{Provider, Route};
+use crate::record::line::Line;
 use crate::record::thread_doc::ThreadDoc;
 use crate::registry::{RegistryMsg, ThreadRow};
 use crate::tools::ToolOutcome;
@@ -137,13 +139,15 @@ impl Thread {
     /// Appends a line to the transcript and, when anyone listens, publishes it as an event.
     /// A failed append is kept: the actor ends the thread `error` once the message at hand is
     /// handled (see [`Thread::record_failure`]).
-    pub(crate) fn log(&mut self, kind: &str, mut payload: Value) {
+    pub(crate) fn log(&mut self, line: Line) {
         // No secret reaches the transcript, live events or the search index.
-        self.ctx.redactor().redact_value(&mut payload);
+        let redactor = self.ctx.redactor();
         let seq = self.record.next_seq();
+        self.remember_said(seq, &line, &redactor);
+        let (kind, mut payload) = line.into_parts();
+        redactor.redact_value(&mut payload);
         let copy = self.ctx.publish_lines().then(|| payload.clone());
-        self.remember_said(kind, seq, &payload);
-        if let Err(e) = self.record.transcript.append(kind, payload) {
+        if let Err(e) = self.record.transcript.append(&kind, payload) {
             tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
             let lost = format!(
                 "the transcript could not be written at its `{kind}` line (that line, or the checkpoint after it, was lost): {e}"
@@ -155,28 +159,27 @@ impl Thread {
             let _ = self.ctx.events.send(Event::Line {
                 id: self.doc.id.clone(),
                 seq,
-                kind: kind.to_string(),
+                kind,
                 data: Arc::new(data),
             });
         }
     }
 
-    /// Keeps a user or assistant message for the search index.
-    fn remember_said(&mut self, kind: &str, seq: i64, payload: &Value) {
-        let role = match kind {
-            "message" => payload["role"].as_str().or(Some("user")),
-            "assistant_text" => Some("assistant"),
-            _ => None,
+    /// Keeps a user or assistant message for the search index (its secrets redacted).
+    fn remember_said(&mut self, seq: i64, line: &Line, redactor: &Redactor) {
+        let (role, text) = match line {
+            Line::Message { role, text, .. } => (role.as_str(), text),
+            Line::AssistantText { text } => ("assistant", text),
+            _ => return,
         };
-        if let (Some(role), Some(text)) = (role, payload["text"].as_str()) {
-            if !text.trim().is_empty() {
-                self.record.said.push(crate::store::SearchMessage {
-                    seq,
-                    role: role.to_string(),
-                    text: text.to_string(),
-                });
-            }
+        if text.trim().is_empty() {
+            return;
         }
+        self.record.said.push(crate::store::SearchMessage {
+            seq,
+            role: role.to_string(),
+            text: redactor.redact(text).into_owned(),
+        });
     }
 
     /// The failure of a transcript append not yet acted on (taken).

@@ -6,7 +6,9 @@ use super::builtin::{Builtin, Needs};
 use super::msg::ThreadMsg;
 use super::state::{Ending, Phase, Thread};
 use crate::core::status::Status;
+use crate::hooks::HookEvent;
 use crate::provider::{Block, Message, Role, ToolCall};
+use crate::record::line::Line;
 use crate::tools::{check, needed_capability, ToolOutcome};
 use serde_json::json;
 use std::collections::HashMap;
@@ -45,10 +47,11 @@ impl Thread {
         };
         if let Some(cap) = &needed {
             if let Err(denied) = check(&self.doc.capabilities, cap, self.doc.id.as_str()) {
-                self.log(
-                    "tool_denied",
-                    json!({ "id": call.id, "name": call.name, "capability": cap }),
-                );
+                self.log(Line::ToolDenied {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    capability: cap.clone(),
+                });
                 return Some(ToolOutcome::err(denied));
             }
         }
@@ -171,10 +174,11 @@ impl Thread {
         self.work.tasks.remove(&call_id);
         if matches!(self.phase, Phase::Draining(_)) {
             // Ending anyway, but what the tool did (or that it was killed) is recorded.
-            self.log(
-                "tool_result",
-                json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
-            );
+            self.log(Line::ToolResult {
+                id: call_id.clone(),
+                is_error: outcome.is_error,
+                content: outcome.content.clone(),
+            });
         }
         if !self.drained().await {
             self.tool_done(call_id, outcome).await;
@@ -210,10 +214,11 @@ impl Thread {
                 span.record("error.type", "tool_error");
             }
         }
-        self.log(
-            "tool_result",
-            json!({ "id": call_id, "is_error": outcome.is_error, "content": outcome.content }),
-        );
+        self.log(Line::ToolResult {
+            id: call_id,
+            is_error: outcome.is_error,
+            content: outcome.content,
+        });
         crate::core::failpoint::hit("tool.result");
         if done {
             self.results_in().await;
@@ -248,10 +253,10 @@ impl Thread {
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
         };
-        if self.hooks.wants("directive_return") {
+        if self.hooks.wants(HookEvent::DirectiveReturn) {
             let ctx = json!({ "thread_id": self.doc.id, "outputs": outputs,
                               "cost": { "turns": self.doc.cost.turns, "spend_nanos": self.calls.own_spend } });
-            self.fire("directive_return", ctx);
+            self.fire(HookEvent::DirectiveReturn, ctx);
         }
         let e = Ending {
             outputs: Some(outputs),
@@ -288,10 +293,13 @@ impl Thread {
         let parked = self
             .work
             .take_parked(call.as_deref(), self.doc.id.as_str())?;
-        self.log(
-            "approval_decided",
-            json!({ "id": parked.id, "name": parked.name, "approved": approve, "reason": reason, "by": "person" }),
-        );
+        self.log(Line::ApprovalDecided {
+            id: parked.id.clone(),
+            name: parked.name.clone(),
+            approved: approve,
+            reason: reason.clone(),
+            by: "person".into(),
+        });
         self.publish_waiting();
         let id = parked.id.clone();
         let outcome = match approve {

@@ -9,9 +9,10 @@ use super::spawn::MIN_OUTPUT_TOKENS;
 use super::state::{Ending, Phase, Thread};
 use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
-use crate::hooks::Control;
+use crate::hooks::{Control, HookEvent};
 use crate::ledger::{Grant, LedgerError, LedgerMsg, ReservationId};
 use crate::provider::{Block, ErrorKind, LlmRequest, LlmResponse, Message, ProviderError, Role};
+use crate::record::line::{CallError, Line};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -45,7 +46,9 @@ impl Thread {
             directive: self.doc.directive.clone(),
         });
         self.doc.transition(Status::Running);
-        self.log("status", json!({ "status": "running" }));
+        self.log(Line::Status {
+            status: Status::Running,
+        });
         let continued = self.doc.continuation_of.clone();
         // A child's continuation tells the parent it takes its predecessor's place before it can
         // report anything (one sender: the parent sees this before this thread's end).
@@ -57,8 +60,8 @@ impl Thread {
             });
         }
         let event = match continued {
-            Some(_) => "thread_continued",
-            None => "thread_started",
+            Some(_) => HookEvent::ThreadContinued,
+            None => HookEvent::ThreadStarted,
         };
         if self.hooks.wants(event) {
             let ctx = json!({
@@ -83,14 +86,14 @@ impl Thread {
         };
         let text = message_text(last);
         if !inherited.is_empty() {
-            let inherited = serde_json::to_value(inherited).unwrap_or(Value::Null);
-            let calls = self.calls.made;
-            self.log(
-                "conversation",
-                json!({ "messages": inherited, "calls_made": calls }),
-            );
+            let messages = serde_json::to_value(inherited).unwrap_or(Value::Null);
+            let calls_made = self.calls.made;
+            self.log(Line::Conversation {
+                messages,
+                calls_made,
+            });
         }
-        self.log("message", json!({ "role": "user", "text": text }));
+        self.log(Line::user(text));
     }
 
     /// A provider billed more than the call's reservation: the ledger has settled the actual
@@ -98,10 +101,12 @@ impl Thread {
     async fn overran(&mut self, reservation: ReservationId, cost: Nanos, overrun: Nanos) {
         self.doc.cost.overrun_nanos += overrun.0;
         let model = self.doc.model.clone();
-        self.log(
-            "spend_overrun",
-            json!({ "reservation": reservation, "cost_nanos": cost, "overrun_nanos": overrun, "model": model }),
-        );
+        self.log(Line::SpendOverrun {
+            reservation,
+            cost_nanos: cost,
+            overrun_nanos: overrun,
+            model: model.clone(),
+        });
         if self.phase.ending() {
             return;
         }
@@ -113,23 +118,26 @@ impl Thread {
 
     /// A limit was hit: a `limit` hook may lift it once or hand off; otherwise the thread ends.
     async fn limit_hit(&mut self, limit: &str, used: String, max: String) {
-        self.log(
-            "limit_hit",
-            json!({ "limit": limit, "used": used, "max": max }),
-        );
+        self.log(Line::LimitHit {
+            limit: limit.to_string(),
+            used: Some(used.clone()),
+            max: max.clone(),
+        });
         self.life.span.record("weft.limit", limit);
         let ctx = json!({ "thread_id": self.doc.id, "limit_code": limit, "current_value": used, "current_max": max });
-        let fired = self.fire("limit", ctx);
+        let fired = self.fire(HookEvent::Limit, ctx);
         if fired.control == Some(Control::Continue) && self.lift_once(limit) {
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
         }
         let money = matches!(limit, "spend");
         if fired.control == Some(Control::Handoff) && !money && self.can_hand_off() {
-            self.log(
-                "hook_control",
-                json!({ "action": "handoff", "limit": limit }),
-            );
+            self.log(Line::HookControl {
+                action: "handoff".into(),
+                limit: Some(limit.to_string()),
+                refused: None,
+                retry: None,
+            });
             let window = self.ctx.config.context_window_of(&self.doc.model);
             return self.hand_off(window).await;
         }
@@ -168,7 +176,7 @@ impl Thread {
         }
         let reports: Vec<Value> = self.kids.announce.drain(..).map(|r| json!(r)).collect();
         let text = format!("Children finished: {}", Value::Array(reports));
-        self.log("message", json!({ "role": "user", "text": text }));
+        self.log(Line::user(text.clone()));
         self.talk.push(Message::user(text));
     }
 
@@ -250,20 +258,21 @@ impl Thread {
         let Some(window) = self.ctx.config.context_window_of(&self.doc.model) else {
             return Ok(want);
         };
-        if self.hooks.wants("context_window_pressure") {
+        if self.hooks.wants(HookEvent::ContextWindowPressure) {
             let ctx = json!({ "thread_id": self.doc.id, "pressure_ratio": prompt_tokens as f64 / window as f64,
                               "tokens_used": prompt_tokens, "window": window });
-            self.fire("context_window_pressure", ctx);
+            self.fire(HookEvent::ContextWindowPressure, ctx);
         }
         let threshold = (window as f64 * self.ctx.config.continuation_threshold) as u64;
         if prompt_tokens > threshold
             && self.ctx.config.builtin_hooks.continuation
             && self.can_hand_off()
         {
-            self.log(
-                "context_filling",
-                json!({ "prompt_tokens": prompt_tokens, "window": window, "threshold": threshold }),
-            );
+            self.log(Line::ContextFilling {
+                prompt_tokens,
+                window,
+                threshold,
+            });
             return Err(Stop::HandOff(window));
         }
         if prompt_tokens >= window {
@@ -403,8 +412,8 @@ impl Thread {
             }
             _ => None,
         };
-        let (kind, line) = self.attempt_line(outcome, retry, &usage, cost, reservation, incomplete);
-        self.log(kind, line);
+        let line = self.attempt_line(outcome, retry, &usage, cost, reservation, incomplete);
+        self.log(line);
         if let Some(span) = self.calls.span.take() {
             super::spans::chat_done(&span, &self.doc.model, outcome, &usage, cost.0);
         }
@@ -415,12 +424,12 @@ impl Thread {
             reply: None,
         });
         crate::core::failpoint::hit("settle.cast");
-        if self.hooks.wants("after_step") {
+        if self.hooks.wants(HookEvent::AfterStep) {
             let step = json!({
                 "thread_id": self.doc.id, "turn": self.calls.made,
                 "cost": { "spend_nanos": self.calls.own_spend, "input_tokens": self.calls.usage.input_tokens, "output_tokens": self.calls.usage.output_tokens },
             });
-            self.fire("after_step", step);
+            self.fire(HookEvent::AfterStep, step);
         }
         (cost, retry)
     }
@@ -434,28 +443,48 @@ impl Thread {
         cost: Nanos,
         reservation: ReservationId,
         incomplete: bool,
-    ) -> (&'static str, Value) {
-        let model = &self.doc.model;
+    ) -> Line {
+        let model = self.doc.model.clone();
+        let usage = *usage;
+        let reservation = Some(reservation);
         match (outcome, retry) {
-            (Err(e), Some(wait)) => (
-                "llm_retry",
-                json!({
-                    "attempt": self.calls.attempt + 1, "kind": e.kind, "message": e.message, "model": model,
-                    "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64), "wait_ms": wait.as_millis() as u64,
-                    "usage": usage, "cost_nanos": cost, "reservation": reservation,
-                    "usage_incomplete": incomplete,
+            (Err(e), Some(wait)) => Line::LlmRetry {
+                attempt: self.calls.attempt + 1,
+                kind: e.kind.as_str().into(),
+                message: e.message.clone(),
+                model,
+                retry_after_ms: e.retry_after.map(|d| d.as_millis() as u64),
+                wait_ms: wait.as_millis() as u64,
+                usage,
+                cost_nanos: cost,
+                reservation,
+                usage_incomplete: incomplete,
+            },
+            (Err(e), None) => Line::LlmCall {
+                model,
+                provider: None,
+                usage,
+                cost_nanos: cost,
+                reservation,
+                usage_incomplete: incomplete,
+                error: Some(CallError {
+                    kind: e.kind.as_str().into(),
+                    message: e.message.clone(),
                 }),
-            ),
-            (Err(e), None) => (
-                "llm_call",
-                json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": reservation,
-                        "usage_incomplete": incomplete, "error": { "kind": e.kind, "message": e.message } }),
-            ),
-            (Ok(r), _) => (
-                "llm_call",
-                json!({ "model": model, "provider": self.doc.provider, "usage": usage, "cost_nanos": cost, "reservation": reservation,
-                        "usage_incomplete": incomplete, "stop_reason": r.stop_reason, "stream_deltas": r.stream_deltas }),
-            ),
+                stop_reason: None,
+                stream_deltas: None,
+            },
+            (Ok(r), _) => Line::LlmCall {
+                model,
+                provider: Some(self.doc.provider.clone()),
+                usage,
+                cost_nanos: cost,
+                reservation,
+                usage_incomplete: incomplete,
+                error: None,
+                stop_reason: Some(r.stop_reason.clone()),
+                stream_deltas: Some(r.stream_deltas),
+            },
         }
     }
 
@@ -504,17 +533,20 @@ impl Thread {
         });
         let mut content = Vec::new();
         if !resp.text.is_empty() {
-            self.log("assistant_text", json!({ "text": resp.text }));
+            self.log(Line::AssistantText {
+                text: resp.text.clone(),
+            });
             content.push(Block::Text {
                 text: resp.text.clone(),
             });
         }
         for c in &resp.tool_calls {
             let input = super::builtin::loggable_input(c);
-            self.log(
-                "tool_use",
-                json!({ "id": c.id, "name": c.name, "input": input }),
-            );
+            self.log(Line::ToolUse {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                input,
+            });
             content.push(Block::ToolUse {
                 id: c.id.clone(),
                 name: c.name.clone(),
@@ -543,12 +575,20 @@ impl Thread {
         let usage = c.upper_bound(Usage::default());
         let cost = self.price.cost(&usage);
         self.calls.count(&usage, cost);
-        let model = self.doc.model.clone();
-        self.log(
-            "llm_call",
-            json!({ "model": model, "usage": usage, "cost_nanos": cost, "reservation": c.reservation, "usage_incomplete": true,
-                    "error": { "kind": ErrorKind::Cancelled, "message": "abandoned: the provider did not return within cancel_grace" } }),
-        );
+        self.log(Line::LlmCall {
+            model: self.doc.model.clone(),
+            provider: None,
+            usage,
+            cost_nanos: cost,
+            reservation: Some(c.reservation),
+            usage_incomplete: true,
+            error: Some(CallError {
+                kind: ErrorKind::Cancelled.as_str().into(),
+                message: "abandoned: the provider did not return within cancel_grace".into(),
+            }),
+            stop_reason: None,
+            stream_deltas: None,
+        });
         let _ = self.ctx.ledger.cast(LedgerMsg::Settle {
             reservation: c.reservation,
             actual: cost,
@@ -566,7 +606,7 @@ impl Thread {
         if missing {
             let nudge =
                 "You must call directive_return with the declared outputs to finish.".to_string();
-            self.log("message", json!({ "role": "user", "text": nudge }));
+            self.log(Line::user(nudge.clone()));
             self.talk.push(Message::user(nudge));
             let _ = self.me.cast(ThreadMsg::NextTurn);
             return;
@@ -592,31 +632,5 @@ impl Thread {
         let grown = prompt_bytes.saturating_sub(b.prompt_bytes)
             + crate::provider::PER_MESSAGE_TOKENS * new_messages;
         bound.min(b.prompt_tokens + grown + overhead)
-    }
-
-    /// `control: continue` on a limit: lifts `limit` once (a turn or a tenth more tokens);
-    /// spend, duration and depth are never lifted (money and time are not a hook's to give).
-    fn lift_once(&mut self, limit: &str) -> bool {
-        if self.hooks.lifted.iter().any(|l| l == limit) {
-            self.log(
-                "hook_control",
-                json!({ "action": "continue", "limit": limit, "refused": "already lifted once" }),
-            );
-            return false;
-        }
-        match limit {
-            "turns" => self.limits.turns += 1,
-            "tokens" => self.limits.tokens += (self.limits.tokens / 10).max(1),
-            other => {
-                self.log("hook_control", json!({ "action": "continue", "limit": other, "refused": "this limit is never lifted" }));
-                return false;
-            }
-        }
-        self.hooks.lifted.push(limit.to_string());
-        self.log(
-            "hook_control",
-            json!({ "action": "continue", "limit": limit }),
-        );
-        true
     }
 }

@@ -510,3 +510,29 @@ async fn ryes_own_hook_file_loads_and_its_emitters_record() {
     assert_eq!(emitted[1]["payload"]["payload"]["outputs"], json!({"n": 3}));
     assert_eq!(emitted[1]["payload"]["thread_id"], id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_on_an_unknown_event_is_refused_naming_the_file_the_hook_and_the_events() {
+    let d = directive("", "Hi.");
+    let fx = Fixture::new(&[("d", &d)], "default:\n  - text: ok\n", "");
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        "hooks:\n  - { id: late, event: after_everything, action: { inject: { text: \"x\" } } }\n",
+    )
+    .unwrap();
+    let err = weft::Runtime::builder(fx.project())
+        .script(fx.root().join("script.yaml"))
+        .open()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("hooks.yaml") && err.contains("hook `late`"),
+        "names the file and the hook: {err}"
+    );
+    assert!(
+        err.contains("unknown event `after_everything` (thread_started, thread_continued, after_step, child_finished, limit, error, after_complete, context_window_pressure, directive_return)"),
+        "{err}"
+    );
+}

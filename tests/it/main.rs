@@ -30,6 +30,7 @@ mod messages;
 #[cfg(feature = "otel")]
 mod otel;
 mod providers;
+mod records;
 #[cfg(feature = "server")]
 mod serve;
 #[cfg(feature = "cli")]

@@ -7,6 +7,7 @@
 
 use super::tool::Builtin;
 use crate::provider::{ToolCall, ToolSpec};
+use crate::record::line::Line;
 use crate::store::ThreadStore;
 use crate::thread::state::Thread;
 use crate::tools::ToolOutcome;
@@ -112,7 +113,10 @@ impl Thread {
                 "emit's data is over 64 KiB as JSON; keep big data in the file area",
             );
         }
-        self.log("emit", json!({ "event": event, "data": data }));
+        self.log(Line::Emit {
+            event: event.to_string(),
+            data,
+        });
         ToolOutcome::ok(json!({ "emitted": event }))
     }
 

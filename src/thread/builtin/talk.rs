@@ -3,6 +3,7 @@
 
 use super::tool::Builtin;
 use crate::provider::ToolSpec;
+use crate::record::line::Line;
 use crate::thread::ctx::Event;
 use crate::thread::msg::ThreadMsg;
 use crate::thread::state::Thread;
@@ -61,7 +62,9 @@ impl Thread {
             .filter(|c| !c.is_control())
             .take(MAX_STATUS)
             .collect();
-        self.log("status_set", json!({ "status": status }));
+        self.log(Line::StatusSet {
+            status: status.clone(),
+        });
         self.status_text = Some(status.clone());
         self.publish_row();
         let _ = self.ctx.events.send(Event::Status {

@@ -1,7 +1,7 @@
 //! What a thread's hooks have done so far: the hooks it runs, the retries `error` hooks
 //! ordered, and the limits `limit` hooks lifted.
 
-use crate::hooks::Hook;
+use crate::hooks::{Hook, HookEvent};
 use std::sync::Arc;
 
 /// A thread's hook state.
@@ -25,7 +25,7 @@ impl HookState {
     }
 
     /// Whether any hook listens to `event` (so its context is built only then).
-    pub(crate) fn wants(&self, event: &str) -> bool {
+    pub(crate) fn wants(&self, event: HookEvent) -> bool {
         self.list.iter().any(|h| h.event == event)
     }
 }

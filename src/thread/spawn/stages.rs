@@ -17,10 +17,10 @@ use crate::core::ids::{now_ts, ThreadId};
 use crate::core::money::Usage;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
+use crate::record::line::Line;
 use crate::record::transcript::TranscriptWriter;
 use crate::registry::{Admission, RegistryMsg, ThreadRow};
 use crate::thread::ctx::Ctx;
-use serde_json::json;
 use std::sync::Arc;
 
 /// Output tokens of the smallest call worth making.
@@ -287,7 +287,7 @@ impl Files {
         )
         .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         transcript
-            .append("thread_started", started_line(plan, req))
+            .append_line(started_line(plan, req))
             .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         crate::core::failpoint::hit("spawn.transcript");
         files.transcript = Some(transcript);
@@ -310,12 +310,20 @@ impl Drop for Files {
 }
 
 /// The transcript's first line.
-fn started_line(plan: &Plan, req: &SpawnRequest) -> serde_json::Value {
+fn started_line(plan: &Plan, req: &SpawnRequest) -> Line {
     let d = &plan.directive;
-    json!({
-        "directive": d.name, "directive_hash": d.content_hash, "source": d.source,
-        "parent": plan.parent_id, "root": plan.root_id, "model": plan.model, "provider": plan.provider_name,
-        "limits": plan.limits, "capabilities": plan.caps, "inputs": plan.inputs, "reserve_nanos": req.reserve,
-        "continuation_of": plan.continuation_of,
-    })
+    Line::ThreadStarted {
+        directive: d.name.clone(),
+        directive_hash: d.content_hash.clone(),
+        source: d.source.clone(),
+        parent: plan.parent_id.clone(),
+        root: plan.root_id.clone(),
+        model: plan.model.clone(),
+        provider: plan.provider_name.clone(),
+        limits: plan.limits.clone(),
+        capabilities: plan.caps.clone(),
+        inputs: plan.inputs.clone(),
+        reserve_nanos: req.reserve,
+        continuation_of: plan.continuation_of.clone(),
+    }
 }
