@@ -144,7 +144,7 @@ impl Actor for ThreadActor {
                 kind: DeadKind::Failed,
                 error: format!("thread actor failed: {err}"),
             };
-            let report = end_subtree(&t.ctx, &id, &end).await;
+            let report = Box::pin(end_subtree(&t.ctx, &id, &end)).await;
             t.child_finished(report).await;
         }
         if let Some(why) = t.record_failure() {

@@ -184,7 +184,7 @@ impl Thread {
                     self.doc.id
                 ),
             };
-            let r = end_subtree(&self.ctx, &id, &end).await;
+            let r = Box::pin(end_subtree(&self.ctx, &id, &end)).await;
             self.log(Line::ChildFinished {
                 id: id.clone(),
                 status: r.status,

@@ -106,7 +106,9 @@ impl Thread {
         let on_finish = self.hand_over_waiter();
         // The continuation itself tells the parent (`ChildContinued`, as it starts), so the
         // parent hears of it before its report.
-        let (id, _) = super::spawn::spawn(&self.ctx, req, on_finish)
+        // Boxed: the spawn's state would otherwise sit inline in every thread actor's task (it
+        // is awaited from the actor's own handler), for a rare handoff.
+        let (id, _) = Box::pin(super::spawn::spawn(&self.ctx, req, on_finish))
             .await
             .map_err(|e| e.to_string())?;
         if let Ok(mut m) = self.ctx.successors.lock() {
