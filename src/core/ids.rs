@@ -128,7 +128,8 @@ impl PartialEq<ThreadId> for &str {
 
 impl fmt::Display for ThreadId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        // `pad`, not `write_str`: `{:<50}` in a table lines the columns up.
+        f.pad(&self.0)
     }
 }
 
@@ -205,6 +206,12 @@ impl std::fmt::Display for ReservationId {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_thread_id_fills_its_column() {
+        let id = super::ThreadId::parse("t-1").unwrap();
+        assert_eq!(format!("{id:<6}|"), "t-1   |");
+    }
+
     use super::*;
 
     #[test]

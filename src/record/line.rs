@@ -75,7 +75,7 @@ pub(crate) enum Line {
         #[serde(default)]
         messages: Value,
         /// LLM calls its chain made before it, attempts included.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "lenient")]
         calls_made: u64,
     },
     /// A user message (the prompt, a nudge, children's reports, an inbox delivery) — or, from
@@ -85,7 +85,7 @@ pub(crate) enum Line {
         #[serde(default, deserialize_with = "lenient")]
         role: String,
         /// The text.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "lenient")]
         text: String,
         /// Who sent it, for an inbox delivery (`person` or a child's id); left out otherwise.
         #[serde(
@@ -98,7 +98,7 @@ pub(crate) enum Line {
     /// The model's text of a turn.
     AssistantText {
         /// The text.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "lenient")]
         text: String,
     },
     /// A tool call of the model.
@@ -146,10 +146,11 @@ pub(crate) enum Line {
         #[serde(skip_serializing_if = "Option::is_none")]
         provider: Option<String>,
         /// Its tokens (the upper bound when the provider did not report them).
-        #[serde(default)]
+        #[serde(default, deserialize_with = "lenient")]
         usage: Usage,
-        /// What it cost.
-        cost_nanos: Nanos,
+        /// What it cost (absent from the earliest `llm_retry` lines).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_nanos: Option<Nanos>,
         /// The ledger reservation it is settled against (None: a line from before calls
         /// recorded it).
         reservation: Option<ReservationId>,
@@ -186,10 +187,11 @@ pub(crate) enum Line {
         #[serde(default)]
         wait_ms: u64,
         /// Its tokens.
-        #[serde(default)]
+        #[serde(default, deserialize_with = "lenient")]
         usage: Usage,
-        /// What it cost.
-        cost_nanos: Nanos,
+        /// What it cost (absent from the earliest `llm_retry` lines).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_nanos: Option<Nanos>,
         /// The ledger reservation it is settled against.
         reservation: Option<ReservationId>,
         /// The provider did not report what it billed.

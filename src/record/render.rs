@@ -91,7 +91,12 @@ pub fn describe(line: &Value) -> Option<(String, String)> {
             ..
         } => (
             "llm",
-            call(&model, usage, cost_nanos, error.map(|e| e.message)),
+            call(
+                &model,
+                usage,
+                cost_nanos.unwrap_or_default(),
+                error.map(|e| e.message),
+            ),
         ),
         Line::LlmRetry {
             model,
@@ -99,7 +104,10 @@ pub fn describe(line: &Value) -> Option<(String, String)> {
             cost_nanos,
             message,
             ..
-        } => ("llm retry", call(&model, usage, cost_nanos, Some(message))),
+        } => (
+            "llm retry",
+            call(&model, usage, cost_nanos.unwrap_or_default(), Some(message)),
+        ),
         Line::ChildSpawned { id, .. } => ("child", format!("started {id}")),
         Line::ChildFinished {
             id,

@@ -340,6 +340,26 @@ impl Store {
         good_rows(rows)
     }
 
+    /// The rows weft never wrote (a bad id or status), which every many-row query leaves out:
+    /// each as its raw id and what is wrong with it (`weft doctor` reports them).
+    pub fn damaged(&self) -> Result<Vec<(String, RegistryError)>, RegistryError> {
+        let mut stmt = self
+            .db
+            .prepare(&format!("SELECT {COLS} FROM threads"))
+            .map_err(st)?;
+        let rows = stmt.query_map([], row_of).map_err(st)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Err(e @ RegistryError::Corrupt { .. }) = r.map_err(st)? {
+                let RegistryError::Corrupt { row, .. } = &e else {
+                    continue;
+                };
+                out.push((row.clone(), e));
+            }
+        }
+        Ok(out)
+    }
+
     /// Rows still `created` or `running` (any owner).
     pub fn unfinished(&self) -> Result<Vec<ThreadRow>, RegistryError> {
         let mut stmt = self

@@ -42,7 +42,7 @@ pub struct Health {
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
     /// `row_without_folder`, `folder_without_row`, `status_mismatch`, `unverified`,
-    /// `open_reservations`, `open_account`.
+    /// `open_reservations`, `open_account`, `damaged_row`.
     pub kind: &'static str,
     /// The thread.
     pub thread: String,
@@ -105,7 +105,8 @@ pub fn diagnose(project: &Project) -> Checkup {
     let (trust, _) = Trust::load(&project.trust_dir());
     let mut health = thread_health(project, &trust, &rows, &mut up.problems);
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
-    folders_without_rows(project, &trust, &by_id, &mut up.problems);
+    let damaged = damaged_rows(&state, &mut up.problems);
+    folders_without_rows(project, &trust, &by_id, &damaged, &mut up.problems);
     if let Some(db) = ledger {
         ledger_leftovers(&db, &by_id, &mut up.problems);
     }
@@ -275,10 +276,24 @@ fn transcript_figures(path: &std::path::Path) -> (u64, u64) {
     (lines, largest)
 }
 
+/// Rows weft never wrote (a bad id or status): reported, never fixed by `--fix` (a person
+/// decides what the row should say). Returns their ids.
+fn damaged_rows(state: &std::path::Path, out: &mut Vec<Problem>) -> Vec<String> {
+    let found = Store::open_read_only(&state.join("registry.db")).and_then(|s| s.damaged());
+    let mut ids = Vec::new();
+    for (id, e) in found.unwrap_or_default() {
+        let detail = format!("{e}; it is left out of every list and of recovery until it is corrected or deleted in registry.db");
+        out.push(problem("damaged_row", &id, detail, false));
+        ids.push(id);
+    }
+    ids
+}
+
 fn folders_without_rows(
     project: &Project,
     trust: &Trust,
     rows: &HashMap<&str, &ThreadRow>,
+    damaged: &[String],
     out: &mut Vec<Problem>,
 ) {
     let Ok(entries) = std::fs::read_dir(project.weft().join("threads")) else {
@@ -286,7 +301,7 @@ fn folders_without_rows(
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if rows.contains_key(name.as_str()) {
+        if rows.contains_key(name.as_str()) || damaged.contains(&name) {
             continue;
         }
         let detail = match ThreadId::parse(&name) {

@@ -378,14 +378,14 @@ async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
         let (reservation, actual) = match line {
             Line::LlmCall {
                 reservation: Some(r),
-                cost_nanos,
+                cost_nanos: Some(c),
                 ..
             }
             | Line::LlmRetry {
                 reservation: Some(r),
-                cost_nanos,
+                cost_nanos: Some(c),
                 ..
-            } => (r, cost_nanos),
+            } => (r, c),
             _ => continue,
         };
         let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {

@@ -204,6 +204,7 @@ impl Thread {
         self.life.stop_timers();
         self.abandon_call();
         self.close_account().await;
+        let e = self.unless_record_failed(e);
         if e.status == Status::Completed {
             self.hand_files_up();
         } else {

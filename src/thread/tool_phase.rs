@@ -65,6 +65,12 @@ impl Thread {
     /// Runs or starts one call that passed the gate (and, if it needed one, a person's
     /// approval).
     pub(crate) async fn run_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        if self.record.failed.is_some() {
+            // The thread ends once this message is handled: nothing more of it starts.
+            return Some(ToolOutcome::err(
+                "not run: the thread's transcript could not be written",
+            ));
+        }
         if let Some(b) = Builtin::parse(&call.name) {
             return self.run_builtin(b, call).await;
         }

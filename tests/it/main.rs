@@ -27,7 +27,7 @@ mod lifecycle;
 mod mcp;
 #[cfg(feature = "cli")]
 mod messages;
-#[cfg(feature = "otel")]
+#[cfg(all(feature = "otel", feature = "mcp"))]
 mod otel;
 mod providers;
 mod records;

@@ -65,3 +65,25 @@ fn old_and_partial_lines_read_as_before() {
         .collect();
     check(readings(&lines), "old-lines.expected.json");
 }
+
+/// Lines of the earliest builds, or partial ones, still read as what they are: an `llm_retry`
+/// without `cost_nanos` (the first retry lines had none) and an `llm_call` whose usage lacks a
+/// field still count as calls (so a resume's scripted call index does not shift) and read as
+/// calls; a message whose text is null is still a message.
+#[test]
+fn early_and_partial_call_lines_still_count_as_calls() {
+    let lines = vec![
+        json!({"seq":0,"type":"message","role":"user","text":"Go."}),
+        json!({"seq":1,"type":"llm_retry","attempt":1,"kind":"rate_limited","message":"429","model":"m","wait_ms":500,"usage":{"input_tokens":0,"output_tokens":0}}),
+        json!({"seq":2,"type":"llm_call","model":"m","usage":{"input_tokens":10},"cost_nanos":100}),
+        json!({"seq":3,"type":"message","role":"user","text":null}),
+    ];
+    let (_, calls) = weft::internals::rebuild_conversation(&lines);
+    assert_eq!(calls, 2);
+    let kinds: Vec<String> = lines
+        .iter()
+        .map(|l| weft::describe_line(l).map(|(k, _)| k).unwrap_or_default())
+        .collect();
+    assert_eq!(kinds[1], "llm retry", "{kinds:?}");
+    assert_eq!(kinds[2], "llm", "{kinds:?}");
+}

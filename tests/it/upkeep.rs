@@ -257,3 +257,42 @@ fn open_in_ledger(state: &std::path::Path, id: &str) -> (i64, i64) {
         .unwrap();
     (res, open)
 }
+
+/// A registry row weft never wrote (here a status it does not know) hides no other thread from
+/// the lists, and `weft doctor` names it — not as a folder without a row for `--fix` to
+/// register again over it.
+#[test]
+fn a_damaged_row_is_named_by_doctor_and_hides_no_other_thread() {
+    let fx = fixture();
+    let [a, b] = [0; 2].map(|_| run(&fx, "chat"));
+    let state = fx.root().join(".weft/state");
+    sql(
+        &state.join("registry.db"),
+        &format!("UPDATE threads SET status='exploded' WHERE id='{a}'"),
+    );
+    let (code, listed) = weft(&fx, &["threads"]);
+    let ids: Vec<&str> = listed
+        .as_array()
+        .map(|l| l.iter().filter_map(|r| r["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!((code, ids), (0, vec![b.as_str()]), "{listed}");
+    let (_, up) = weft(&fx, &["doctor"]);
+    let problems = up["problems"].as_array().cloned().unwrap_or_default();
+    let kinds: Vec<(&str, &str)> = problems
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap_or(""),
+                p["thread"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(kinds, vec![("damaged_row", a.as_str())], "{up}");
+    assert!(
+        problems[0]["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("exploded"),
+        "{up}"
+    );
+}
