@@ -204,6 +204,27 @@ pub(crate) fn resolve(
     l
 }
 
+/// `l` lowered to every value `by` sets (a value above `l`'s changes nothing): what a model may
+/// ask of a child's limits (`spawn_thread {limits}`) — never more than the child's own.
+pub(crate) fn lowered(mut l: Limits, by: &LimitSet) -> Limits {
+    let cap = |v: &mut u64, o: Option<u64>| *v = o.map_or(*v, |o| o.min(*v));
+    cap(&mut l.turns, by.turns);
+    cap(&mut l.tokens, by.tokens);
+    cap(&mut l.spawns, by.spawns);
+    cap(&mut l.concurrency, by.concurrency);
+    cap(
+        &mut l.duration_ms,
+        by.duration.map(|d| d.as_millis() as u64),
+    );
+    if let Some(sp) = by.spend {
+        l.spend = l.spend.min(sp);
+    }
+    if let Some(d) = by.depth {
+        l.depth = l.depth.min(d);
+    }
+    l
+}
+
 /// Refuses a resolved depth below zero, naming the directive.
 pub(crate) fn check_depth(limits: &Limits, directive: &str) -> Result<(), String> {
     if limits.depth < 0 {

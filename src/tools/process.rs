@@ -106,26 +106,39 @@ fn start(
 }
 
 /// `tool`'s argv with each `{input.<key>}` placeholder replaced by the input's value (a string
-/// as it is, anything else as JSON); a missing value refuses the call.
+/// as it is, anything else as JSON); a missing value refuses the call. A value starting with
+/// `-` is refused unless a `--` argument comes before its placeholder (the end of options): a
+/// model's input is an operand, never an option of the program.
 fn fill_argv(tool: &CommandTool, input: &Value) -> Result<Vec<String>, CommandResult> {
     let empty = Map::new();
     let obj = input.as_object().unwrap_or(&empty);
-    tool.argv
-        .iter()
-        .map(|a| {
-            let Some(k) = placeholder(a) else {
-                return Ok(a.clone());
-            };
-            match obj.get(k) {
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(Value::Null) | None => Err(CommandResult::err(format!(
+    let mut operands_only = false;
+    let mut out = Vec::with_capacity(tool.argv.len());
+    for a in &tool.argv {
+        let Some(k) = placeholder(a) else {
+            operands_only |= a == "--";
+            out.push(a.clone());
+            continue;
+        };
+        let value = match obj.get(k) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => {
+                return Err(CommandResult::err(format!(
                     "tool `{}` needs input `{k}` for its arguments; nothing was run",
                     tool.name
-                ))),
-                Some(other) => Ok(other.to_string()),
+                )))
             }
-        })
-        .collect()
+            Some(other) => other.to_string(),
+        };
+        if value.starts_with('-') && !operands_only {
+            return Err(CommandResult::err(format!(
+                "tool `{}`: input `{k}` starts with `-` and would be read as an option; nothing was run (the tool's argv can put `--` before `{{input.{k}}}` to pass such values as operands)",
+                tool.name
+            )));
+        }
+        out.push(value);
+    }
+    Ok(out)
 }
 
 /// The folder the call runs in; the file area is made on first use.

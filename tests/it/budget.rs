@@ -332,3 +332,49 @@ proptest! {
         });
     }
 }
+
+/// `spawn_thread {limits}` only lowers (#22 finding 5): a child declaring `{turns: 1, spend:
+/// 0.001, depth: 0}` runs with those even when the caller asks `{turns: 7, spend: 0.2, depth:
+/// 3}`; a lower request still lowers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawn_thread_limits_only_lower_a_childs_own() {
+    let script = "boss:\n  - tool_calls:\n      - { name: spawn_thread, input: { directive: kid, limits: { turns: 7, spend: 0.2, depth: 3 } } }\n      - { name: spawn_thread, input: { directive: kid, limits: { tokens: 500 } } }\n    usage: { input_tokens: 10, output_tokens: 5 }\n  - text: done\n    usage: { input_tokens: 10, output_tokens: 5 }\nkid:\n  - text: hi\n    usage: { input_tokens: 10, output_tokens: 5 }\n  - text: hi\n    usage: { input_tokens: 10, output_tokens: 5 }\n";
+    let fx = Fixture::new(
+        &[
+            (
+                "boss",
+                &directive("permissions: [thread.spawn.kid]", "Boss."),
+            ),
+            (
+                "kid",
+                &directive("limits: { turns: 1, spend: 0.001, depth: 0 }", "Kid."),
+            ),
+        ],
+        script,
+        "",
+    );
+    let (report, _rt) = fx.run("boss", json!({})).await;
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let kids: Vec<String> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "kid")
+        .map(|r| r.id.to_string())
+        .collect();
+    assert_eq!(kids.len(), 2);
+    for kid in kids {
+        let l = fx.doc(&kid).limits;
+        assert_eq!(
+            (l.turns, l.spend, l.depth),
+            (1, weft::Nanos(1_000_000), 0),
+            "{kid}: the caller raised the child's own limits"
+        );
+        assert!(l.tokens == 500 || l.tokens > 500, "{l:?}");
+    }
+    let lowered = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "kid")
+        .any(|r| fx.doc(&r.id.to_string()).limits.tokens == 500);
+    assert!(lowered, "a lower request did not lower");
+}

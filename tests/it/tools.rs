@@ -650,3 +650,43 @@ async fn a_thread_cancelled_while_waiting_runs_nothing() {
         .await
         .is_err());
 }
+
+/// A model cannot turn a placeholder into an option (#22 finding 8): `wc -w {input.path}` with
+/// `--files0-from=/etc/hostname` is refused before anything runs; after a `--` in the tool's
+/// argv the same value is an operand, as the program reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_value_starting_with_a_dash_is_never_an_option() {
+    let fx = project(
+        "[tool.count, tool.count_operands]",
+        &[
+            (
+                "count.yaml",
+                "name: count\nargv: [wc, -w, \"{input.path}\"]\n",
+            ),
+            (
+                "count_operands.yaml",
+                "name: count_operands\nargv: [wc, -w, --, \"{input.path}\"]\ncwd: files\n",
+            ),
+        ],
+        &[],
+        &[
+            vec![("count", json!({"path": "--files0-from=/etc/hostname"}))],
+            vec![("count_operands", json!({"path": "-x"}))],
+        ],
+        "",
+    );
+    let (report, r) = run(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert!(r[0].1, "an option was passed through: {:?}", r[0]);
+    assert!(
+        r[0].0.contains("starts with `-`") && r[0].0.contains("nothing was run"),
+        "{:?}",
+        r[0]
+    );
+    // After `--`, wc reads `-x` as a file name (which does not exist): an operand, run.
+    assert!(
+        r[1].0.contains("-x") && !r[1].0.contains("starts with `-`"),
+        "{:?}",
+        r[1]
+    );
+}

@@ -159,12 +159,25 @@ fn limits_and_caps(
         }
         return Ok((limits, c.of.capabilities.clone(), Some(c.of.model.clone())));
     }
-    let limits = crate::core::limits::resolve(
-        &ctx.config.default_limits,
-        &directive.limits,
-        &req.overrides,
-        parent.map(|d| &d.limits).or(req.cap.as_ref()),
-    );
+    // A person's `--limit` on a root may raise the directive's own limits; a child's (a
+    // model's `spawn_thread {limits}`, a hook's) only lower them: min(own, asked, parent's).
+    let limits = match parent {
+        None => crate::core::limits::resolve(
+            &ctx.config.default_limits,
+            &directive.limits,
+            &req.overrides,
+            req.cap.as_ref(),
+        ),
+        Some(p) => crate::core::limits::lowered(
+            crate::core::limits::resolve(
+                &ctx.config.default_limits,
+                &directive.limits,
+                &LimitSet::default(),
+                Some(&p.limits),
+            ),
+            &req.overrides,
+        ),
+    };
     let caps = match parent {
         Some(p) => crate::core::capability::attenuate(&directive.permissions, &p.capabilities),
         None => directive.permissions.clone(),
@@ -220,20 +233,5 @@ fn continuation_limits(c: &Continuation, overrides: &LimitSet) -> Limits {
     let mut l = c.of.limits.clone();
     l.spend = l.spend.minus(Nanos(c.of.cost.spend_nanos));
     l.spawns = l.spawns.saturating_sub(c.spawn_count);
-    let cap = |v: &mut u64, o: Option<u64>| *v = o.map_or(*v, |o| o.min(*v));
-    cap(&mut l.turns, overrides.turns);
-    cap(&mut l.tokens, overrides.tokens);
-    cap(&mut l.spawns, overrides.spawns);
-    cap(&mut l.concurrency, overrides.concurrency);
-    cap(
-        &mut l.duration_ms,
-        overrides.duration.map(|d| d.as_millis() as u64),
-    );
-    if let Some(sp) = overrides.spend {
-        l.spend = l.spend.min(sp);
-    }
-    if let Some(d) = overrides.depth {
-        l.depth = l.depth.min(d);
-    }
-    l
+    crate::core::limits::lowered(l, overrides)
 }
