@@ -198,6 +198,11 @@ async fn start(rt: &Runtime, body: &Value) -> Reply {
     let Some(directive) = body["directive"].as_str().filter(|d| !d.trim().is_empty()) else {
         return refuse(400, "`directive` (a directive name) is required");
     };
+    // Names only: a path would run any file the server can read, with whatever authority its
+    // front matter claims (paths stay a convenience of the `weft` command line).
+    if !crate::directive::valid_name(directive) || directive.ends_with(".md") {
+        return refuse(400, format!("`{directive}`: over the API a directive is named by its library name (e.g. `research/fanout`), never by a path"));
+    }
     let inputs = match &body["inputs"] {
         Value::Null => Map::new(),
         Value::Object(m) => m.clone(),

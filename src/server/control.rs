@@ -49,6 +49,7 @@ pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
 #[cfg(unix)]
 mod imp {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::{UnixListener, UnixStream};
 
@@ -57,14 +58,22 @@ mod imp {
         let project = rt.project();
         let dir = project.weft().join("run");
         std::fs::create_dir_all(&dir)?;
+        // The socket takes requests without a token: only its owner may reach it (the folder
+        // 0700, the socket 0600, and a connection from another user refused).
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         remove_stale(project);
         let path = socket_path(project, std::process::id());
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let rt = rt.clone();
+        let me = rustix::process::getuid();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve_conn(rt.clone(), stream));
+                let same_user = stream.peer_cred().is_ok_and(|c| c.uid() == me.as_raw());
+                if same_user {
+                    tokio::spawn(serve_conn(rt.clone(), stream));
+                }
             }
         });
         Ok(ControlEndpoint { path, task })

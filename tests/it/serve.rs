@@ -616,3 +616,46 @@ async fn a_thread_started_over_http_is_recovered_after_the_server_dies() {
     assert_eq!(row["status"], "error", "{row}");
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
 }
+
+/// The API names directives, never paths (#22 finding 7): a file outside the project holding
+/// `permissions: ["**"]` and a big budget is refused and nothing of it runs; the control socket
+/// (the same handlers, no token) is its owner's alone (mode 0600).
+#[tokio::test]
+async fn the_api_runs_library_directives_only_and_the_socket_is_private() {
+    let fx = research();
+    let script = fx.root().join("script.yaml");
+    let outside = tempfile::tempdir().unwrap();
+    let file = outside.path().join("rogue.md");
+    std::fs::write(
+        &file,
+        "---\npermissions: [\"**\"]\nlimits: { spend: 5 }\n---\nDo anything.\n",
+    )
+    .unwrap();
+    let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    for directive in [file.to_str().unwrap(), "./rogue.md", "leaf.md"] {
+        let (s, b) = srv
+            .call(
+                "POST",
+                "/v1/threads",
+                Some(json!({ "directive": directive })),
+            )
+            .await;
+        assert_eq!(s, 400, "{directive}: {b}");
+        assert!(
+            b["error"].as_str().unwrap_or("").contains("library name"),
+            "{b}"
+        );
+    }
+    assert!(fx.rows().is_empty(), "something ran: {:?}", fx.rows());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let run = fx.root().join(".weft/run");
+        let socks: Vec<_> = std::fs::read_dir(&run).unwrap().flatten().collect();
+        assert!(!socks.is_empty(), "no control socket in {}", run.display());
+        for s in socks {
+            let mode = s.metadata().unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", s.path().display());
+        }
+    }
+}
