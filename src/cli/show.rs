@@ -48,6 +48,9 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
         Nanos(row.own_spend_nanos),
         Nanos(row.spend_nanos)
     );
+    if let Some((n, total)) = charged_at_bound(&open_threads(&project)?, &id) {
+        out!("  charged    {n} call(s) of unknown cost at their bound ({total}): the process died during them");
+    }
     out!("  children   {}", row.spawn_count);
     if let Some(f) = &row.forked_from {
         out!("  forked     from {f}");
@@ -69,4 +72,26 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
         out!("  error      {e}");
     }
     Ok(0)
+}
+
+/// Calls recovery charged at their bound (their thread's process died during them): how many,
+/// and what they cost in all. None when there were none.
+fn charged_at_bound(store: &crate::store::FileStore, id: &ThreadId) -> Option<(usize, Nanos)> {
+    use crate::record::line::Line;
+    let read =
+        crate::record::transcript::read(&store.transcript_path(id), id.as_str(), None).ok()?;
+    let charged: Vec<Nanos> = read
+        .events
+        .iter()
+        .filter_map(|e| match Line::parse(e) {
+            Line::LlmCall {
+                error: Some(err),
+                cost_nanos,
+                ..
+            } if err.kind == "unknown" => Some(cost_nanos.unwrap_or_default()),
+            _ => None,
+        })
+        .collect();
+    let total = charged.iter().fold(Nanos::ZERO, |a, c| a.plus(*c));
+    (!charged.is_empty()).then_some((charged.len(), total))
 }

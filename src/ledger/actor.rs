@@ -70,6 +70,13 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Option<Account>>,
     },
+    /// A thread's open reservations and what each holds (recovery charges them at that bound).
+    OpenOf {
+        /// The thread.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Vec<(ReservationId, Nanos)>>,
+    },
     /// Open accounts with the process that opened each.
     OpenAccounts {
         /// Reply.
@@ -492,6 +499,11 @@ impl Actor for LedgerActor {
             }
             LedgerMsg::OpenAccounts { reply } => {
                 let _ = reply.send(s.open_accounts());
+            }
+            LedgerMsg::OpenOf { id, reply } => {
+                let open = s.book.open_of(&id).into_iter();
+                let held = open.filter_map(|r| Some((r, s.book.reservations.get(&r)?.amount)));
+                let _ = reply.send(held.collect());
             }
             LedgerMsg::Held { reply } => {
                 let _ = reply.send(s.book.len());

@@ -5,7 +5,7 @@
 
 use super::ctx::Ctx;
 use super::report::ThreadReport;
-use crate::core::ids::{now_ts, ThreadId};
+use crate::core::ids::{now_ts, ReservationId, ThreadId};
 use crate::core::money::Nanos;
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
@@ -187,6 +187,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
     let id = row.id.clone();
     ctx.forget(&id);
     settle_recorded(ctx, &id).await;
+    let charged = charge_at_bound(ctx, &id).await;
     let acct = ractor::call!(ctx.ledger, |reply| LedgerMsg::Close {
         id: id.clone(),
         reply
@@ -203,7 +204,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
             return already_finished(ctx, row, end, rec, done).await;
         }
     }
-    let head = end_transcript(ctx, row, end, &spend, &mut rec);
+    let head = end_transcript(ctx, row, end, &spend, &charged, &mut rec);
     end_doc(ctx, row, end, &spend, head, &mut rec);
     let mut fin = row.clone();
     fin.status = end.status;
@@ -226,6 +227,43 @@ struct Spend {
     tree: i64,
     own: i64,
     max: Option<crate::core::money::Nanos>,
+}
+
+/// Calls under way when the actor died, which the transcript never recorded: the provider may
+/// have billed them, so each is settled at what its reservation holds — its upper bound — and
+/// never at nothing. Returns them, to be recorded.
+async fn charge_at_bound(ctx: &Ctx, id: &ThreadId) -> Vec<(ReservationId, Nanos)> {
+    let open = ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenOf {
+        id: id.clone(),
+        reply
+    })
+    .unwrap_or_default();
+    for (reservation, actual) in &open {
+        let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
+            reservation: *reservation,
+            actual: *actual,
+            reply: Some(reply)
+        });
+    }
+    open
+}
+
+/// The `llm_call` line of a call charged at its bound by recovery.
+fn charged_line(model: &str, reservation: ReservationId, amount: Nanos) -> Line {
+    Line::LlmCall {
+        model: model.to_string(),
+        provider: None,
+        usage: Default::default(),
+        cost_nanos: Some(amount),
+        reservation: Some(reservation),
+        usage_incomplete: true,
+        error: Some(crate::record::line::CallError {
+            kind: "unknown".into(),
+            message: "unknown, charged at bound: the thread's process died during the call".into(),
+        }),
+        stop_reason: None,
+        stream_deltas: None,
+    }
 }
 
 /// It finalized itself but its registry row was never written: the row takes its status.
@@ -263,6 +301,7 @@ fn end_transcript(
     row: &ThreadRow,
     end: &DeadEnd,
     spend: &Spend,
+    charged: &[(ReservationId, Nanos)],
     rec: &mut Recovered,
 ) -> Option<crate::record::transcript::Head> {
     let id = &row.id;
@@ -301,6 +340,9 @@ fn end_transcript(
             true => "the process died before the thread's files were written",
             false => "",
         };
+        for (reservation, amount) in charged {
+            let _ = w.append_line(charged_line(&row.model, *reservation, *amount));
+        }
         let gone = Gone {
             owner_pid: row.owner_pid,
             torn_line_kept: rec.torn_line_kept,

@@ -344,3 +344,65 @@ fn a_spawn_that_fails_after_registration_leaves_nothing_behind() {
         }
     }
 }
+
+/// A crash never makes a call free (#22 finding 4): a process killed after a call's
+/// reservation, before anything of the call was recorded, leaves a call the provider may have
+/// billed; recovery charges it at its reservation (the upper bound), records it as
+/// `unknown, charged at bound`, and `weft show` says so.
+#[test]
+fn recovery_charges_an_unrecorded_call_at_its_bound() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
+        "",
+    );
+    let p = fx.root();
+    let script = p.join("script.yaml");
+    let args = [
+        "run",
+        "solo",
+        "--json",
+        "--script",
+        script.to_str().unwrap(),
+    ];
+    let run = weft(p, &args, Some("turn.reserved:1"));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
+    let rec = weft(p, &["recover", "--json"], None);
+    assert!(
+        rec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+    let id = fx.id_of("solo");
+    let ledger = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
+    let spent: i64 = ledger
+        .query_row("SELECT spent FROM accounts WHERE id=?1", [&id], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert!(spent > 0, "the interrupted call was settled at {spent}");
+    let charged: Vec<Value> = fx
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["type"] == "llm_call")
+        .collect();
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(
+        charged[0]["cost_nanos"].as_i64(),
+        Some(spent),
+        "{charged:?}"
+    );
+    assert!(
+        charged[0]["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("charged at bound"),
+        "{charged:?}"
+    );
+    let show = weft(p, &["show", &id], None);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains("charged") && text.contains("unknown cost"),
+        "{text}"
+    );
+}
