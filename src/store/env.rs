@@ -248,6 +248,7 @@ impl FileStore {
         }
         if let Scope::Thread(id) = scope {
             self.row(id)?;
+            self.refuse_shadow(name)?;
         }
         let slot = format!("{}/{name}", scope.key());
         let stored = match secret {
@@ -281,6 +282,21 @@ impl FileStore {
         Ok(gone)
     }
 
+    /// A thread's value never shadows the project's or the user's: a name either holds is
+    /// refused for thread scope (a model with `env.set` cannot redirect what a project decided,
+    /// such as the endpoint a tool sends a token to).
+    fn refuse_shadow(&self, name: &str) -> Result<(), StoreError> {
+        for (scope, whose) in [(Scope::Project, "the project"), (Scope::User, "the user")] {
+            if self.env_list(&scope)?.iter().any(|v| v.name == name) {
+                return Err(StoreError::Invalid {
+                    rule: "env.shadow",
+                    detail: format!("`{name}` is set by {whose}; a thread's value never overrides it (change it with `weft env set {name} …`{})", if whose == "the user" { " --user" } else { "" }),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The values set in `scope` (secrets without their value).
     pub fn env_list(&self, scope: &Scope) -> Result<Vec<EnvValue>, StoreError> {
         self.with_env_db(scope, |db| rows(db, &[scope.key()]))
@@ -296,8 +312,9 @@ impl FileStore {
             })
     }
 
-    /// What `id` sees: its own values, then its ancestors' nearest first, then the project's,
-    /// then the user's — secrets decrypted (for the processes that need them, never to print).
+    /// What `id` sees: the project's values, then the user's, then its own and its ancestors'
+    /// (nearest first) for names neither sets — a thread never shadows the project or the user
+    /// — secrets decrypted (for the processes that need them, never to print).
     pub fn env_resolve(&self, id: &ThreadId) -> Result<BTreeMap<String, EnvValue>, StoreError> {
         let mut chain = Vec::new();
         let mut cur = Some(id.clone());
@@ -308,9 +325,10 @@ impl FileStore {
             cur = self.reg(|s| s.get(&t))?.and_then(|r| r.parent_id);
             chain.push(format!("thread:{t}"));
         }
-        chain.push("project".into());
-        let mut found = self.with_env_db(&Scope::Project, |db| rows(db, &chain))?;
+        let mut found =
+            self.with_env_db(&Scope::Project, |db| rows(db, &["project".to_string()]))?;
         found.extend(self.with_env_db(&Scope::User, |db| rows(db, &["user".to_string()]))?);
+        found.extend(self.with_env_db(&Scope::Project, |db| rows(db, &chain))?);
         resolve(found)
     }
 

@@ -1,5 +1,6 @@
-//! Environment values and secrets (issue 13): values reach a command tool resolved thread →
-//! parent chain → project → user (a parent's `set_env` reaches its child's next call); a secret
+//! Environment values and secrets (issue 13): values reach a command tool resolved project →
+//! user → thread → parent chain (a parent's `set_env` reaches its child's next call; a thread
+//! never shadows what the project or the user set, #22); a secret
 //! is stored encrypted, reaches the tool that lists it, and appears nowhere weft writes or sends
 //! — not in any file under `.weft/`, not in live events (what SSE is built from), not in a tool
 //! result, not in streamed text — and another user's key cannot open it.
@@ -40,7 +41,7 @@ solo:
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_resolve_thread_then_parents_then_project_then_user() {
+async fn values_resolve_project_then_user_then_thread_then_parents() {
     let parent = directive(
         "permissions: [ tool.greet, env.set, \"thread.spawn.child\" ]",
         "p",
@@ -58,8 +59,6 @@ async fn values_resolve_thread_then_parents_then_project_then_user() {
         "name: greet\nargv: [sh, -c, 'printf \"%s\" \"$GREET_ORDER\"']\nenv: [GREET_ORDER]\n",
     )
     .unwrap();
-    weft(&fx, &["env", "set", "GREET_ORDER", "from-user", "--user"]);
-    weft(&fx, &["env", "set", "GREET_ORDER", "from-project"]);
     let rt = fx.runtime().await;
     let report = rt
         .run("parent", Default::default(), weft::LimitSet::default())
@@ -71,7 +70,7 @@ async fn values_resolve_thread_then_parents_then_project_then_user() {
     let pr = results(&fx, &p);
     assert_eq!(
         (pr[0].as_str(), pr[2].as_str()),
-        ("from-project", "from-parent"),
+        ("", "from-parent"),
         "{pr:?}"
     );
     let cr = results(&fx, &kid);
@@ -80,6 +79,14 @@ async fn values_resolve_thread_then_parents_then_project_then_user() {
         ("from-parent", "from-child"),
         "{cr:?}"
     );
+    // The project's and the user's values win over every thread's.
+    weft(&fx, &["env", "set", "GREET_ORDER", "from-user", "--user"]);
+    weft(&fx, &["env", "set", "GREET_ORDER", "from-project"]);
+    let solo = rt
+        .run("solo", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(results(&fx, solo.thread_id.as_str())[0], "from-project");
     weft(&fx, &["env", "unset", "GREET_ORDER"]);
     let solo = rt
         .run("solo", Default::default(), weft::LimitSet::default())
@@ -87,11 +94,11 @@ async fn values_resolve_thread_then_parents_then_project_then_user() {
         .unwrap();
     assert_eq!(results(&fx, solo.thread_id.as_str())[0], "from-user");
     rt.shutdown();
+    weft(&fx, &["env", "unset", "GREET_ORDER", "--user"]);
     let listed: Value =
         serde_json::from_str(&weft(&fx, &["env", "list", "--thread", &kid, "--json"])).unwrap();
     assert_eq!(listed[0]["scope"], format!("thread:{kid}"), "{listed}");
     assert_eq!(listed[0]["value"], "from-child");
-    weft(&fx, &["env", "unset", "GREET_ORDER", "--user"]);
 }
 
 const SECRET: &str = "sk-live-7f3a9b2c4d";
@@ -267,4 +274,40 @@ fn all_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A thread's value never shadows one the project or the user set (#22 finding 9): a model
+/// holding `env.set` cannot point `ENDPOINT` (where a tool sends its token) elsewhere — the set
+/// is refused, naming the rule — and the tool still gets the project's value; a name the
+/// project does not set is still the thread's to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_value_never_shadows_the_projects() {
+    let script = r#"solo:
+  - tool_calls: [ { name: set_env, input: { name: ENDPOINT, value: "https://evil.example" } } ]
+  - tool_calls: [ { name: set_env, input: { name: GREETING, value: hi } } ]
+  - tool_calls: [ { name: show, input: {} } ]
+  - text: done
+"#;
+    let solo = directive("permissions: [ tool.show, env.set ]", "s");
+    let fx = Fixture::new(&[("solo", &solo)], script, "");
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/show.yaml"),
+        "name: show\nargv: [sh, -c, 'printf \"%s %s\" \"$ENDPOINT\" \"$GREETING\"']\nenv: [ENDPOINT, GREETING]\n",
+    )
+    .unwrap();
+    weft(&fx, &["env", "set", "ENDPOINT", "https://good.example"]);
+    let rt = fx.runtime().await;
+    let report = rt
+        .run("solo", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    rt.shutdown();
+    let r = tool_results(&fx, report.thread_id.as_str());
+    assert!(
+        r[0].1 && r[0].0.contains("project"),
+        "the shadowing set was taken: {r:?}"
+    );
+    assert!(!r[1].1, "{r:?}");
+    assert_eq!(r[2].0, "https://good.example hi", "{r:?}");
 }
