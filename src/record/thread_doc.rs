@@ -79,6 +79,10 @@ pub struct ThreadDoc {
     pub limits: Limits,
     /// Attenuated capabilities.
     pub capabilities: Vec<String>,
+    /// Tool names and capability patterns whose calls wait for a person: its directive's
+    /// `approval:` list and every ancestor's (authority travels whole).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approval: Vec<String>,
     /// Costs.
     pub cost: Cost,
     /// Structured outputs from `directive_return`.

@@ -241,6 +241,7 @@ impl ThreadStore for FileStore {
                 None,
             ),
             capabilities: vec![],
+            approval: vec![],
             cost: Cost::default(),
             outputs: None,
             result: t.result.clone(),

@@ -17,14 +17,16 @@ use serde_json::json;
 impl Thread {
     /// Whether `call` (needing capability `cap`) must wait for a person.
     pub(crate) fn needs_approval(&self, call: &ToolCall, cap: Option<&str>) -> bool {
-        let by_tool = self
-            .ctx
-            .commands
-            .get(&call.name)
-            .is_some_and(|t| t.approval);
-        let listed = &self.directive.approval;
+        self.approval_needed(&call.name, cap)
+    }
+
+    /// Whether a call of tool `name` (needing capability `cap`) waits for a person: the tool
+    /// says so, or this thread's approval list (its directive's and every ancestor's) names it.
+    pub(crate) fn approval_needed(&self, name: &str, cap: Option<&str>) -> bool {
+        let by_tool = self.ctx.commands.get(name).is_some_and(|t| t.approval);
+        let listed = &self.doc.approval;
         by_tool
-            || listed.contains(&call.name)
+            || listed.iter().any(|a| a == name)
             || cap.is_some_and(|c| crate::core::capability::allowed(listed, c))
     }
 

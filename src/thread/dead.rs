@@ -480,6 +480,10 @@ fn doc_from_row(
         provider: String::new(),
         limits,
         capabilities: vec![],
+        approval: directive
+            .as_ref()
+            .map(|d| d.approval.clone())
+            .unwrap_or_default(),
         cost: crate::record::thread_doc::Cost::default(),
         outputs: None,
         result: None,

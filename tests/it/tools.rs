@@ -690,3 +690,53 @@ async fn a_placeholder_value_starting_with_a_dash_is_never_an_option() {
         r[1]
     );
 }
+
+/// Authority travels whole (#22 finding 6): a child that declares no permissions inherits its
+/// parent's capabilities *and* its approval list, so its call of a listed tool waits for a
+/// person (here none answers before the child's duration ends: the call is recorded as not
+/// run); and `schedule {tool}` of a tool that needs approval is refused, since an effect has no
+/// person to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_travels_with_capabilities_and_schedule_cannot_skip_it() {
+    let boss = directive(
+        "permissions: [tool.count, thread.spawn.kid, schedule]\napproval: [tool.count]",
+        "Boss.",
+    );
+    let kid = directive("limits: { duration: 1s }", "Kid.");
+    let script = r#"boss:
+  - tool_calls: [ { name: schedule, input: { tool: count, inputs: { path: x }, delay: 1h } } ]
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+  - text: done
+kid:
+  - tool_calls: [ { name: count, input: { path: x } } ]
+  - text: counted
+"#;
+    let fx = Fixture::new(&[("boss", &boss), ("kid", &kid)], script, "");
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/count.yaml"),
+        "name: count\nargv: [echo, counted]\n",
+    )
+    .unwrap();
+    let (report, _rt) = fx.run("boss", json!({})).await;
+    let boss_results = results(&fx, report.thread_id.as_str());
+    assert!(
+        boss_results[0].1 && boss_results[0].0.contains("approval"),
+        "scheduled past its approval: {boss_results:?}"
+    );
+    let kid_id = fx.id_of("kid");
+    let kinds: Vec<String> = fx
+        .events(&kid_id)
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(
+        kinds.contains(&"approval_requested".to_string()),
+        "{kinds:?}"
+    );
+    let kid_results = results(&fx, &kid_id);
+    assert!(
+        kid_results.iter().all(|(c, _)| !c.contains("counted")),
+        "the child ran the tool unasked: {kid_results:?}"
+    );
+}

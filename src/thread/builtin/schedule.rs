@@ -92,7 +92,11 @@ impl Thread {
                 if self.ctx.commands.get(t).is_none() {
                     return Err(format!("`{t}` is not a command tool of this project (only command tools can be scheduled)"));
                 }
-                Ok((EffectKind::Tool, t.to_string(), format!("tool.{t}")))
+                let cap = format!("tool.{t}");
+                if self.approval_needed(t, Some(&cap)) {
+                    return Err(format!("`{t}` needs a person's approval for each call, and a scheduled effect has no one to ask: it cannot be scheduled (call it now; the call waits for `weft approve`)"));
+                }
+                Ok((EffectKind::Tool, t.to_string(), cap))
             }
             _ => Err("give exactly one of `directive` and `tool`".into()),
         }

@@ -111,6 +111,7 @@ fn first_doc(plan: &Plan, req: &SpawnRequest, head: crate::record::transcript::H
         provider: plan.provider_name.clone(),
         limits: plan.limits.clone(),
         capabilities: plan.caps.clone(),
+        approval: plan.approval.clone(),
         cost: Cost::default(),
         outputs: None,
         result: None,

@@ -38,6 +38,8 @@ pub(crate) struct Plan {
     pub limits: Limits,
     /// Capabilities (attenuated by the parent's).
     pub caps: Vec<String>,
+    /// What waits for a person: its directive's `approval:` list and every ancestor's.
+    pub approval: Vec<String>,
     /// The provider, its name and the model it calls.
     pub provider: Arc<dyn Provider>,
     /// The provider's name.
@@ -96,6 +98,7 @@ impl Plan {
                 &ctx.project.root,
             )
             .map_err(|e| SpawnError::Config(e.to_string()))?;
+        let approval = approval_of(req, &directive, parent_doc.as_ref());
         let id = ThreadId::generate(&directive.name);
         let chain = Chain::of(ctx, req.continuation.as_ref())?;
         let root_id = match (&parent_doc, &req.continuation, &chain.parent) {
@@ -114,6 +117,7 @@ impl Plan {
             prompt,
             limits,
             caps,
+            approval,
             provider,
             provider_name,
             model,
@@ -140,6 +144,27 @@ fn load(
     let cap = crate::tools::spawn_capability(&d.name);
     crate::tools::check(&p.capabilities, &cap, p.id.as_str()).map_err(SpawnError::Denied)?;
     Ok(d)
+}
+
+/// The approval list travels with the capabilities: a child's is its parent's with its own
+/// added (a child cannot drop what its parent must ask a person for); a continuation keeps its
+/// chain's.
+fn approval_of(
+    req: &SpawnRequest,
+    directive: &Directive,
+    parent: Option<&ThreadDoc>,
+) -> Vec<String> {
+    let mut out = match (&req.continuation, parent) {
+        (Some(c), _) => c.of.approval.clone(),
+        (None, Some(p)) => p.approval.clone(),
+        (None, None) => Vec::new(),
+    };
+    for a in &directive.approval {
+        if !out.contains(a) {
+            out.push(a.clone());
+        }
+    }
+    out
 }
 
 /// Limits, capabilities and (for a continuation) the chain's model.
