@@ -740,3 +740,51 @@ kid:
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
 }
+
+/// A chain draws on one pool (#22 finding 3): after `resume <child>` spent from the tree's
+/// budget, `resume <root>` cannot spend that budget again — every continuation of any thread of
+/// a tree draws on the tree's account, so the tree's total stays within the root's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_the_root_after_a_child_cannot_spend_the_tree_twice() {
+    let root = directive(
+        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
+        "Spawn.",
+    );
+    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+    usage: { input_tokens: 0, output_tokens: 0 }
+  - text: done
+    usage: { input_tokens: 1000, output_tokens: 0 }
+  - text: root again
+    usage: { input_tokens: 15000, output_tokens: 0 }
+kid:
+  - text: kid done
+    usage: { input_tokens: 1000, output_tokens: 0 }
+  - text: kid again
+    usage: { input_tokens: 8000, output_tokens: 0 }
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let kid_id = weft::ThreadId::parse(&fx.id_of("kid")).unwrap();
+    let kid_again = rt.resume(&kid_id, "again", Default::default()).await;
+    if let Ok(h) = kid_again {
+        h.wait().await.unwrap();
+    }
+    let root_again = rt
+        .resume(&report.thread_id, "again", Default::default())
+        .await;
+    let outcome = match root_again {
+        Ok(h) => format!("{:?}", h.wait().await.unwrap()),
+        Err(e) => e.to_string(),
+    };
+    let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
+    assert!(
+        tree_spend <= 20_000_000,
+        "the tree spent {tree_spend} nanos of its 20,000,000 cap ({outcome})"
+    );
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+}

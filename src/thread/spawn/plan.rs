@@ -101,9 +101,9 @@ impl Plan {
         let approval = approval_of(req, &directive, parent_doc.as_ref());
         let id = ThreadId::generate(&directive.name);
         let chain = Chain::of(ctx, req.continuation.as_ref())?;
-        let root_id = match (&parent_doc, &req.continuation, &chain.parent) {
+        let root_id = match (&parent_doc, &req.continuation, chain.in_tree) {
             (Some(d), _, _) => d.root_id.clone(),
-            (None, Some(c), Some(_)) => c.of.root_id.clone(),
+            (None, Some(c), true) => c.of.root_id.clone(),
             _ => id.clone(),
         };
         Ok(Plan {
@@ -215,7 +215,10 @@ fn limits_and_caps(
 struct Chain {
     of: Option<ThreadId>,
     root: Option<ThreadId>,
+    /// The account the continuation draws under.
     parent: Option<ThreadId>,
+    /// The chain ran as a child: the continuation stays in its tree.
+    in_tree: bool,
 }
 
 impl Chain {
@@ -225,12 +228,19 @@ impl Chain {
                 of: None,
                 root: None,
                 parent: None,
+                in_tree: false,
             });
         };
+        let first = c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone());
+        let tree_parent = continued_parent(ctx, c)?;
         Ok(Chain {
             of: Some(c.of.id.clone()),
-            root: Some(c.of.chain_root.clone().unwrap_or_else(|| c.of.id.clone())),
-            parent: continued_parent(ctx, c)?,
+            in_tree: tree_parent.is_some(),
+            // A chain that ran as a root draws under its first thread's account: every
+            // continuation of any thread of a tree draws on that tree's one budget (the root's
+            // signed spend never counts what its children's continuations spent since).
+            parent: tree_parent.or_else(|| Some(first.clone())),
+            root: Some(first),
         })
     }
 }
