@@ -178,7 +178,7 @@ impl TranscriptWriter {
     pub fn file_handle(&self) -> std::io::Result<File> {
         match &self.file {
             Some(f) => f.try_clone(),
-            None => std::fs::OpenOptions::new().append(true).open(&self.path),
+            None => open_append(&self.path),
         }
     }
 
@@ -204,7 +204,7 @@ impl TranscriptWriter {
         let file = match &mut self.file {
             Some(f) => f,
             None => {
-                opened = std::fs::OpenOptions::new().append(true).open(&self.path)?;
+                opened = open_append(&self.path)?;
                 &opened
             }
         };
@@ -349,4 +349,22 @@ pub(crate) fn repair(path: &Path) -> std::io::Result<(Head, bool)> {
         };
     }
     Ok((head, torn))
+}
+
+/// Opens a transcript for appending. Past the descriptor budget a writer opens its file per
+/// line; when the process is out of descriptors for a moment (EMFILE/ENFILE: other threads'
+/// files, sockets, databases), it waits briefly and tries again (up to ~1 s) rather than lose
+/// the line — a lost line ends the thread.
+fn open_append(path: &Path) -> std::io::Result<File> {
+    let mut wait = std::time::Duration::from_millis(1);
+    for _ in 0..10 {
+        match std::fs::OpenOptions::new().append(true).open(path) {
+            Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+    std::fs::OpenOptions::new().append(true).open(path)
 }
