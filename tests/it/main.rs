@@ -27,7 +27,7 @@ mod lifecycle;
 mod mcp;
 #[cfg(feature = "cli")]
 mod messages;
-#[cfg(all(feature = "otel", feature = "mcp"))]
+#[cfg(feature = "otel")]
 mod otel;
 mod providers;
 mod records;

@@ -2,18 +2,12 @@
 //! `$WEFT_MCP_DIR` (default `~/.cache/weft-mcp`): `@modelcontextprotocol/server-everything` from
 //! npm over stdio and over streamable HTTP, and `mcp-server-time` from PyPI over stdio.
 
-use crate::support::{calls_script, directive, tool_results as results, wait_until, Fixture};
+use crate::support::{
+    calls_script, directive, mcp_dir, skip, tool_results as results, wait_until, Fixture,
+};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use weft::Status;
-
-pub fn mcp_dir() -> PathBuf {
-    std::env::var_os("WEFT_MCP_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft-mcp")
-        })
-}
 
 /// The server-everything entry point, or None (the test says SKIPPED).
 fn everything() -> Option<PathBuf> {
@@ -21,10 +15,10 @@ fn everything() -> Option<PathBuf> {
     if p.exists() {
         return Some(p);
     }
-    eprintln!(
+    skip(&format!(
         "mcp: SKIPPED — {} is missing. `.ci/run` installs it (npm install --prefix $WEFT_MCP_DIR @modelcontextprotocol/server-everything)",
         p.display()
-    );
+    ));
     None
 }
 
@@ -35,10 +29,10 @@ fn time_python() -> Option<PathBuf> {
     if ok {
         return Some(p);
     }
-    eprintln!(
+    skip(&format!(
         "mcp: SKIPPED — no mcp-server-time in {}/venv. `.ci/run` installs it (pip install mcp-server-time)",
         mcp_dir().display()
-    );
+    ));
     None
 }
 

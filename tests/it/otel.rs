@@ -2,12 +2,12 @@
 //! process — `tests/fixtures/otel/receiver.py` decoding with `opentelemetry-proto` from PyPI,
 //! installed by `.ci/run` into `$WEFT_MCP_DIR/venv` — and nothing when no endpoint is set.
 
-use super::support::{directive, weft_cmd, Fixture};
+use super::support::{directive, mcp_dir, skip, weft_cmd, Fixture};
 use serde_json::Value;
 
 /// The venv's Python if it can decode OTLP, else None (the test says SKIPPED).
 fn otlp_python() -> Option<std::path::PathBuf> {
-    let py = super::mcp::mcp_dir().join("venv/bin/python");
+    let py = mcp_dir().join("venv/bin/python");
     let ok = std::process::Command::new(&py)
         .args([
             "-c",
@@ -18,10 +18,10 @@ fn otlp_python() -> Option<std::path::PathBuf> {
     if ok {
         return Some(py);
     }
-    eprintln!(
+    skip(&format!(
         "otel: SKIPPED — {} cannot import opentelemetry-proto. `.ci/run` installs it (pip install opentelemetry-proto)",
         py.display()
-    );
+    ));
     None
 }
 

@@ -475,7 +475,7 @@ fn browse(chrome: &str, url: &str, steps: Value) -> Vec<Value> {
 #[tokio::test]
 async fn the_web_page_shows_the_live_tree_and_cancels_a_subtree() {
     let Some(chrome) = chromium() else {
-        eprintln!("SKIPPED the_web_page_shows_the_live_tree_and_cancels_a_subtree: no chromium (CI installs Debian's; set WEFT_CHROMIUM to a browser)");
+        crate::support::skip("SKIPPED the_web_page_shows_the_live_tree_and_cancels_a_subtree: no chromium (CI installs Debian's; set WEFT_CHROMIUM to a browser)");
         return;
     };
     let hold = directive(

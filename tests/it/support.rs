@@ -267,3 +267,22 @@ pub fn spawn_announcing(cmd: &mut std::process::Command) -> (std::process::Child
         .unwrap();
     (child, line)
 }
+
+/// A test that cannot run here (a server or tool it needs is missing) says so, loudly: under
+/// `CI=true` it fails — `.ci/run` installs everything, so a missing piece is a broken CI, never a
+/// pass — and elsewhere it prints SKIPPED and the caller returns.
+pub fn skip(why: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(!ci, "CI=true and {why}");
+    eprintln!("{why}");
+}
+
+/// Where `.ci/run` installs the MCP servers and the OTLP decoder (`$WEFT_MCP_DIR`).
+pub fn mcp_dir() -> std::path::PathBuf {
+    std::env::var_os("WEFT_MCP_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/weft-mcp")
+        })
+}
