@@ -210,7 +210,6 @@ impl Thread {
         } else {
             self.work.returned_files.clear();
         }
-        let e = self.unless_record_failed(e);
         self.set_outcome(&e);
         // A handoff: the continuation starts now (it needs this thread's final spend) and takes
         // over the parent link or the root's waiter.

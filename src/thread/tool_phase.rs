@@ -17,12 +17,6 @@ impl Thread {
     /// Runs or starts one tool call. `Some` = answered now; `None` = a task or waiter will
     /// answer.
     pub(crate) async fn dispatch_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
-        if self.record.failed.is_some() {
-            // The thread ends once this message is handled: nothing more of it starts.
-            return Some(ToolOutcome::err(
-                "not run: the thread's transcript could not be written",
-            ));
-        }
         crate::core::failpoint::hit("tool.dispatch");
         let span = super::spans::tool(&self.life.span, &call.name, &call.id);
         self.work.spans.insert(call.id.clone(), span);

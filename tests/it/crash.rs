@@ -219,22 +219,10 @@ fn a_crash_at_any_step_is_repaired_by_the_next_start() {
 /// was lost, instead of going on with a signed record that silently misses a line.
 #[test]
 fn a_lost_transcript_line_fails_the_thread() {
-    let fx = Fixture::new(
-        &[("solo", &directive("", "Answer."))],
-        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
-        "",
-    );
+    let fx = solo();
     let p = fx.root();
-    let script = p.join("script.yaml");
-    let args = [
-        "run",
-        "solo",
-        "--json",
-        "--script",
-        script.to_str().unwrap(),
-    ];
     // Appends of the run: 1 `thread_started` (spawn), 2 `status`, 3 the prompt's `message`.
-    let run = weft(p, &args, Some("transcript.append:3"));
+    let run = run_solo(p, "transcript.append:3");
     let out = String::from_utf8_lossy(&run.stdout);
     assert!(
         !run.status.success(),
@@ -351,21 +339,9 @@ fn a_spawn_that_fails_after_registration_leaves_nothing_behind() {
 /// `unknown, charged at bound`, and `weft show` says so.
 #[test]
 fn recovery_charges_an_unrecorded_call_at_its_bound() {
-    let fx = Fixture::new(
-        &[("solo", &directive("", "Answer."))],
-        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
-        "",
-    );
+    let fx = solo();
     let p = fx.root();
-    let script = p.join("script.yaml");
-    let args = [
-        "run",
-        "solo",
-        "--json",
-        "--script",
-        script.to_str().unwrap(),
-    ];
-    let run = weft(p, &args, Some("turn.reserved:1"));
+    let run = run_solo(p, "turn.reserved:1");
     assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
     let rec = weft(p, &["recover", "--json"], None);
     assert!(
@@ -405,4 +381,26 @@ fn recovery_charges_an_unrecorded_call_at_its_bound() {
         text.contains("charged") && text.contains("unknown cost"),
         "{text}"
     );
+}
+
+/// One thread answering at once.
+fn solo() -> Fixture {
+    Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
+        "",
+    )
+}
+
+/// `weft run solo` with `solo()`'s script, the failpoint armed.
+fn run_solo(p: &Path, failpoint: &str) -> std::process::Output {
+    let script = p.join("script.yaml");
+    let args = [
+        "run",
+        "solo",
+        "--json",
+        "--script",
+        script.to_str().unwrap(),
+    ];
+    weft(p, &args, Some(failpoint))
 }
