@@ -121,8 +121,9 @@ async fn follow(
     };
     print_outcome(&report, &rows, as_json);
     drop(control);
-    // An after_complete hook's command finishes before the process exits.
-    rt.drain_hooks().await;
+    // What the tree caused (an after_complete hook's command or spawn, a scheduled thread due
+    // now) finishes before the process exits; Ctrl-C cancels it with the tree.
+    drain_or_cancel(&rt, &id).await;
     rt.shutdown();
     Ok(code)
 }
@@ -196,6 +197,23 @@ async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadRepo
             }
         }
     }
+}
+
+/// Waits for the work the tree caused; a Ctrl-C cancels it (a second exits at once).
+async fn drain_or_cancel(rt: &Runtime, root: &ThreadId) {
+    let drain = rt.drain_hooks();
+    tokio::pin!(drain);
+    tokio::select! {
+        () = &mut drain => return,
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("weft: cancelling what {root} caused (Ctrl-C again to exit at once)");
+    tokio::spawn(async {
+        let _ = tokio::signal::ctrl_c().await;
+        std::process::exit(130);
+    });
+    rt.cancel_caused(root, "Ctrl-C").await;
+    drain.await;
 }
 
 /// Prints how the run ended: the report as JSON, or the final tree and a summary.

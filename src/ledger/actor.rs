@@ -23,6 +23,31 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Result<(), LedgerError>>,
     },
+    /// Set aside the budget of a deferred child (see [`Book::defer`]).
+    Defer {
+        /// The id the deferred child will run as.
+        id: ThreadId,
+        /// The thread it hangs under.
+        parent: ThreadId,
+        /// Its spend limit.
+        want: Nanos,
+        /// Set aside `want` whole or refuse; else at most what the chain has left.
+        whole: bool,
+        /// Cost of a minimal first call.
+        min_first_call: Nanos,
+        /// Reply: the amount set aside.
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    },
+    /// A deferred child's thread takes over its account (see [`Book::adopt`]); loaded from
+    /// ledger.db when another process set it aside.
+    Adopt {
+        /// The deferred child.
+        id: ThreadId,
+        /// The thread it hangs under.
+        parent: ThreadId,
+        /// Reply: its cap.
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    },
     /// Open again, for a continuation below it, the closed account of a finished thread and its
     /// closed ancestors (see [`Book::reopen`]); nothing if the book holds it.
     Reopen {
@@ -311,10 +336,71 @@ impl LedgerState {
         );
     }
 
+    /// After [`Book::defer`]: the set-aside account is a decision of this batch.
+    fn deferred(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        set: Result<Nanos, LedgerError>,
+        id: ThreadId,
+        parent: ThreadId,
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    ) {
+        let amount = match set {
+            Ok(a) => a,
+            Err(e) => {
+                self.prune(&parent);
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let ids = self.book.chain(&id).unwrap_or_default();
+        self.touch(&ids);
+        self.undo.push(Undo::Open(id));
+        self.hold(
+            me,
+            Box::new(move |e| {
+                let _ = reply.send(e.map_or(Ok(amount), Err));
+            }),
+        );
+    }
+
+    /// A deferred child's thread takes over its account, loaded from ledger.db if this book
+    /// does not hold it (another process set it aside).
+    fn adopt(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        parent: ThreadId,
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    ) {
+        if self.book.get(&id).is_none() {
+            if let Err(e) = super::db::load_chain(&self.db, &mut self.book, &id) {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
+        let cap = match self.book.adopt(&id, &parent) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        self.touch(std::slice::from_ref(&id));
+        self.hold(
+            me,
+            Box::new(move |e| {
+                let _ = reply.send(e.map_or(Ok(cap), Err));
+            }),
+        );
+    }
+
     /// Opens `id`'s closed account and its closed ancestors again from their ledger.db rows,
     /// unless the book holds it.
     fn reopen(&mut self, id: ThreadId) -> Result<(), LedgerError> {
         if self.book.get(&id).is_some() {
+            // Held closed (work it caused is still open below it): open again all the same.
+            self.book.reopen_held(&id);
             return Ok(());
         }
         let chain = super::db::closed_chain(&self.db, &id)?;
@@ -471,6 +557,18 @@ impl Actor for LedgerActor {
                     .open(&id, parent.as_ref(), max, guarantee, min_first_call);
                 s.opened(&me, opened, id, parent, reply);
             }
+            LedgerMsg::Defer {
+                id,
+                parent,
+                want,
+                whole,
+                min_first_call,
+                reply,
+            } => {
+                let set = s.book.defer(&id, &parent, want, whole, min_first_call);
+                s.deferred(&me, set, id, parent, reply);
+            }
+            LedgerMsg::Adopt { id, parent, reply } => s.adopt(&me, id, parent, reply),
             LedgerMsg::Reopen { id, reply } => {
                 let _ = reply.send(s.reopen(id));
             }

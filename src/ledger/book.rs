@@ -164,6 +164,82 @@ impl Book {
         Ok(())
     }
 
+    /// Sets aside, out of `parent`'s chain, the budget of work `parent` caused to start later
+    /// (a deferred child): an account `id` under `parent` whose cap and guarantee are the same
+    /// amount: `want` when `whole` (refused when the chain cannot hold that much: a schedule
+    /// never starves its scheduler unnoticed; the caller lowers it), else at most what the chain
+    /// has left; refused when that is below `min_first_call`. `parent` may be closed (a thread that ended): the amount is held
+    /// as its guarantee and in flight above it, so nothing else in the tree can take it. The
+    /// account belongs to no process (owner 0) until a thread takes it over ([`Book::adopt`]);
+    /// closing it unstarted gives the amount back. Returns the amount.
+    pub fn defer(
+        &mut self,
+        id: &ThreadId,
+        parent: &ThreadId,
+        want: Nanos,
+        whole: bool,
+        min_first_call: Nanos,
+    ) -> Result<Nanos, LedgerError> {
+        if self.accounts.contains_key(id) {
+            return Err(LedgerError::Exists(id.clone()));
+        }
+        let chain = self.chain(parent)?;
+        let (short, available) = chain
+            .iter()
+            .map(|a| (a, self.acct(a).headroom()))
+            .min_by_key(|(_, h)| *h)
+            .map(|(a, h)| (a.clone(), h))
+            .unwrap_or((parent.clone(), Nanos::ZERO));
+        let amount = if whole { want } else { want.min(available) };
+        let needed = amount.max(min_first_call).max(Nanos(1));
+        if needed > available || amount < min_first_call {
+            return Err(LedgerError::Insufficient {
+                account: short,
+                needed,
+                available,
+            });
+        }
+        self.acct_mut(parent).guaranteed = self.acct(parent).guaranteed.plus(amount);
+        for a in &chain[1..] {
+            self.acct_mut(a).inflight = self.acct(a).inflight.plus(amount);
+        }
+        *self.children.entry(parent.clone()).or_default() += 1;
+        self.accounts.insert(
+            id.clone(),
+            Account {
+                id: id.clone(),
+                parent: Some(parent.clone()),
+                max: amount,
+                spent: Nanos::ZERO,
+                own_spent: Nanos::ZERO,
+                inflight: Nanos::ZERO,
+                guaranteed: Nanos::ZERO,
+                pool_left: amount,
+                closed: false,
+                owner: 0,
+            },
+        );
+        Ok(amount)
+    }
+
+    /// A deferred child's thread takes over the account set aside for it (see
+    /// [`Book::defer`]), once: it must be open, under `parent`, and not yet taken. Returns its
+    /// cap.
+    pub fn adopt(&mut self, id: &ThreadId, parent: &ThreadId) -> Result<Nanos, LedgerError> {
+        let a = self
+            .accounts
+            .get_mut(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if a.closed {
+            return Err(LedgerError::Closed(id.clone()));
+        }
+        if a.owner != 0 || a.parent.as_ref() != Some(parent) {
+            return Err(LedgerError::Exists(id.clone()));
+        }
+        a.owner = std::process::id();
+        Ok(a.max)
+    }
+
     /// Reserves a call's worst case for `id` and every ancestor in one step, lowering the output
     /// tokens to what fits; refuses when not even `min_output` tokens fit.
     pub fn reserve(
@@ -361,6 +437,17 @@ impl Book {
             }
             self.reopened.insert(a.id.clone());
             self.accounts.insert(a.id.clone(), a);
+        }
+    }
+
+    /// Opens again a closed account the book still holds (something below it is open), for a
+    /// continuation below it; closed and dropped again like one [`Book::reopen`] loaded.
+    pub fn reopen_held(&mut self, id: &ThreadId) {
+        if let Some(a) = self.accounts.get_mut(id) {
+            if a.closed {
+                a.closed = false;
+                self.reopened.insert(id.clone());
+            }
         }
     }
 

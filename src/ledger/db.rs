@@ -71,6 +71,56 @@ pub(crate) fn closed_chain(db: &Connection, id: &ThreadId) -> Result<Vec<Account
     Ok(out)
 }
 
+/// Loads into `book`, from ledger.db, account `id` and those of its ancestors the book does not
+/// hold, as they were stored (a deferred child's account another process set aside).
+pub(crate) fn load_chain(
+    db: &Connection,
+    book: &mut Book,
+    id: &ThreadId,
+) -> Result<(), LedgerError> {
+    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+    let mut next = Some(id.clone());
+    let mut n = 0;
+    while let Some(id) = next.take() {
+        n += 1;
+        if n > 10_000 || book.accounts.contains_key(&id) {
+            break;
+        }
+        let a = db
+            .query_row(
+                "SELECT parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner FROM accounts WHERE id=?1",
+                [id.as_str()],
+                |r| {
+                    Ok(Account {
+                        id: id.clone(),
+                        parent: r
+                            .get::<_, Option<String>>(0)?
+                            .and_then(|p| ThreadId::parse(&p).ok()),
+                        max: Nanos(r.get(1)?),
+                        spent: Nanos(r.get(2)?),
+                        own_spent: Nanos(r.get(3)?),
+                        inflight: Nanos(r.get(4)?),
+                        guaranteed: Nanos(r.get(5)?),
+                        pool_left: Nanos(r.get(6)?),
+                        closed: r.get(7)?,
+                        owner: r.get(8)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(st)?;
+        let Some(a) = a else {
+            return Err(LedgerError::Unknown(id));
+        };
+        if let Some(p) = &a.parent {
+            *book.children.entry(p.clone()).or_default() += 1;
+            next = Some(p.clone());
+        }
+        book.accounts.insert(id, a);
+    }
+    Ok(())
+}
+
 impl Book {
     /// Loads what an earlier process left open in ledger.db: every open account, the ancestors
     /// of those, and every open reservation (so recovery can release them exactly once).

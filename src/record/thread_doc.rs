@@ -111,6 +111,10 @@ pub struct ThreadDoc {
     /// imported thread is read-only history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported: Option<serde_json::Value>,
+    /// The hooks whose `spawn` led to this thread (through its ancestors or its chain): it never
+    /// fires them, so no hook causes itself again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caused_by: Vec<String>,
 }
 
 /// The source of a forked thread.

@@ -1,14 +1,16 @@
 //! Running scheduled effects (see `store/effects.rs`): every runtime that can run threads keeps
 //! one task that claims the effects due, runs them and sleeps until the next is due (at most
 //! 2 s, so effects scheduled by other processes are seen; a `schedule` call in this process
-//! wakes it at once). A directive effect starts a root thread under the scheduling thread's
-//! limits as a cap; a tool effect runs the command tool in the scheduling thread's file area
-//! with its environment. Both are tracked like hook work: `Runtime::drain_hooks` waits for them.
+//! wakes it at once). A directive effect starts its thread as the deferred child of the
+//! scheduling thread that it is (`thread::spawn::defer`: its budget was set aside from the
+//! scheduler's tree when it was scheduled, and is given back if it cannot start); a tool effect
+//! runs the command tool in the scheduling thread's file area with its environment. Both are
+//! tracked like hook work: `Runtime::drain_hooks` waits for them.
 
 use crate::core::ids::{now_ts, ThreadId};
-use crate::core::limits::Limits;
+use crate::ledger::LedgerMsg;
 use crate::store::{Effect, EffectKind};
-use crate::thread::{Ctx, SpawnRequest};
+use crate::thread::{give_back, Ctx, Deferred, Origin, SpawnRequest};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -16,8 +18,7 @@ use std::time::Duration;
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
 /// Starts the effects task of a runtime (it ends when the runtime is gone).
-pub(super) fn start(ctx: &Arc<Ctx>, first_owner: bool) {
-    settle_orphans(ctx, first_owner);
+pub(super) fn start(ctx: &Arc<Ctx>) {
     let weak = Arc::downgrade(ctx);
     let wake = ctx.effects_wake.clone();
     tokio::spawn(async move {
@@ -33,8 +34,11 @@ pub(super) fn start(ctx: &Arc<Ctx>, first_owner: bool) {
     });
 }
 
-/// Effects left `running` by a process that died are failed, never run again.
-fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
+/// Effects left `running` by a process that died are failed, never run again; a budget set
+/// aside for work that never started (its effect failed, was cancelled or is gone) is given back.
+/// Run when the runtime opens, before any of its threads can set a budget aside (one whose
+/// effect is not stored yet would look gone).
+pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
     let state = ctx.project.state_dir();
     let dead = |pid: u32| super::owner::dead(&state, pid, first_owner);
     for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
@@ -43,6 +47,21 @@ fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
             e.claimed_by.unwrap_or(0)
         );
         let _ = ctx.store.finish_effect(&e.id, false, &why);
+    }
+    let waiting: Vec<String> = ctx
+        .store
+        .scheduled(None)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.status == "pending")
+        .filter_map(|e| e.child)
+        .collect();
+    let open =
+        ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
+    for (id, owner) in open {
+        if owner == 0 && !waiting.iter().any(|w| *w == id.as_str()) {
+            give_back(ctx, id).await;
+        }
     }
 }
 
@@ -82,27 +101,21 @@ async fn run(ctx: &Arc<Ctx>, e: Effect) {
 }
 
 async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
-    let inputs = e.inputs.as_object().cloned().unwrap_or_default();
-    // Capped as by a parent, without the level a child would lose.
-    let cap: Option<Limits> = serde_json::from_value(e.limits.clone())
-        .ok()
-        .map(|mut l: Limits| {
-            l.depth += 1;
-            l
-        });
-    let req = SpawnRequest {
-        directive: e.target.clone(),
-        inputs,
-        overrides: Default::default(),
-        reserve: crate::core::money::Nanos::ZERO,
-        parent: None,
-        seed: None,
-        continuation: None,
-        attach: Vec::new(),
-        route: None,
-        parent_span: None,
-        cap,
+    let (Ok(parent), Some(Ok(child))) = (
+        ThreadId::parse(&e.thread),
+        e.child.as_deref().map(ThreadId::parse),
+    ) else {
+        let why =
+            "scheduled without a budget set aside (by an older weft): not run; schedule it again";
+        let _ = ctx.store.finish_effect(&e.id, false, why);
+        return;
     };
+    let inputs = e.inputs.as_object().cloned().unwrap_or_default();
+    let origin = Origin::Deferred(Deferred {
+        parent,
+        id: Some(child.clone()),
+    });
+    let req = SpawnRequest::new(e.target.clone(), inputs, origin);
     let (tx, rx) = tokio::sync::oneshot::channel();
     match crate::thread::spawn(ctx, req, Some(tx)).await {
         Ok((id, _)) => {
@@ -116,6 +129,7 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
             ctx.track(task);
         }
         Err(err) => {
+            give_back(ctx, child).await;
             let _ = ctx.store.finish_effect(
                 &e.id,
                 false,

@@ -4,10 +4,9 @@
 use super::{Runtime, ThreadHandle};
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
-use crate::core::money::Nanos;
 use crate::provider::{Message, Role};
 use crate::record::thread_doc::{ForkedFrom, ThreadDoc};
-use crate::thread::{Seed, SpawnError, SpawnRequest};
+use crate::thread::{Origin, Seed, SpawnError, SpawnRequest};
 use serde_json::{Map, Value};
 
 /// What to fork (see [`Runtime::fork`]).
@@ -71,26 +70,16 @@ impl Runtime {
                 "thread {id} has no user message up to seq {at} to fork from; give one with -m"
             )));
         }
-        let req = SpawnRequest {
-            directive,
-            inputs: Map::new(),
-            overrides: fork.overrides,
-            reserve: Nanos::ZERO,
-            parent: None,
-            continuation: None,
-            cap: None,
-            seed: Some(Seed {
-                messages,
-                calls_made,
-                from: ForkedFrom {
-                    thread: id.clone(),
-                    seq: at,
-                },
-            }),
-            attach: Vec::new(),
-            route: None,
-            parent_span: None,
+        let seed = Seed {
+            messages,
+            calls_made,
+            from: ForkedFrom {
+                thread: id.clone(),
+                seq: at,
+            },
         };
+        let mut req = SpawnRequest::new(directive, Map::new(), Origin::Fork(seed));
+        req.overrides = fork.overrides;
         self.spawn_root(req).await
     }
 }

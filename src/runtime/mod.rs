@@ -6,6 +6,7 @@
 //! process died. Owns the wiring only: it must never keep thread state itself (that belongs to
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
+mod cancel;
 mod doctor;
 mod effects;
 mod error;
@@ -24,7 +25,7 @@ pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
 
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
-use crate::core::money::{Nanos, Usage};
+use crate::core::money::Usage;
 use crate::directive::Library;
 use crate::ledger::{Account, LedgerActor, LedgerMsg};
 use crate::project::config::{Config, ConfigError};
@@ -34,7 +35,7 @@ use crate::provider::{
 };
 use crate::record::signing::{Signer, SigningError, Trust};
 use crate::registry::{RegistryActor, Store};
-use crate::thread::{spawn, Ctx, Event, SpawnError, SpawnRequest, ThreadMsg, ThreadReport};
+use crate::thread::{spawn, Ctx, Event, Origin, SpawnError, SpawnRequest, ThreadMsg, ThreadReport};
 use ractor::{Actor, ActorRef};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -104,25 +105,7 @@ impl RuntimeBuilder {
                 .map_err(OpenError::Provider)?,
         };
         let st = |e: String| OpenError::Storage(e);
-        std::fs::create_dir_all(project.state_dir())
-            .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
-        std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
-        let mut store =
-            Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
-        let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
-            .map_err(|e| st(e.to_string()))?;
-        if config.durability == crate::project::config::Durability::Strict {
-            store.set_strict().map_err(|e| st(e.to_string()))?;
-            ledger_db
-                .execute_batch("PRAGMA synchronous=FULL")
-                .map_err(|e| st(e.to_string()))?;
-        }
-        let (registry, _) = Actor::spawn(None, RegistryActor, store)
-            .await
-            .map_err(|e| st(e.to_string()))?;
-        let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
-            .await
-            .map_err(|e| st(e.to_string()))?;
+        let (registry, ledger) = start_actors(&project, &config).await?;
         let owner = owner::acquire(&project.state_dir()).map_err(st)?;
         let first_owner = owner.first;
         // Room for bursts of a large tree (every transcript line is an event while someone
@@ -170,19 +153,51 @@ impl RuntimeBuilder {
             events,
             wants_lines: Default::default(),
             in_spawn: Default::default(),
+            stopped: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
         });
         ctx.refresh_secrets();
         let recovered = recovery::recover(&ctx, first_owner).await;
         if !self.no_provider {
-            effects::start(&ctx, first_owner);
+            // Before any thread of this process can set a budget aside: what is open unclaimed
+            // now was left by an earlier process.
+            effects::settle_orphans(&ctx, first_owner).await;
+            effects::start(&ctx);
         }
         Ok(Runtime {
             ctx,
             recovered: recovered.into(),
         })
     }
+}
+
+/// Opens registry.db and ledger.db (strict durability when configured) and starts their actors.
+async fn start_actors(
+    project: &Project,
+    config: &crate::project::config::Config,
+) -> Result<(ActorRef<crate::registry::RegistryMsg>, ActorRef<LedgerMsg>), OpenError> {
+    let st = |e: String| OpenError::Storage(e);
+    std::fs::create_dir_all(project.state_dir())
+        .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
+    std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
+    let mut store =
+        Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
+    let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
+        .map_err(|e| st(e.to_string()))?;
+    if config.durability == crate::project::config::Durability::Strict {
+        store.set_strict().map_err(|e| st(e.to_string()))?;
+        ledger_db
+            .execute_batch("PRAGMA synchronous=FULL")
+            .map_err(|e| st(e.to_string()))?;
+    }
+    let (registry, _) = Actor::spawn(None, RegistryActor, store)
+        .await
+        .map_err(|e| st(e.to_string()))?;
+    let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
+        .await
+        .map_err(|e| st(e.to_string()))?;
+    Ok((registry, ledger))
 }
 
 /// A project opened for running threads. Cheap to clone: clones share one runtime.
@@ -309,20 +324,10 @@ impl Runtime {
         overrides: LimitSet,
         route: Option<Arc<crate::provider::Route>>,
     ) -> Result<ThreadHandle, SpawnError> {
-        self.spawn_root(SpawnRequest {
-            directive: directive.into(),
-            inputs,
-            overrides,
-            reserve: Nanos::ZERO,
-            parent: None,
-            cap: None,
-            seed: None,
-            continuation: None,
-            attach: Vec::new(),
-            route,
-            parent_span: None,
-        })
-        .await
+        let mut req = SpawnRequest::new(directive, inputs, Origin::Person);
+        req.overrides = overrides;
+        req.route = route;
+        self.spawn_root(req).await
     }
 
     /// Runs a root thread to its end.
@@ -345,15 +350,29 @@ impl Runtime {
 
     /// Cancels a running thread of this runtime (and its subtree). False when no such thread
     /// runs in this process.
+    /// A root's cancel stops the whole tree, with the work it caused: deferred children
+    /// running without a parent actor (scheduled, hook-spawned) are cancelled too, its pending
+    /// effects are cancelled (their budgets given back), and nothing it caused starts later.
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
         let Some(actor) = handle::current_actor(&self.ctx, id) else {
             return false;
         };
-        actor
+        let sent = actor
             .cast(ThreadMsg::Cancel {
                 reason: reason.into(),
             })
-            .is_ok()
+            .is_ok();
+        let ctx = self.ctx.clone();
+        let (id, reason) = (id.clone(), reason.to_string());
+        let task = tokio::spawn(async move { cancel::caused_work(&ctx, &id, &reason).await });
+        self.ctx.track(task);
+        sent
+    }
+
+    /// Stops the work the tree of root `root` caused (its deferred children, its pending
+    /// effects), after the root itself has ended (`weft run`'s Ctrl-C while it drains).
+    pub async fn cancel_caused(&self, root: &ThreadId, reason: &str) {
+        cancel::caused_work(&self.ctx, root, reason).await;
     }
 
     /// Whether this runtime runs `id` (or the continuation that took over from it).

@@ -88,7 +88,8 @@ async fn close_orphan_accounts(ctx: &Arc<Ctx>, dead: &impl Fn(u32) -> bool) {
     let open =
         ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
     for (id, owner) in open {
-        if !dead(owner) {
+        // Owner 0: a deferred child's budget, held for its effect in store.db (see effects.rs).
+        if owner == 0 || !dead(owner) {
             continue;
         }
         tracing::warn!(thread = %id, "closing the ledger account of a thread whose process (pid {owner}) died before registering it");

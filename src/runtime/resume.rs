@@ -3,10 +3,9 @@
 use super::{Runtime, ThreadHandle};
 use crate::core::ids::{now_ts, ThreadId};
 use crate::core::limits::LimitSet;
-use crate::core::money::Nanos;
 use crate::record::thread_doc::ThreadDoc;
 use crate::registry::RegistryMsg;
-use crate::thread::{Continuation, SpawnError, SpawnRequest};
+use crate::thread::{Continuation, Origin, SpawnError, SpawnRequest};
 use serde_json::Map;
 
 impl Runtime {
@@ -45,24 +44,15 @@ impl Runtime {
         })
         .map_err(|e| SpawnError::Storage(e.to_string()))??;
         let spawn_count = row.map_or(0, |r| r.spawn_count);
-        let req = SpawnRequest {
-            directive: of.directive.clone(),
-            inputs: Map::new(),
-            overrides,
-            reserve: Nanos::ZERO,
-            parent: None,
-            attach: Vec::new(),
-            route: None,
-            parent_span: None,
-            cap: None,
-            seed: None,
-            continuation: Some(Continuation {
-                of: of.clone(),
-                messages,
-                calls_made,
-                spawn_count,
-            }),
+        let continuation = Continuation {
+            of: of.clone(),
+            messages,
+            calls_made,
+            spawn_count,
         };
+        let origin = Origin::Continue(Box::new(continuation), None);
+        let mut req = SpawnRequest::new(of.directive.clone(), Map::new(), origin);
+        req.overrides = overrides;
         let handle = self.spawn_root(req).await?;
         let mut old = of;
         old.continued_by = Some(handle.id().clone());

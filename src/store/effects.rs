@@ -14,7 +14,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EffectKind {
-    /// Start a root thread of a directive.
+    /// Start a directive's thread (a deferred child of the scheduling thread).
     Directive,
     /// Run a command tool.
     Tool,
@@ -41,8 +41,10 @@ pub struct Effect {
     pub result: Option<String>,
     /// The process that claimed it.
     pub claimed_by: Option<u32>,
-    /// The scheduling thread's resolved limits (a directive effect runs under them as a cap).
-    pub limits: Value,
+    /// The thread a directive effect runs as: a deferred child of the scheduling thread, whose
+    /// ledger account holds the budget set aside for it (None for a tool, and for a directive
+    /// scheduled before budgets were set aside: such an effect is not run).
+    pub child: Option<String>,
 }
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, thread TEXT NOT NULL,
@@ -72,7 +74,8 @@ fn effect_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Effect> {
         status: r.get(6)?,
         result: r.get(7)?,
         claimed_by: r.get(8)?,
-        limits: text(9)?,
+        // The `limits` column holds `{"child": id}` (it once held the scheduler's limits).
+        child: text(9)?["child"].as_str().map(str::to_string),
     })
 }
 
@@ -98,8 +101,9 @@ impl FileStore {
         target: &str,
         inputs: &Value,
         due_at: &str,
-        limits: &Value,
+        child: Option<&ThreadId>,
     ) -> Result<Effect, StoreError> {
+        let limits = serde_json::json!({ "child": child });
         let pending = self
             .scheduled(Some(thread))?
             .iter()
@@ -188,6 +192,26 @@ impl FileStore {
             status: "cancelled".into(),
             ..e
         })
+    }
+
+    /// Cancels every pending effect scheduled by one of `threads` (a tree told to stop);
+    /// returns them.
+    pub(crate) fn cancel_effects_of(
+        &self,
+        threads: &[ThreadId],
+    ) -> Result<Vec<Effect>, StoreError> {
+        let mine: Vec<Effect> = self
+            .scheduled(None)?
+            .into_iter()
+            .filter(|e| e.status == "pending" && threads.iter().any(|t| t.as_str() == e.thread))
+            .collect();
+        let mut out = Vec::new();
+        for e in mine {
+            if let Ok(e) = self.cancel_effect(&e.id, None) {
+                out.push(e);
+            }
+        }
+        Ok(out)
     }
 
     /// Claims the effects due by now for process `pid` (each for exactly one process).

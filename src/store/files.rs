@@ -256,6 +256,7 @@ impl ThreadStore for FileStore {
                 .clone()
                 .map(|thread| crate::record::thread_doc::ForkedFrom { thread, seq: -1 }),
             imported: t.imported.clone(),
+            caused_by: Vec::new(),
         };
         doc.write_signed(&self.doc_path(&id), &self.signer, true)
             .map_err(storage)?;

@@ -5,7 +5,7 @@
 use super::msg::ThreadMsg;
 use super::parts::Waiter;
 use super::report::ThreadReport;
-use super::spawn::{ParentLink, SpawnRequest};
+use super::spawn::{Origin, ParentLink, SpawnRequest};
 use super::state::{Phase, Thread};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
@@ -26,7 +26,7 @@ impl Thread {
         }
         self.kids.spawning.insert(call_id.clone());
         req.parent_span = self.work.spans.get(&call_id).cloned();
-        req.parent = Some(ParentLink {
+        req.origin = Origin::Child(ParentLink {
             id: self.doc.id.clone(),
             actor: self.me.clone(),
         });

@@ -252,6 +252,8 @@ pub(crate) struct Ctx {
     /// subtree without its actors waits for them (a kill must find the actor, and nothing may
     /// write a thread's files after the thread was finalized).
     pub in_spawn: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
+    /// Roots of trees told to stop (`Runtime::cancel`): work they caused does not start.
+    pub stopped: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
     /// The MCP tool servers (`mcp_servers:`), started on first use.
@@ -275,6 +277,11 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Whether the tree of `root` was told to stop.
+    pub(crate) fn stopped(&self, root: &ThreadId) -> bool {
+        self.stopped.lock().is_ok_and(|s| s.contains(root))
+    }
+
     /// A thread's thread.json, verified against the trust store. The verified document is kept
     /// while the file is unchanged (same mtime and length), so a parent spawning many children is
     /// verified once per transition, not once per child; any change is read and verified again.

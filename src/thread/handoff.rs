@@ -6,7 +6,7 @@
 //! remaining budget on the same ledger account chain. A child's continuation takes its place
 //! under the same parent (the parent re-keys the child); a root's hands its waiter over.
 
-use super::spawn::{Continuation, ParentLink, SpawnRequest};
+use super::spawn::{Continuation, Origin, ParentLink, SpawnRequest};
 use super::state::Thread;
 use crate::core::ids::ThreadId;
 use crate::provider::{Block, Message, Role};
@@ -91,17 +91,18 @@ impl Thread {
             Ok(Ok(Some(r))) => r.spawn_count,
             _ => 0,
         };
-        let mut req = SpawnRequest::new(self.doc.directive.clone(), Default::default());
-        req.parent = self.parent.as_ref().map(|(id, actor)| ParentLink {
+        let parent = self.parent.as_ref().map(|(id, actor)| ParentLink {
             id: id.clone(),
             actor: actor.clone(),
         });
-        req.continuation = Some(Continuation {
+        let continuation = Continuation {
             of: self.doc.clone(),
             messages,
             calls_made: self.calls.made,
             spawn_count,
-        });
+        };
+        let origin = Origin::Continue(Box::new(continuation), parent);
+        let mut req = SpawnRequest::new(self.doc.directive.clone(), Default::default(), origin);
         req.route = self.route.clone();
         let on_finish = self.hand_over_waiter();
         // The continuation itself tells the parent (`ChildContinued`, as it starts), so the

@@ -4,11 +4,12 @@
 //! usage record, lifting a limit once on `control: continue`. A failing hook is a `hook_failed`
 //! transcript event and never changes the thread.
 
-use super::spawn::SpawnRequest;
+use super::spawn::{Deferred, Origin, SpawnRequest};
 use super::state::Thread;
 use crate::hooks::{Action, Control, Hook, HookEvent, Inject};
 use crate::provider::Block;
 use crate::record::line::Line;
+use crate::thread::spawn::{defer, give_back};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -25,7 +26,9 @@ impl Thread {
     /// Fires `event` with context `ctx`.
     pub(crate) fn fire(&mut self, event: HookEvent, mut ctx: Value) -> Fired {
         let hooks = self.hooks.list.clone();
-        let firing = crate::hooks::firing(&hooks, event, &ctx);
+        let mut firing = crate::hooks::firing(&hooks, event, &ctx);
+        // A thread a hook's spawn led to never fires that hook again (no causal loops).
+        firing.retain(|h| !self.doc.caused_by.contains(&h.id));
         let mut fired = Fired::default();
         if firing.is_empty() {
             return fired;
@@ -183,27 +186,30 @@ impl Thread {
         self.ctx.track(task);
     }
 
-    /// A hook's `spawn`: a child of the hooked thread (reported back like any child); on
-    /// `after_complete`, when the thread is ending, a new root with its directive's own limits —
-    /// its budget is its own, not drawn from the ended thread — tracked so the process waits
-    /// for it.
+    /// A hook's `spawn`: a child of the hooked thread (reported back like any child, paid from
+    /// its account); on `after_complete`, when the thread is ending, a deferred child of its
+    /// tree's root — its budget set aside from what the tree has left, refused if it does not
+    /// fit — tracked so the process waits for it. Either way it and everything below it never
+    /// fire hook `id` again (no causal loops).
     fn hook_spawn(&mut self, id: &str, directive: &str, inputs: Map<String, Value>, as_root: bool) {
-        let mut req = SpawnRequest::new(directive, inputs);
+        let origin = match as_root {
+            false => Origin::Person, // made a child of this thread by `start_child`
+            true => Origin::Deferred(Deferred {
+                parent: self.doc.root_id.clone(),
+                id: None,
+            }),
+        };
+        let mut req = SpawnRequest::new(directive, inputs, origin);
         req.route = self.route.clone();
+        req.hook = Some(id.to_string());
         if !as_root {
             return self.start_child(format!("hook:{id}"), req, false);
         }
         let ctx = self.ctx.clone();
         let (thread, hook) = (self.doc.id.clone(), id.to_string());
         let task = tokio::spawn(async move {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            match super::spawn::spawn(&ctx, req, Some(tx)).await {
-                Ok(_) => {
-                    let _ = rx.await;
-                }
-                Err(e) => {
-                    tracing::warn!(thread = %thread, hook = %hook, "after_complete spawn refused: {e}")
-                }
+            if let Err(e) = spawn_deferred(&ctx, req).await {
+                tracing::warn!(thread = %thread, hook = %hook, "after_complete spawn refused: {e}")
             }
         });
         self.ctx.track(task);
@@ -233,6 +239,25 @@ impl Thread {
             .map_or(Ok(()), |f| f.write_all(line.as_bytes()))
             .map_err(|e| format!("{}: {e}", path.display()))
     }
+}
+
+/// Sets aside a deferred child's budget and starts it at once, waiting for its end; the budget
+/// goes back when it cannot start.
+async fn spawn_deferred(
+    ctx: &Arc<crate::thread::Ctx>,
+    mut req: SpawnRequest,
+) -> Result<(), super::SpawnError> {
+    let (child, _) = defer(ctx, &req).await?;
+    if let Origin::Deferred(d) = &mut req.origin {
+        d.id = Some(child.clone());
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if let Err(e) = super::spawn::spawn(ctx, req, Some(tx)).await {
+        give_back(ctx, child).await;
+        return Err(e);
+    }
+    let _ = rx.await;
+    Ok(())
 }
 
 /// A hook's `spawn` inputs, their text interpolated with the event's context.

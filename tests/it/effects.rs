@@ -1,6 +1,7 @@
 //! Scheduled effects (issue 13): a thread schedules a directive and a tool and ends; the `weft
 //! run` process exits before they are due; a later process (a restart) runs each exactly once
-//! — the directive as a new root capped by the scheduler's limits, the tool in the scheduler's
+//! — the directive as a deferred child of the scheduler (its budget set aside from the tree when
+//! it was scheduled, #22), the tool in the scheduler's
 //! file area. Cancel, capabilities, and an effect orphaned by a dead process.
 
 use crate::support::{directive, weft_cmd, Fixture};
@@ -9,8 +10,9 @@ use std::time::{Duration, Instant};
 
 const SCRIPT: &str = r#"planner:
   - tool_calls:
-      - { name: schedule, input: { directive: reminder, inputs: { note: "water the plants" }, delay: "1s" } }
+      - { name: schedule, input: { directive: reminder, inputs: { note: "water the plants" }, limits: { spend: 0.005 }, delay: "1s" } }
       - { name: schedule, input: { tool: stamp, inputs: { word: later }, delay: 1 } }
+      - { name: schedule, input: { directive: reminder, limits: { spend: 0.004 }, delay: "1h" } }
       - { name: schedule, input: { directive: reminder, delay: "1h" } }
   - tool_calls: [ { name: scheduled_list, input: {} } ]
   - text: planned
@@ -92,7 +94,7 @@ async fn effects_survive_the_process_that_scheduled_them_and_run_once() {
         "{listed}"
     );
     let before = effects(&fx);
-    assert_eq!(before.len(), 3);
+    assert_eq!(before.len(), 3, "{before:?}");
     assert!(
         before.iter().all(|e| e["status"] == "pending"),
         "the run ended before any was due: {before:?}"
@@ -142,11 +144,25 @@ async fn effects_survive_the_process_that_scheduled_them_and_run_once() {
         .find(|r| r.id == started)
         .expect("the effect's thread");
     assert_eq!(row.status, "completed");
-    assert!(row.parent_id.is_none(), "a root of its own");
+    assert_eq!(
+        (row.parent_id.as_deref(), row.root_id.as_str()),
+        (Some(planner.as_str()), planner.as_str()),
+        "a deferred child of the scheduler, in its tree"
+    );
     let doc = fx.doc(&started);
     assert_eq!(
-        doc.limits.spend.0, 20_000_000,
-        "capped by the scheduler's $0.02, not the directive's $5"
+        doc.limits.spend.0, 5_000_000,
+        "the budget set aside for it: the schedule call's $0.005, not the directive's $5"
+    );
+    let refused = fx
+        .events(&planner)
+        .into_iter()
+        .filter(|l| l["type"] == "tool_result" && l["is_error"] == true)
+        .map(|l| l["content"].to_string())
+        .collect::<Vec<_>>();
+    assert!(
+        refused.len() == 1 && refused[0].contains("set aside whole"),
+        "the fourth, its whole $0.02 not left in the tree, was refused: {refused:?}"
     );
     let first = fx
         .events(&started)
@@ -218,7 +234,7 @@ async fn what_a_thread_may_schedule_is_checked_and_orphans_are_failed() {
             "stamp",
             &json!({}),
             "2000-01-01T00:00:00.000Z",
-            &json!(null),
+            None,
         )
         .unwrap();
     let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();

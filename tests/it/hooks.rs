@@ -230,7 +230,11 @@ fn rye_hooks(name: &str) -> String {
 /// thread started) after threads of three turns or more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rye_hook_files_load_and_behave_as_documented() {
-    let api = directive("limits: { turns: 5 }", "Build the api.");
+    // The learnings thread is the tree's work, under its authority (#22): the tree may spawn it.
+    let api = directive(
+        "limits: { turns: 5 }\npermissions: [\"thread.spawn.project.*\"]",
+        "Build the api.",
+    );
     let quick = directive("", "Quick.");
     let learn = directive("", "Record what was learned.");
     let script = r#"

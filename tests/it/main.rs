@@ -10,6 +10,8 @@ mod continuation;
 #[cfg(feature = "cli")]
 mod crash;
 mod directives;
+#[cfg(feature = "cli")]
+mod door;
 mod e2e_llm;
 #[cfg(feature = "cli")]
 mod effects;

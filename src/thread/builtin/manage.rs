@@ -14,7 +14,7 @@ use crate::provider::{ToolCall, ToolSpec};
 use crate::registry::RegistryMsg;
 use crate::thread::msg::ThreadMsg;
 use crate::thread::parts::Waiter;
-use crate::thread::spawn::SpawnRequest;
+use crate::thread::spawn::{Origin, SpawnRequest};
 use crate::thread::state::Thread;
 use crate::tools::ToolOutcome;
 use ractor::ActorRef;
@@ -98,7 +98,8 @@ fn child_request(input: &Value) -> Result<(SpawnRequest, bool), String> {
         Some(Value::Object(m)) => m.clone(),
         Some(other) => return Err(format!("`inputs` must be an object, got {other}")),
     };
-    let mut req = SpawnRequest::new(directive, inputs);
+    // The caller (`start_child`) makes it a child of the thread.
+    let mut req = SpawnRequest::new(directive, inputs, Origin::Person);
     req.overrides = match input.get("limits") {
         None | Some(Value::Null) => LimitSet::default(),
         Some(Value::Object(m)) => LimitSet::from_map(m).map_err(|e| e.to_string())?,

@@ -14,7 +14,7 @@ mod request;
 mod stages;
 
 pub use error::SpawnError;
-pub(crate) use request::{Continuation, ParentLink, Seed, SpawnRequest};
+pub(crate) use request::{Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest};
 pub(crate) use stages::MIN_OUTPUT_TOKENS;
 
 use crate::core::ids::ThreadId;
@@ -36,11 +36,11 @@ use tokio::sync::oneshot;
 /// half-written.
 pub(crate) async fn spawn(
     ctx: &Arc<Ctx>,
-    mut req: SpawnRequest,
+    req: SpawnRequest,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
-    let plan = Plan::make(ctx, &req)?;
-    let account = Account::open(ctx, &plan, &req).await?;
+    let mut plan = Plan::make(ctx, &req)?;
+    let account = Account::open(ctx, &mut plan, &req).await?;
     let registered = match Registered::admit(ctx, &plan, &req).await {
         Ok(r) => r,
         Err(e) => return Err(unwind(e, None, None, account).await),
@@ -53,10 +53,9 @@ pub(crate) async fn spawn(
         let e = SpawnError::Storage("transcript: not opened".into());
         return Err(unwind(e, Some(files), Some(registered), account).await);
     };
-    let parent = req.parent.take();
     let id = plan.id.clone();
-    let args = arguments(plan, req, transcript, parent.as_ref(), on_finish);
-    let cell = parent.map(|p| p.actor.get_cell());
+    let cell = req.parent_link().map(|p| p.actor.get_cell());
+    let args = arguments(plan, req, transcript, on_finish);
     let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
         Ok(a) => a,
         Err(e) => {
@@ -68,6 +67,34 @@ pub(crate) async fn spawn(
     registered.keep();
     account.keep();
     Ok((id, actor))
+}
+
+/// Sets aside, from the tree of the thread `req` hangs under, the budget of work that starts
+/// later (a scheduled directive, an `after_complete` hook's spawn: `Origin::Deferred` with no id
+/// yet): everything is resolved and checked now as for a child — the capability to spawn it, its
+/// inputs, limits, depth and price — and an account is opened for it under that thread holding
+/// its spend limit, taken from what the tree has left: a scheduled directive's whole (refused if
+/// the tree has not that much: its scheduler goes on, and the call can ask less), a hook's at
+/// most that (refused when not even a first call fits). Returns the id it will run as and the amount set aside; `spawn` with that id later
+/// takes the account over, and closing the account unstarted gives the amount back.
+pub(crate) async fn defer(
+    ctx: &Arc<Ctx>,
+    req: &SpawnRequest,
+) -> Result<(ThreadId, crate::core::money::Nanos), SpawnError> {
+    let plan = Plan::make(ctx, req)?;
+    // A schedule's budget is set aside whole or refused; a hook's takes at most what is left.
+    let amount = stages::set_aside(ctx, &plan, req.hook.is_none()).await?;
+    Ok((plan.id, amount))
+}
+
+/// Closes the account set aside for a deferred child that will not start (its effect was
+/// cancelled or failed, or is gone): its budget goes back to the tree. Closing twice changes
+/// nothing.
+pub(crate) async fn give_back(ctx: &Ctx, id: ThreadId) {
+    let _ = ractor::call!(ctx.ledger, |reply| crate::ledger::LedgerMsg::Close {
+        id,
+        reply
+    });
 }
 
 /// Undoes the stages a failed spawn got through, last first, waiting for each — a process that
@@ -121,8 +148,9 @@ fn first_doc(plan: &Plan, req: &SpawnRequest, head: crate::record::transcript::H
         continued_by: None,
         chain_root: plan.chain_root.clone(),
         transcript_head: head,
-        forked_from: req.seed.as_ref().map(|s| s.from.clone()),
+        forked_from: req.seed().map(|s| s.from.clone()),
         imported: None,
+        caused_by: plan.caused_by.clone(),
     }
 }
 
@@ -131,7 +159,6 @@ fn arguments(
     plan: Plan,
     req: SpawnRequest,
     transcript: crate::record::transcript::TranscriptWriter,
-    parent: Option<&ParentLink>,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
 ) -> ThreadArgs {
     let doc = first_doc(&plan, &req, transcript.head().clone());
@@ -139,21 +166,22 @@ fn arguments(
         req.parent_span.as_ref(),
         &plan.id,
         &plan.directive.name,
-        parent.map(|p| &p.id),
+        plan.parent_id.as_ref(),
         &plan.provider_name,
         &plan.model,
     );
-    let (messages, calls_made) = match (req.continuation, req.seed) {
-        (Some(c), _) => (c.messages, c.calls_made),
-        (None, Some(s)) => (s.messages, s.calls_made),
-        (None, None) => (vec![Message::user(plan.prompt)], 0),
+    let (messages, calls_made, parent) = match req.origin {
+        Origin::Continue(c, p) => (c.messages, c.calls_made, p),
+        Origin::Fork(s) => (s.messages, s.calls_made, None),
+        Origin::Child(p) => (vec![Message::user(plan.prompt)], 0, Some(p)),
+        Origin::Person | Origin::Deferred(_) => (vec![Message::user(plan.prompt)], 0, None),
     };
     ThreadArgs {
         provider: plan.provider,
         directive: Arc::new(plan.directive),
         messages,
         calls_made,
-        parent: parent.map(|p| (p.id.clone(), p.actor.clone())),
+        parent: parent.map(|p| (p.id, p.actor)),
         limits: plan.limits,
         price: plan.price,
         doc,

@@ -4,7 +4,7 @@
 //! the stages that do change something (`stages.rs`) act on.
 
 use super::error::SpawnError;
-use super::request::{Continuation, SpawnRequest};
+use super::request::{Continuation, Origin, SpawnRequest};
 use crate::core::ids::ThreadId;
 use crate::core::limits::{LimitSet, Limits};
 use crate::core::money::{Nanos, Price};
@@ -56,23 +56,25 @@ pub(crate) struct Plan {
     pub chain_root: Option<ThreadId>,
     /// The account a continuation of a child draws under (the chain's first thread's parent).
     pub chain_parent: Option<ThreadId>,
+    /// The hooks whose spawns led to it (it never fires them).
+    pub caused_by: Vec<String>,
 }
 
 impl Plan {
     /// Resolves `req` (SPEC §4 steps 1–3).
     pub(crate) fn make(ctx: &Arc<Ctx>, req: &SpawnRequest) -> Result<Plan, SpawnError> {
-        let parent_doc = match &req.parent {
-            Some(p) => Some(ctx.verified_doc(&p.id).map_err(SpawnError::Untrusted)?),
+        let parent_doc = match req.parent_id() {
+            Some(p) => Some(ctx.verified_doc(p).map_err(SpawnError::Untrusted)?),
             None => None,
         };
         let directive = load(ctx, req, parent_doc.as_ref())?;
-        let (inputs, prompt) = match (&req.continuation, &req.seed) {
-            (None, None) => {
+        let (inputs, prompt) = match &req.origin {
+            Origin::Continue(..) | Origin::Fork(_) => (Map::new(), String::new()),
+            _ => {
                 let inputs = directive.validate_inputs(&req.inputs)?;
                 let prompt = directive.render(&inputs)?;
                 (inputs, prompt)
             }
-            _ => (Map::new(), String::new()),
         };
         let (limits, caps, kept_model) =
             limits_and_caps(ctx, req, &directive, parent_doc.as_ref())?;
@@ -99,16 +101,26 @@ impl Plan {
             )
             .map_err(|e| SpawnError::Config(e.to_string()))?;
         let approval = approval_of(req, &directive, parent_doc.as_ref());
-        let id = ThreadId::generate(&directive.name);
-        let chain = Chain::of(ctx, req.continuation.as_ref())?;
-        let root_id = match (&parent_doc, &req.continuation, chain.in_tree) {
+        let caused_by = caused_by(req, parent_doc.as_ref());
+        let id = match &req.origin {
+            Origin::Deferred(d) => d.id.clone(),
+            _ => None,
+        }
+        .unwrap_or_else(|| ThreadId::generate(&directive.name));
+        let chain = Chain::of(ctx, req.continuation())?;
+        let root_id = match (&parent_doc, req.continuation(), chain.in_tree) {
             (Some(d), _, _) => d.root_id.clone(),
             (None, Some(c), true) => c.of.root_id.clone(),
             _ => id.clone(),
         };
+        if matches!(req.origin, Origin::Deferred(_)) && ctx.stopped(&root_id) {
+            return Err(SpawnError::Denied(format!(
+                "the tree of {root_id} was cancelled: work it caused does not start"
+            )));
+        }
         Ok(Plan {
             created_at: crate::core::ids::now_ts(),
-            parent_id: req.parent.as_ref().map(|p| p.id.clone()),
+            parent_id: req.parent_id().cloned(),
             parent_doc,
             root_id,
             id,
@@ -126,8 +138,24 @@ impl Plan {
             continuation_of: chain.of,
             chain_root: chain.root,
             chain_parent: chain.parent,
+            caused_by,
         })
     }
+}
+
+/// The hooks whose spawns led here: the parent's (or the chain's) and the one starting it.
+fn caused_by(req: &SpawnRequest, parent: Option<&ThreadDoc>) -> Vec<String> {
+    let mut out = match (req.continuation(), parent) {
+        (Some(c), _) => c.of.caused_by.clone(),
+        (None, Some(p)) => p.caused_by.clone(),
+        (None, None) => Vec::new(),
+    };
+    if let Some(h) = &req.hook {
+        if !out.contains(h) {
+            out.push(h.clone());
+        }
+    }
+    out
 }
 
 /// A child's directive comes from a model: a library name only, and the parent must hold the
@@ -154,7 +182,7 @@ fn approval_of(
     directive: &Directive,
     parent: Option<&ThreadDoc>,
 ) -> Vec<String> {
-    let mut out = match (&req.continuation, parent) {
+    let mut out = match (req.continuation(), parent) {
         (Some(c), _) => c.of.approval.clone(),
         (None, Some(p)) => p.approval.clone(),
         (None, None) => Vec::new(),
@@ -174,7 +202,7 @@ fn limits_and_caps(
     directive: &Directive,
     parent: Option<&ThreadDoc>,
 ) -> Result<(Limits, Vec<String>, Option<String>), SpawnError> {
-    if let Some(c) = &req.continuation {
+    if let Some(c) = req.continuation() {
         let limits = continuation_limits(c, &req.overrides);
         if limits.spend <= Nanos::ZERO {
             return Err(SpawnError::Limit(format!(
@@ -185,13 +213,14 @@ fn limits_and_caps(
         return Ok((limits, c.of.capabilities.clone(), Some(c.of.model.clone())));
     }
     // A person's `--limit` on a root may raise the directive's own limits; a child's (a
-    // model's `spawn_thread {limits}`, a hook's) only lower them: min(own, asked, parent's).
+    // model's `spawn_thread {limits}`, a hook's, a deferred child's) only lower them:
+    // min(own, asked, parent's), depth − 1.
     let limits = match parent {
         None => crate::core::limits::resolve(
             &ctx.config.default_limits,
             &directive.limits,
             &req.overrides,
-            req.cap.as_ref(),
+            None,
         ),
         Some(p) => crate::core::limits::lowered(
             crate::core::limits::resolve(

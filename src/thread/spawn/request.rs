@@ -1,8 +1,11 @@
-//! What a caller asks for when it starts a thread: [`SpawnRequest`], and where the new thread
-//! hangs ([`ParentLink`]) or what it starts from ([`Continuation`], [`Seed`]).
+//! What a caller asks for when it starts a thread: [`SpawnRequest`], and where the thread comes
+//! from ([`Origin`]): a person, a running parent ([`ParentLink`]), work a thread caused for
+//! later ([`Deferred`]), an ended thread it continues ([`Continuation`]) or a conversation it
+//! copies ([`Seed`]). The spawn stages derive from the origin, and only from it, which account
+//! the thread draws on, its limit caps, its depth, its capabilities and its approval list.
 
 use crate::core::ids::ThreadId;
-use crate::core::limits::{LimitSet, Limits};
+use crate::core::limits::LimitSet;
 use crate::core::money::Nanos;
 use crate::provider::{Message, Route};
 use crate::record::thread_doc::{ForkedFrom, ThreadDoc};
@@ -19,25 +22,50 @@ pub(crate) struct ParentLink {
     pub actor: ActorRef<ThreadMsg>,
 }
 
+/// Where a thread comes from: the one thing every road into the runtime states, and from
+/// which the spawn stages derive its account, caps, depth, capabilities and approval list.
+pub(crate) enum Origin {
+    /// A person starts a root (`weft run`, the API, the control socket): the directive's own
+    /// limits, which the person's `--limit` may raise; a budget of its own.
+    Person,
+    /// A running thread starts a child (`spawn_thread`, a hook on it): limits only lower,
+    /// capabilities attenuated, approval inherited, depth − 1, drawing on the parent's account.
+    Child(ParentLink),
+    /// Work a thread caused to start later (a scheduled directive, an `after_complete` hook's
+    /// spawn): a child of a thread that may have ended, drawing on the account set aside from
+    /// that thread's tree when the work was caused.
+    Deferred(Deferred),
+    /// An ended thread's continuation (`weft resume`, a handoff): its chain's limits,
+    /// capabilities and approval, drawing on its chain's account; linked to its parent when
+    /// that runs.
+    Continue(Box<Continuation>, Option<ParentLink>),
+    /// A person's fork: a new root with a budget of its own, from a copy of a conversation.
+    Fork(Seed),
+}
+
+/// A deferred child (see [`Origin::Deferred`]).
+pub(crate) struct Deferred {
+    /// The thread it hangs under (the scheduling thread; a hooked thread's root).
+    pub parent: ThreadId,
+    /// Its id, whose account holds what was set aside for it; None while it is being set aside
+    /// (see `spawn::defer`).
+    pub id: Option<ThreadId>,
+}
+
 /// Everything needed to start one thread.
 pub(crate) struct SpawnRequest {
-    /// Directive name or path.
+    /// Directive name (or, for a person's root, a path).
     pub directive: String,
     /// Inputs as given.
     pub inputs: Map<String, Value>,
-    /// Caller's limit overrides.
+    /// Limit overrides: a person's (may raise a root's own), or a model's (only lower).
     pub overrides: LimitSet,
     /// Guarantee asked of the parent.
     pub reserve: Nanos,
-    /// None for a root.
-    pub parent: Option<ParentLink>,
-    /// Set when the thread continues an ended one (`weft resume`).
-    pub continuation: Option<Continuation>,
-    /// Set when the thread starts from a copy of another's conversation (`weft fork`).
-    pub seed: Option<Seed>,
-    /// Limits a root is capped by as if they were its parent's (a scheduled effect runs under
-    /// its scheduling thread's).
-    pub cap: Option<Limits>,
+    /// Where the thread comes from.
+    pub origin: Origin,
+    /// The hook whose `spawn` starts it: it and everything below it never fire that hook again.
+    pub hook: Option<String>,
     /// Paths in the parent's file area copied into the child's at the same paths.
     pub attach: Vec<String>,
     /// The tree's provider and model, over the runtime's (children inherit it).
@@ -47,20 +75,54 @@ pub(crate) struct SpawnRequest {
 }
 
 impl SpawnRequest {
-    /// A request to start `directive` with `inputs` and nothing else set.
-    pub(crate) fn new(directive: impl Into<String>, inputs: Map<String, Value>) -> SpawnRequest {
+    /// A request to start `directive` with `inputs` from `origin`, nothing else set.
+    pub(crate) fn new(
+        directive: impl Into<String>,
+        inputs: Map<String, Value>,
+        origin: Origin,
+    ) -> SpawnRequest {
         SpawnRequest {
             directive: directive.into(),
             inputs,
             overrides: LimitSet::default(),
             reserve: Nanos::ZERO,
-            parent: None,
-            continuation: None,
-            seed: None,
-            cap: None,
+            origin,
+            hook: None,
             attach: Vec::new(),
             route: None,
             parent_span: None,
+        }
+    }
+
+    /// The running parent, if any.
+    pub(crate) fn parent_link(&self) -> Option<&ParentLink> {
+        match &self.origin {
+            Origin::Child(p) | Origin::Continue(_, Some(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The parent the thread hangs under (running or not).
+    pub(crate) fn parent_id(&self) -> Option<&ThreadId> {
+        match &self.origin {
+            Origin::Deferred(d) => Some(&d.parent),
+            _ => self.parent_link().map(|p| &p.id),
+        }
+    }
+
+    /// The thread it continues.
+    pub(crate) fn continuation(&self) -> Option<&Continuation> {
+        match &self.origin {
+            Origin::Continue(c, _) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The conversation it copies.
+    pub(crate) fn seed(&self) -> Option<&Seed> {
+        match &self.origin {
+            Origin::Fork(s) => Some(s),
+            _ => None,
         }
     }
 }

@@ -12,9 +12,9 @@
 
 use super::error::SpawnError;
 use super::plan::Plan;
-use super::request::SpawnRequest;
+use super::request::{Origin, SpawnRequest};
 use crate::core::ids::{now_ts, ThreadId};
-use crate::core::money::Usage;
+use crate::core::money::{Nanos, Usage};
 use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
 use crate::record::line::Line;
@@ -35,10 +35,11 @@ pub(crate) struct Account {
 
 impl Account {
     /// Opens the account of `plan` under its parent's (or its chain's), with the guarantee
-    /// `req.reserve` and room for at least the smallest first call.
+    /// `req.reserve` and room for at least the smallest first call; a deferred child takes over
+    /// the account set aside for it, and its spend limit is what that holds.
     pub(crate) async fn open(
         ctx: &Arc<Ctx>,
-        plan: &Plan,
+        plan: &mut Plan,
         req: &SpawnRequest,
     ) -> Result<Account, SpawnError> {
         if let Some(p) = &plan.chain_parent {
@@ -50,21 +51,10 @@ impl Account {
             ctx: ctx.clone(),
             id: Some(plan.id.clone()),
         };
-        let min_first_call = plan.price.cost(&Usage {
-            input_tokens: (plan.prompt.len() as u64).div_ceil(3),
-            output_tokens: MIN_OUTPUT_TOKENS,
-            cache_read_tokens: 0,
-        });
-        let opened = ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
-            id: plan.id.clone(),
-            parent: plan.parent_id.clone().or_else(|| plan.chain_parent.clone()),
-            max: plan.limits.spend,
-            guarantee: req.reserve,
-            min_first_call,
-            reply
-        })
-        .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))
-        .and_then(|r| r.map_err(SpawnError::from));
+        let opened = match &req.origin {
+            Origin::Deferred(_) => adopt(ctx, plan).await,
+            _ => open_new(ctx, plan, req.reserve).await,
+        };
         if let Err(e) = opened {
             guard.undo().await;
             return Err(e);
@@ -96,6 +86,67 @@ impl Drop for Account {
             });
         }
     }
+}
+
+/// Output tokens a minimal first call of `plan` costs.
+pub(crate) fn min_first_call(plan: &Plan) -> Nanos {
+    plan.price.cost(&Usage {
+        input_tokens: (plan.prompt.len() as u64).div_ceil(3),
+        output_tokens: MIN_OUTPUT_TOKENS,
+        cache_read_tokens: 0,
+    })
+}
+
+/// A new account for `plan`, under its parent's or its chain's.
+async fn open_new(ctx: &Ctx, plan: &Plan, guarantee: Nanos) -> Result<(), SpawnError> {
+    ractor::call!(ctx.ledger, |reply| LedgerMsg::Open {
+        id: plan.id.clone(),
+        parent: plan.parent_id.clone().or_else(|| plan.chain_parent.clone()),
+        max: plan.limits.spend,
+        guarantee,
+        min_first_call: min_first_call(plan),
+        reply
+    })
+    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
+    .map_err(SpawnError::from)
+}
+
+/// A deferred child takes over the account set aside for it; its spend limit is what it holds.
+async fn adopt(ctx: &Ctx, plan: &mut Plan) -> Result<(), SpawnError> {
+    let Some(parent) = plan.parent_id.clone() else {
+        return Err(SpawnError::Storage(
+            "a deferred child without a parent".into(),
+        ));
+    };
+    let held = ractor::call!(ctx.ledger, |reply| LedgerMsg::Adopt {
+        id: plan.id.clone(),
+        parent,
+        reply
+    })
+    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
+    .map_err(SpawnError::from)?;
+    plan.limits.spend = plan.limits.spend.min(held);
+    Ok(())
+}
+
+/// Sets aside, out of `plan`'s parent's tree, the budget of work started later (see
+/// `spawn::defer`): its spend limit `whole` or refused, else at most that; refused when not
+/// even a first call fits. Returns the amount.
+pub(crate) async fn set_aside(ctx: &Ctx, plan: &Plan, whole: bool) -> Result<Nanos, SpawnError> {
+    let Some(parent) = plan.parent_id.clone() else {
+        return Err(SpawnError::Storage("deferred work without a parent".into()));
+    };
+    reopen(ctx, &parent).await?;
+    ractor::call!(ctx.ledger, |reply| LedgerMsg::Defer {
+        id: plan.id.clone(),
+        parent,
+        want: plan.limits.spend,
+        whole,
+        min_first_call: min_first_call(plan),
+        reply
+    })
+    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
+    .map_err(SpawnError::from)
 }
 
 /// The closed accounts of a continuation's ancestors, opened again from ledger.db so every
@@ -138,7 +189,7 @@ impl Registered {
         let admit = plan
             .parent_doc
             .as_ref()
-            .filter(|_| req.continuation.is_none())
+            .filter(|_| req.continuation().is_none())
             .zip(plan.parent_id.as_ref())
             .map(|(d, pid)| Admission {
                 parent: pid.clone(),
@@ -221,7 +272,7 @@ fn first_row(plan: &Plan, req: &SpawnRequest) -> ThreadRow {
         updated_at: plan.created_at.clone(),
         model: plan.model.clone(),
         owner_pid: std::process::id(),
-        forked_from: req.seed.as_ref().map(|s| s.from.thread.clone()),
+        forked_from: req.seed().map(|s| s.from.thread.clone()),
         continuation_of: plan.continuation_of.clone(),
         chain_root: plan.chain_root.clone(),
         ..ThreadRow::new(plan.id.clone(), plan.root_id.clone(), Status::Created)

@@ -1,0 +1,58 @@
+//! What a root's cancel reaches beyond its actors' cascade: the work its tree caused. Deferred
+//! children (a scheduled directive, an `after_complete` hook's spawn) are not their parent
+//! actor's children, so the cascade cannot find them; pending effects wait in store.db with budgets set aside.
+//! After this, nothing the tree caused runs or starts (`Ctx::stopped`), and every budget set
+//! aside for work that will not start is back in the tree's account.
+
+use super::handle::current_actor;
+use crate::core::ids::ThreadId;
+use crate::registry::RegistryMsg;
+use crate::thread::{give_back, Ctx, ThreadMsg};
+use std::sync::Arc;
+
+/// Stops the work the tree of `id` caused, when `id` is its tree's root.
+pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
+    let Ok(Ok(Some(row))) = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+        id: id.clone(),
+        reply
+    }) else {
+        return;
+    };
+    if row.root_id != *id {
+        return; // a subtree's cancel: its actors' cascade reaches all of it
+    }
+    if let Ok(mut s) = ctx.stopped.lock() {
+        s.insert(id.clone());
+    }
+    let Ok(Ok(rows)) = ractor::call!(ctx.registry, |reply| RegistryMsg::Tree {
+        root: id.clone(),
+        reply
+    }) else {
+        return;
+    };
+    let ids: Vec<ThreadId> = rows.iter().map(|r| r.id.clone()).collect();
+    let store = ctx.store.clone();
+    let cancelled = tokio::task::spawn_blocking(move || store.cancel_effects_of(&ids))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    for e in cancelled {
+        if let Some(child) = e.child.as_deref().and_then(|c| ThreadId::parse(c).ok()) {
+            give_back(ctx, child).await;
+        }
+    }
+    // Every live thread of the tree, not only those without a parent actor: a deferred child
+    // is not in its parent's children even while that parent runs. A thread its parent's
+    // cascade reached already takes the second cancel as the same one.
+    for r in rows
+        .iter()
+        .filter(|r| !r.status.is_terminal() && r.id != *id)
+    {
+        if let Some(actor) = current_actor(ctx, &r.id) {
+            let _ = actor.cast(ThreadMsg::Cancel {
+                reason: format!("its tree was cancelled: {reason}"),
+            });
+        }
+    }
+}

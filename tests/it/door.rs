@@ -1,0 +1,325 @@
+//! One door (#22 findings 1 and 2): work a tree causes for later — a scheduled directive, an
+//! `after_complete` hook's spawn — is a deferred child of that tree, paid from it: the total
+//! spend of every thread the tree caused stays within its root's cap, `weft run` exits once the
+//! tree and what it caused have ended, no row is left `running`, and a hook never causes
+//! itself again. Driven through the real binary, as a user would.
+
+use crate::support::{directive, weft_cmd, Fixture};
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits for `child` at most `secs`; kills it and fails the test naming `what` after that.
+fn exits_within(mut child: Child, secs: u64, what: &str) -> std::process::Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: `weft run` had not exited after {secs} s\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn run(fx: &Fixture, directive: &str) -> Child {
+    weft_cmd(fx.root())
+        .args(["run", directive, "--json", "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Every thread's own spend, summed over the registry (not the root's own row).
+fn tree_spend(fx: &Fixture) -> i64 {
+    fx.rows().iter().map(|r| r.own_spend_nanos).sum()
+}
+
+fn unfinished(fx: &Fixture) -> Vec<String> {
+    fx.rows()
+        .into_iter()
+        .filter(|r| r.status == "running" || r.status == "created")
+        .map(|r| format!("{} {}", r.id, r.status))
+        .collect()
+}
+
+/// Finding 1: a directive capped at $0.002 that schedules itself twice with `delay: 0` was a
+/// fork bomb (7,456 threads, $14.51, `weft run` never exited). Each scheduled thread is now a
+/// deferred child whose budget is set aside from what the tree has left, depth − 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directive_that_schedules_itself_stays_within_its_roots_cap() {
+    let s = directive(
+        "limits: { spend: 0.002 }\npermissions: [ schedule, \"thread.spawn.s\" ]",
+        "Again.",
+    );
+    let script = r#"s:
+  - tool_calls:
+      - { name: schedule, input: { directive: s, limits: { spend: 0.0006 }, delay: 0 } }
+      - { name: schedule, input: { directive: s, limits: { spend: 0.0006 }, delay: 0 } }
+    usage: { input_tokens: 150, output_tokens: 0 }
+  - text: scheduled
+    usage: { input_tokens: 150, output_tokens: 0 }
+"#;
+    let fx = Fixture::new(&[("s", &s)], script, "");
+    let out = exits_within(run(&fx, "s"), 60, "a self-scheduling directive");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!("no report: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let root = report["thread_id"].as_str().unwrap().to_string();
+    assert!(
+        tree_spend(&fx) <= 2_000_000,
+        "the tree spent {} nanos of its 2,000,000 cap",
+        tree_spend(&fx)
+    );
+    // What the run handed to the store runs in the next process, still within the cap.
+    let rt = fx.runtime().await;
+    crate::support::wait_until("the pending effects to run", || {
+        let o = weft_cmd(fx.root())
+            .args(["schedule", "--json"])
+            .output()
+            .unwrap();
+        let all: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        all.iter()
+            .all(|e| e["status"] != "pending" && e["status"] != "running")
+    })
+    .await;
+    rt.drain_hooks().await;
+    let rows = fx.rows();
+    assert!(rows.len() > 1, "the scheduled threads ran: {}", rows.len());
+    assert!(
+        rows.iter().all(|r| r.root_id == root),
+        "every scheduled thread belongs to the scheduler's tree"
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.id != root)
+            .all(|r| r.parent_id.is_some()),
+        "each hangs under the thread that scheduled it"
+    );
+    assert!(
+        tree_spend(&fx) <= 2_000_000,
+        "the tree spent {} nanos of its 2,000,000 cap over {} threads",
+        tree_spend(&fx),
+        rows.len()
+    );
+    assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    rt.shutdown();
+}
+
+fn hooked_fixture(hook_script: &str) -> Fixture {
+    let root = directive(
+        "limits: { spend: 0.005 }\npermissions: [\"thread.spawn.**\"]",
+        "Root.",
+    );
+    let kid = directive("permissions: [\"thread.spawn.**\"]", "Kid.");
+    let h = directive("limits: { spend: 0.001 }", "Hooked.");
+    let script = format!(
+        r#"root:
+  - tool_calls: [ {{ name: spawn_thread, input: {{ directive: kid }} }} ]
+    usage: {{ input_tokens: 100, output_tokens: 0 }}
+  - text: root done
+    usage: {{ input_tokens: 100, output_tokens: 0 }}
+kid:
+  - text: kid done
+    usage: {{ input_tokens: 100, output_tokens: 0 }}
+h:
+{hook_script}"#
+    );
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid), ("h", &h)], &script, "");
+    std::fs::write(
+        fx.root().join(".weft/hooks.yaml"),
+        "hooks:\n  - { id: again, event: after_complete, action: { spawn: { directive: h } } }\n",
+    )
+    .unwrap();
+    fx
+}
+
+/// Finding 2: a project `after_complete` hook spawning `h` started a root with its own budget
+/// on every completion — including h's own, so it recursed without end. Now each spawn is
+/// a deferred child of the hooked thread's root, paid from the tree, and a thread a hook led to
+/// never fires that hook again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_after_complete_hooks_spawn_is_paid_by_its_tree_and_never_causes_itself() {
+    let fx =
+        hooked_fixture("  - text: hooked\n    usage: { input_tokens: 300, output_tokens: 0 }\n");
+    let out = exits_within(run(&fx, "root"), 60, "a self-causing hook");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!("no report: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let root = report["thread_id"].as_str().unwrap().to_string();
+    let rows = fx.rows();
+    let hs: Vec<_> = rows.iter().filter(|r| r.directive == "h").collect();
+    assert!(
+        !hs.is_empty() && hs.len() <= 2,
+        "one hook spawn per completion of root and kid, none of h's own: {} h threads",
+        hs.len()
+    );
+    assert!(
+        hs.iter()
+            .all(|r| r.root_id == root && r.parent_id.as_deref() == Some(root.as_str())),
+        "a deferred child of the hooked thread's root"
+    );
+    assert!(
+        tree_spend(&fx) <= 5_000_000,
+        "the tree spent {} nanos of its 5,000,000 cap",
+        tree_spend(&fx)
+    );
+    assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+    assert!(
+        hs.iter().all(|r| r.status == "completed"),
+        "each ran to its end on what was set aside"
+    );
+    for h in hs {
+        let doc = fx.doc(h.id.as_str());
+        assert!(
+            doc.limits.spend.0 <= 1_000_000,
+            "h runs on the budget set aside for it: {}",
+            doc.limits.spend.0
+        );
+    }
+}
+
+/// Finding 2, Ctrl-C: the hook's thread belongs to the tree, so Ctrl-C of `weft run` while it
+/// runs (the root has already completed) cancels it and the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_reaches_a_hooks_spawn_after_the_root_completed() {
+    let fx = hooked_fixture("  - text: slow\n    delay: 60s\n");
+    let child = run(&fx, "root");
+    let pid = child.id().to_string();
+    crate::support::wait_until("the root to complete and the hook's threads to run", || {
+        let rows = match fx.root().join(".weft/state/registry.db").exists() {
+            true => fx.rows(),
+            false => return false,
+        };
+        let live = |d: &str| {
+            rows.iter()
+                .any(|r| r.directive == d && r.status == "running")
+        };
+        let done = rows
+            .iter()
+            .any(|r| r.directive == "root" && r.status == "completed");
+        done && live("h") && !live("root")
+    })
+    .await;
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let out = exits_within(child, 15, "Ctrl-C during the hook's thread");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the root completed before the Ctrl-C"
+    );
+    let hs: Vec<_> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "h")
+        .map(|r| r.status)
+        .collect();
+    assert!(
+        hs.iter().all(|s| s == "cancelled"),
+        "the hook's threads were cancelled with the tree: {hs:?}"
+    );
+    assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+}
+
+/// One step of a random thread's script.
+#[derive(Debug, Clone)]
+enum Step {
+    Spawn,
+    Schedule(u64),
+    Talk,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(Step::Spawn),
+        (100u64..900).prop_map(Step::Schedule),
+        Just(Step::Talk),
+    ]
+}
+
+/// A directive's script: each step a turn billing `tokens` input tokens, then a last answer.
+fn script_of(name: &str, steps: &[Step], tokens: u64) -> String {
+    let mut s = format!("{name}:\n");
+    for st in steps {
+        let call = match st {
+            Step::Spawn => "[ { name: spawn_thread, input: { directive: x } } ]".to_string(),
+            Step::Schedule(micro) => format!(
+                "[ {{ name: schedule, input: {{ directive: x, delay: 0, limits: {{ spend: 0.000{micro:03} }} }} }} ]"
+            ),
+            Step::Talk => "[ { name: scheduled_list, input: {} } ]".to_string(),
+        };
+        s += &format!(
+            "  - tool_calls: {call}\n    usage: {{ input_tokens: {tokens}, output_tokens: 5 }}\n"
+        );
+    }
+    s + &format!("  - text: done\n    usage: {{ input_tokens: {tokens}, output_tokens: 5 }}\n")
+}
+
+/// Every effect has run or ended (none pending or running).
+fn effects_settled(fx: &Fixture) -> bool {
+    let store = weft::FileStore::open(&fx.project()).unwrap();
+    store
+        .scheduled(None)
+        .unwrap()
+        .iter()
+        .all(|e| e.status != "pending" && e.status != "running")
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(8))]
+
+    /// Random trees whose threads spawn, schedule, hook-spawn and are resumed and continued
+    /// never spend more, summed over every thread the tree caused, than the root's cap; nothing
+    /// is left running or reserved.
+    #[test]
+    fn random_trees_that_schedule_hook_spawn_and_resume_stay_within_the_roots_cap(
+        cap_milli in 1u64..6,
+        root_steps in proptest::collection::vec(step(), 1..4),
+        x_steps in proptest::collection::vec(step(), 0..3),
+        tokens in 50u64..400,
+        hook in proptest::bool::ANY,
+        resumes in 0usize..3,
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let perms = "permissions: [ schedule, \"thread.spawn.**\" ]";
+            let r = directive(&format!("limits: {{ spend: 0.00{cap_milli} }}\n{perms}"), "Root.");
+            let x = directive(&format!("limits: {{ spend: 0.001, depth: 3 }}\n{perms}"), "X.");
+            let mut script = script_of("r", &root_steps, tokens) + &script_of("x", &x_steps, tokens);
+            // Resumes take the scripts' later turns.
+            script += &format!("  - text: again\n    usage: {{ input_tokens: {tokens}, output_tokens: 5 }}\n").repeat(6);
+            let fx = Fixture::new(&[("r", &r), ("x", &x)], &script, "");
+            if hook {
+                std::fs::write(
+                    fx.root().join(".weft/hooks.yaml"),
+                    "hooks:\n  - { id: more, event: after_complete, action: { spawn: { directive: x } } }\n",
+                )
+                .unwrap();
+            }
+            let (report, rt) = fx.run("r", serde_json::json!({})).await;
+            for row in fx.rows().into_iter().take(resumes) {
+                if let Ok(h) = rt.resume(&row.id, "again", Default::default()).await {
+                    let _ = h.wait().await;
+                }
+            }
+            crate::support::wait_until("the effects to run", || effects_settled(&fx)).await;
+            rt.drain_hooks().await;
+            let cap = cap_milli as i64 * 1_000_000;
+            let spent = tree_spend(&fx);
+            assert!(spent <= cap, "the tree of {} spent {spent} of its {cap} over {} threads", report.thread_id, fx.rows().len());
+            assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+            let (v, open) = rt.audit().await;
+            assert!(v.is_empty() && open == 0, "{v:?} {open}");
+            rt.shutdown();
+        });
+    }
+}
