@@ -54,7 +54,9 @@
 //! Public: what a library user needs — the runtime and its handle, events and reports, the
 //! provider trait and its types (plug in your own backend), directive, config and limit types,
 //! and the error enums. Everything else is crate-private.
-#![forbid(unsafe_code)]
+// One exception, `tools/groups.rs` `arm_parent_death`: the pre-exec hook that arms a tool
+// leader's parent-death signal (no safe API can run code between fork and exec).
+#![deny(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
 #[cfg(feature = "cli")]
@@ -106,7 +108,7 @@ pub use crate::store::{
     APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
-pub use crate::tools::ToolFileError;
+pub use crate::tools::{kill_all_live as kill_tool_processes, ToolFileError};
 /// The `tracing` target of weft's spans (`invoke_agent`, `chat`, `execute_tool`, with the GenAI
 /// semantic-convention names): select it to export them with a subscriber of your own (the
 /// `weft` binary's OTLP export, the `otel` feature, does the same).

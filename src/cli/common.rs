@@ -85,3 +85,29 @@ pub(crate) fn open_threads(project: &Project) -> Result<crate::store::FileStore,
 pub(crate) fn open_store(project: &Project) -> Result<Store, Exit> {
     Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
 }
+
+/// Ctrl-C, or SIGTERM on Unix: both ask a weft process to stop the same way.
+pub(crate) async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// On a second stop signal the process exits at once (130), killing every tool process group
+/// it still runs first (nothing of a call outlives weft).
+pub(crate) fn exit_on_second_signal() {
+    tokio::spawn(async {
+        stop_signal().await;
+        crate::tools::kill_all_live();
+        std::process::exit(130);
+    });
+}

@@ -120,10 +120,11 @@ async fn follow(
         _ => 1,
     };
     print_outcome(&report, &rows, as_json);
-    drop(control);
     // What the tree caused (an after_complete hook's command or spawn, a scheduled thread due
-    // now) finishes before the process exits; Ctrl-C cancels it with the tree.
+    // now) finishes before the process exits; Ctrl-C (or `weft cancel` through the control
+    // socket, kept open until then) cancels it with the tree.
     drain_or_cancel(&rt, &id).await;
+    drop(control);
     rt.shutdown();
     Ok(code)
 }
@@ -177,13 +178,13 @@ async fn show_events(
     tree.erase();
 }
 
-/// Waits for the thread's report; the first Ctrl-C cancels the thread, a second one exits at
-/// once (130).
+/// Waits for the thread's report; the first Ctrl-C (or SIGTERM) cancels the thread, a second
+/// one exits at once (130), killing the tool processes still running.
 async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadReport, Exit> {
     let id = handle.id().clone();
     let done = handle.wait();
     tokio::pin!(done);
-    let ctrl_c = tokio::signal::ctrl_c();
+    let ctrl_c = super::common::stop_signal();
     tokio::pin!(ctrl_c);
     let mut interrupted = false;
     loop {
@@ -193,7 +194,7 @@ async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadRepo
                 interrupted = true;
                 eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
                 rt.cancel(&id, "Ctrl-C");
-                tokio::spawn(async { let _ = tokio::signal::ctrl_c().await; std::process::exit(130); });
+                super::common::exit_on_second_signal();
             }
         }
     }
@@ -201,18 +202,30 @@ async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadRepo
 
 /// Waits for the work the tree caused; a Ctrl-C cancels it (a second exits at once).
 async fn drain_or_cancel(rt: &Runtime, root: &ThreadId) {
-    let drain = rt.drain_hooks();
+    rt.scope_effects(root).await;
+    let drain = async {
+        rt.drain_hooks().await;
+        rt.close_effects().await;
+        rt.drain_hooks().await;
+    };
     tokio::pin!(drain);
     tokio::select! {
         () = &mut drain => return,
-        _ = tokio::signal::ctrl_c() => {}
+        () = super::common::stop_signal() => {}
     }
     eprintln!("weft: cancelling what {root} caused (Ctrl-C again to exit at once)");
-    tokio::spawn(async {
-        let _ = tokio::signal::ctrl_c().await;
-        std::process::exit(130);
-    });
+    super::common::exit_on_second_signal();
     rt.cancel_caused(root, "Ctrl-C").await;
+    // And whatever else this process still runs (another tree's effect it started).
+    let live = crate::registry::ThreadFilter {
+        status: vec!["created".into(), "running".into()],
+        ..Default::default()
+    };
+    for r in rt.list(&live).unwrap_or_default() {
+        if r.owner_pid == std::process::id() {
+            rt.cancel(&r.id, "Ctrl-C");
+        }
+    }
     drain.await;
 }
 

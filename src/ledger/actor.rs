@@ -6,6 +6,9 @@ use crate::core::money::{Nanos, Price};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rusqlite::{params, Connection};
 
+/// Whether the process with this pid still runs.
+pub(crate) type Alive = std::sync::Arc<dyn Fn(u32) -> bool + Send + Sync>;
+
 /// Messages of the ledger actor.
 pub enum LedgerMsg {
     /// Open an account (see [`Book::open`]).
@@ -151,8 +154,10 @@ enum Undo {
 
 /// State of the ledger actor.
 pub(crate) struct LedgerState {
-    book: Book,
-    db: Connection,
+    pub(super) book: Book,
+    pub(super) db: Connection,
+    /// Whether a process (by pid) still runs (its owner lock is held).
+    pub(super) alive: Alive,
     /// Commits fsync (`durability: strict`), so they run off the async workers.
     fsyncs: bool,
     dirty: std::collections::HashSet<ThreadId>,
@@ -166,11 +171,11 @@ pub(crate) struct LedgerState {
 
 impl LedgerState {
     /// Holds `reply` until the next flush, queueing one if none is.
-    fn hold(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
+    pub(super) fn hold(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
         self.held.hold(reply, || me.cast(LedgerMsg::Flush).is_ok());
     }
 
-    fn touch(&mut self, ids: &[ThreadId]) {
+    pub(super) fn touch(&mut self, ids: &[ThreadId]) {
         self.dirty.extend(ids.iter().cloned());
     }
 
@@ -364,53 +369,6 @@ impl LedgerState {
         );
     }
 
-    /// A deferred child's thread takes over its account, loaded from ledger.db if this book
-    /// does not hold it (another process set it aside).
-    fn adopt(
-        &mut self,
-        me: &ActorRef<LedgerMsg>,
-        id: ThreadId,
-        parent: ThreadId,
-        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
-    ) {
-        if self.book.get(&id).is_none() {
-            if let Err(e) = super::db::load_chain(&self.db, &mut self.book, &id) {
-                let _ = reply.send(Err(e));
-                return;
-            }
-        }
-        let cap = match self.book.adopt(&id, &parent) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return;
-            }
-        };
-        self.touch(std::slice::from_ref(&id));
-        self.hold(
-            me,
-            Box::new(move |e| {
-                let _ = reply.send(e.map_or(Ok(cap), Err));
-            }),
-        );
-    }
-
-    /// Opens `id`'s closed account and its closed ancestors again from their ledger.db rows,
-    /// unless the book holds it.
-    fn reopen(&mut self, id: ThreadId) -> Result<(), LedgerError> {
-        if self.book.get(&id).is_some() {
-            // Held closed (work it caused is still open below it): open again all the same.
-            self.book.reopen_held(&id);
-            return Ok(());
-        }
-        let chain = super::db::closed_chain(&self.db, &id)?;
-        if chain.is_empty() {
-            return Err(LedgerError::Unknown(id));
-        }
-        self.book.reopen(chain);
-        Ok(())
-    }
-
     /// After [`Book::reserve`]: a grant is a decision of this batch; a refusal is answered at
     /// once.
     fn reserved(
@@ -516,16 +474,17 @@ impl LedgerState {
 impl Actor for LedgerActor {
     type Msg = LedgerMsg;
     type State = LedgerState;
-    type Arguments = Connection;
+    type Arguments = (Connection, Alive);
 
     async fn pre_start(
         &self,
         _me: ActorRef<LedgerMsg>,
-        db: Connection,
+        (db, alive): (Connection, Alive),
     ) -> Result<LedgerState, ActorProcessingErr> {
         let book = Book::load(&db)?;
         Ok(LedgerState {
             book,
+            alive,
             fsyncs: crate::record::batch::commits_fsync(&db),
             db,
             dirty: Default::default(),

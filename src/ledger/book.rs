@@ -191,11 +191,18 @@ impl Book {
             .map(|(a, h)| (a.clone(), h))
             .unwrap_or((parent.clone(), Nanos::ZERO));
         let amount = if whole { want } else { want.min(available) };
-        let needed = amount.max(min_first_call).max(Nanos(1));
-        if needed > available || amount < min_first_call {
+        if amount < min_first_call.max(Nanos(1)) {
+            // Its own budget could not pay for a first call, whatever the tree has left.
+            return Err(LedgerError::Insufficient {
+                account: id.clone(),
+                needed: min_first_call.max(Nanos(1)),
+                available: amount,
+            });
+        }
+        if amount > available {
             return Err(LedgerError::Insufficient {
                 account: short,
-                needed,
+                needed: amount,
                 available,
             });
         }
@@ -421,15 +428,16 @@ impl Book {
     /// ancestors, nearest first) that the book does not hold, so a continuation of a finished
     /// child draws on its original tree's caps: its calls are reserved against, and settled into,
     /// every ancestor's account as when the tree ran. Each is closed and dropped again when the
-    /// last account below it is (see [`Book::prune`]). Nothing was in flight when they closed.
+    /// last account below it is (see [`Book::prune`]). What they still hold for deferred
+    /// children below them (their stored guarantee and in-flight amounts) stays held.
     pub fn reopen(&mut self, chain: Vec<Account>) {
         for mut a in chain {
             if self.accounts.contains_key(&a.id) {
                 break;
             }
+            // Its stored `guaranteed` and `inflight` stay: what it still holds for deferred
+            // children set aside below it (nothing else is in flight on a closed account).
             a.closed = false;
-            a.inflight = Nanos::ZERO;
-            a.guaranteed = Nanos::ZERO;
             a.pool_left = Nanos::ZERO;
             a.owner = std::process::id();
             if let Some(p) = &a.parent {

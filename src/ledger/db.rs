@@ -37,14 +37,14 @@ pub(crate) fn closed_chain(db: &Connection, id: &ThreadId) -> Result<Vec<Account
         }
         let row = db
             .query_row(
-                "SELECT parent,max,spent,own_spent,closed,owner FROM accounts WHERE id=?1",
+                "SELECT parent,max,spent,own_spent,inflight,guaranteed,closed,owner FROM accounts WHERE id=?1",
                 [id.as_str()],
                 |r| {
                     Ok((
                         r.get::<_, Option<String>>(0)?,
-                        [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?],
-                        r.get::<_, bool>(4)?,
-                        r.get::<_, u32>(5)?,
+                        [r.get::<_, i64>(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                        r.get::<_, bool>(6)?,
+                        r.get::<_, u32>(7)?,
                     ))
                 },
             )
@@ -61,8 +61,10 @@ pub(crate) fn closed_chain(db: &Connection, id: &ThreadId) -> Result<Vec<Account
             max: Nanos(n[0]),
             spent: Nanos(n[1]),
             own_spent: Nanos(n[2]),
-            inflight: Nanos::ZERO,
-            guaranteed: Nanos::ZERO,
+            // What a closed account still holds: the budgets of deferred children set aside
+            // below it (held as its guarantee and in flight above it).
+            inflight: Nanos(n[3]),
+            guaranteed: Nanos(n[4]),
             pool_left: Nanos::ZERO,
             closed,
             owner,

@@ -23,10 +23,11 @@ use crate::core::money::Nanos;
 mod actor;
 mod book;
 mod db;
+mod trees;
 
 pub use crate::core::ids::ReservationId;
-pub(crate) use actor::LedgerActor;
 pub use actor::LedgerMsg;
+pub(crate) use actor::{Alive, LedgerActor};
 pub use book::Book;
 pub(crate) use db::open_db;
 
@@ -54,6 +55,14 @@ pub enum LedgerError {
     /// An account with that id exists.
     #[error("a ledger account for thread {0} already exists")]
     Exists(ThreadId),
+    /// Another live process holds the accounts of this tree (see `trees.rs`).
+    #[error("the tree of {root} is in use by another weft process (pid {pid}): run its work there, or again once that process has ended")]
+    Busy {
+        /// The tree's first account.
+        root: ThreadId,
+        /// The process holding it.
+        pid: u32,
+    },
     /// ledger.db could not be written; nothing was changed.
     #[error("ledger storage: {0}")]
     Storage(String),

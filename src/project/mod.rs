@@ -51,6 +51,10 @@ impl Project {
     pub fn state_dir(&self) -> PathBuf {
         self.weft().join("state")
     }
+    /// `.weft/state/procs/`: the process groups of running tool calls (see `tools/groups.rs`).
+    pub fn procs_dir(&self) -> PathBuf {
+        self.state_dir().join("procs")
+    }
     /// `.weft/threads/<id>/`.
     pub fn thread_dir(&self, id: &ThreadId) -> PathBuf {
         self.weft().join("threads").join(id.as_str())

@@ -8,7 +8,33 @@ use super::handle::current_actor;
 use crate::core::ids::ThreadId;
 use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx, ThreadMsg};
+use ractor::ActorRef;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// A cancel sent to a thread that was handing off (its actor busy starting its continuation)
+/// would die with it: while that actor lives, watch for a continuation taking over the chain and
+/// cancel it too. A cancel is never dropped, whatever state the thread is in.
+pub(super) async fn follow_handoff(
+    ctx: &Arc<Ctx>,
+    id: &ThreadId,
+    sent_to: ActorRef<ThreadMsg>,
+    reason: &str,
+) {
+    let deadline = tokio::time::Instant::now() + ctx.config.cancel_grace + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        match current_actor(ctx, id) {
+            None => return,
+            Some(a) if a.get_id() != sent_to.get_id() => {
+                let _ = a.cast(ThreadMsg::Cancel {
+                    reason: reason.to_string(),
+                });
+                return;
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
 
 /// Stops the work the tree of `id` caused, when `id` is its tree's root.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
@@ -24,6 +50,7 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     if let Ok(mut s) = ctx.stopped.lock() {
         s.insert(id.clone());
     }
+    ctx.caused.cancel(id);
     let Ok(Ok(rows)) = ractor::call!(ctx.registry, |reply| RegistryMsg::Tree {
         root: id.clone(),
         reply

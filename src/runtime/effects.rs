@@ -65,11 +65,19 @@ pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
     }
 }
 
-/// Runs what is due; returns how long to sleep, or None when the runtime is gone.
+/// Runs what is due (and in this runtime's scope); returns how long to sleep, or None when the
+/// runtime is gone. Claims and starts under the effects gate (see `Runtime::drain_hooks`).
 async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
     let ctx = weak.upgrade()?;
+    let gate = ctx.effects_gate.lock().await;
+    if gate.closed {
+        return Some(LOOK_EVERY);
+    }
+    let (scope, c2) = (gate.scope.clone(), ctx.clone());
+    let wanted = move |e: &Effect| in_scope(&c2, scope.as_ref(), e);
     let store = ctx.store.clone();
-    let due = tokio::task::spawn_blocking(move || store.claim_due(std::process::id()))
+    let w2 = wanted.clone();
+    let due = tokio::task::spawn_blocking(move || store.claim_due(std::process::id(), &w2))
         .await
         .ok()
         .and_then(Result::ok)
@@ -77,7 +85,8 @@ async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
     for e in due {
         run(&ctx, e).await;
     }
-    let next = ctx.store.next_due().ok().flatten();
+    drop(gate);
+    let next = ctx.store.next_due(&wanted).ok().flatten();
     let now = now_ts();
     Some(match next {
         Some(t) if t <= now => Duration::from_millis(20),
@@ -87,6 +96,17 @@ async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
             .map_or(LOOK_EVERY, |d| d.min(LOOK_EVERY)),
         None => LOOK_EVERY,
     })
+}
+
+/// Whether effect `e` is one this runtime runs: any, or only those of tree `scope`.
+fn in_scope(ctx: &Ctx, scope: Option<&ThreadId>, e: &Effect) -> bool {
+    let Some(root) = scope else {
+        return true;
+    };
+    ThreadId::parse(&e.thread)
+        .ok()
+        .and_then(|t| ctx.verified_doc(&t).ok())
+        .is_some_and(|d| d.root_id == *root)
 }
 
 async fn run(ctx: &Arc<Ctx>, e: Effect) {
@@ -123,10 +143,22 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
                 .store
                 .finish_effect(&e.id, true, &format!("started thread {id}"));
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
+            let root = ctx.verified_doc(&id).map(|d| d.root_id.clone());
+            let caused = root.ok().map(|r| ctx.caused.enter(&r));
             let task = tokio::spawn(async move {
                 let _ = rx.await;
+                drop(caused);
             });
             ctx.track(task);
+        }
+        Err(crate::thread::SpawnError::Ledger(crate::ledger::LedgerError::Busy {
+            pid, ..
+        })) => {
+            // Another live process holds the tree: it runs the effect (the budget stays).
+            let retry = std::time::SystemTime::now() + LOOK_EVERY;
+            let retry = humantime::format_rfc3339_millis(retry).to_string();
+            let _ = ctx.store.release_effect(&e.id, &retry);
+            tracing::info!(effect = %e.id, "its tree is held by process {pid}: left to it");
         }
         Err(err) => {
             give_back(ctx, child).await;
@@ -168,7 +200,18 @@ async fn run_tool(ctx: &Arc<Ctx>, e: Effect) {
     let env = crate::tools::CallEnv {
         vars,
         redactor: ctx.redactor(),
+        procs: Some(ctx.project.procs_dir()),
     };
+    // It carries the cancel of the tree that scheduled it.
+    let root = ctx
+        .verified_doc(&thread)
+        .map_or_else(|_| thread.clone(), |d| d.root_id.clone());
+    if ctx.stopped(&root) {
+        let why = format!("the tree of {root} was cancelled: not run");
+        let _ = ctx.store.finish_effect(&e.id, false, &why);
+        return;
+    }
+    let caused = ctx.caused.enter(&root);
     let area = ctx.store.files_dir(&thread);
     let r = crate::tools::run_command(
         &tool,
@@ -176,10 +219,11 @@ async fn run_tool(ctx: &Arc<Ctx>, e: Effect) {
         &ctx.project.root,
         &area,
         &e.id,
-        tokio_util::sync::CancellationToken::new(),
+        caused.token.clone(),
         &env,
     )
     .await;
+    drop(caused);
     let mut out = r.content;
     if out.len() > 4096 {
         let mut cut = 4096;

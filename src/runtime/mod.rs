@@ -154,6 +154,8 @@ impl RuntimeBuilder {
             wants_lines: Default::default(),
             in_spawn: Default::default(),
             stopped: Default::default(),
+            caused: Default::default(),
+            effects_gate: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
         });
@@ -194,7 +196,9 @@ async fn start_actors(
     let (registry, _) = Actor::spawn(None, RegistryActor, store)
         .await
         .map_err(|e| st(e.to_string()))?;
-    let (ledger, _) = Actor::spawn(None, LedgerActor, ledger_db)
+    let state = project.state_dir();
+    let alive: crate::ledger::Alive = Arc::new(move |pid| owner::alive(&state, pid));
+    let (ledger, _) = Actor::spawn(None, LedgerActor, (ledger_db, alive))
         .await
         .map_err(|e| st(e.to_string()))?;
     Ok((registry, ledger))
@@ -353,20 +357,42 @@ impl Runtime {
     /// A root's cancel stops the whole tree, with the work it caused: deferred children
     /// running without a parent actor (scheduled, hook-spawned) are cancelled too, its pending
     /// effects are cancelled (their budgets given back), and nothing it caused starts later.
+    /// A root that has ended is still reached while work it caused runs in this process.
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
-        let Some(actor) = handle::current_actor(&self.ctx, id) else {
+        let actor = handle::current_actor(&self.ctx, id);
+        if actor.is_none() && !self.ctx.caused.live(id) {
             return false;
-        };
-        let sent = actor
-            .cast(ThreadMsg::Cancel {
+        }
+        let sent = actor.as_ref().is_none_or(|a| {
+            a.cast(ThreadMsg::Cancel {
                 reason: reason.into(),
             })
-            .is_ok();
+            .is_ok()
+        });
         let ctx = self.ctx.clone();
         let (id, reason) = (id.clone(), reason.to_string());
-        let task = tokio::spawn(async move { cancel::caused_work(&ctx, &id, &reason).await });
+        let task = tokio::spawn(async move {
+            let follow = async {
+                if let Some(a) = actor {
+                    cancel::follow_handoff(&ctx, &id, a, &reason).await;
+                }
+            };
+            tokio::join!(follow, cancel::caused_work(&ctx, &id, &reason));
+        });
         self.ctx.track(task);
         sent
+    }
+
+    /// From now on this runtime claims only the scheduled effects of tree `root` (`weft run`
+    /// once its tree has ended: it waits for what its tree caused, not for other trees' work).
+    pub async fn scope_effects(&self, root: &ThreadId) {
+        self.ctx.effects_gate.lock().await.scope = Some(root.clone());
+    }
+
+    /// From now on this runtime claims no scheduled effect (it is about to exit: what is not
+    /// under way stays in the store, its budget set aside in ledger.db).
+    pub async fn close_effects(&self) {
+        self.ctx.effects_gate.lock().await.closed = true;
     }
 
     /// Stops the work the tree of root `root` caused (its deferred children, its pending
@@ -431,7 +457,14 @@ impl Runtime {
     /// an `after_complete` hook is not cut short) and its messages' search indexing. A process
     /// calls this before it exits.
     pub async fn drain_hooks(&self) {
-        self.drain_tasks().await;
+        loop {
+            self.drain_tasks().await;
+            // No effect is being claimed and started now (its task tracked when it is).
+            let _gate = self.ctx.effects_gate.lock().await;
+            if self.ctx.hook_tasks.lock().map_or(true, |t| t.is_empty()) {
+                break;
+            }
+        }
         let store = self.ctx.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.flush_index()).await;
     }

@@ -31,6 +31,10 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
             return vec![];
         }
     };
+    // Tool process groups a dead process left running die first (nothing outlives its owner).
+    for pgid in crate::tools::reap_groups(&ctx.project.procs_dir(), dead) {
+        tracing::warn!("killed tool process group {pgid} left running by a dead weft process");
+    }
     let orphans: Vec<ThreadRow> = rows.into_iter().filter(|r| dead(r.owner_pid)).collect();
     // Deepest first, so every child is closed before its parent.
     let parents: HashMap<ThreadId, Option<ThreadId>> = orphans

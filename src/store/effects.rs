@@ -215,7 +215,12 @@ impl FileStore {
     }
 
     /// Claims the effects due by now for process `pid` (each for exactly one process).
-    pub(crate) fn claim_due(&self, pid: u32) -> Result<Vec<Effect>, StoreError> {
+    /// Only those `wanted` says yes to are claimed.
+    pub(crate) fn claim_due(
+        &self,
+        pid: u32,
+        wanted: &dyn Fn(&Effect) -> bool,
+    ) -> Result<Vec<Effect>, StoreError> {
         let due: Vec<Effect> = self.effects(|c| {
             let mut stmt = c
                 .prepare_cached(&format!("SELECT {COLS} FROM effects WHERE status='pending' AND due_at<=?1 ORDER BY due_at LIMIT 64"))
@@ -224,7 +229,7 @@ impl FileStore {
             rows.collect::<Result<_, _>>().map_err(storage)
         })?;
         let mut mine = Vec::new();
-        for e in due {
+        for e in due.into_iter().filter(|e| wanted(e)) {
             let won = self.effects(|c| {
                 c.execute(
                     "UPDATE effects SET status='running', claimed_by=?2 WHERE id=?1 AND status='pending'",
@@ -243,16 +248,35 @@ impl FileStore {
         Ok(mine)
     }
 
-    /// The earliest due time of a pending effect.
-    pub(crate) fn next_due(&self) -> Result<Option<String>, StoreError> {
+    /// The earliest due time of a pending effect `wanted` says yes to.
+    pub(crate) fn next_due(
+        &self,
+        wanted: &dyn Fn(&Effect) -> bool,
+    ) -> Result<Option<String>, StoreError> {
+        let pending: Vec<Effect> = self.effects(|c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {COLS} FROM effects WHERE status='pending' ORDER BY due_at LIMIT 256"
+                ))
+                .map_err(storage)?;
+            let rows = stmt.query_map([], effect_of).map_err(storage)?;
+            rows.collect::<Result<_, _>>().map_err(storage)
+        })?;
+        Ok(pending.into_iter().find(|e| wanted(e)).map(|e| e.due_at))
+    }
+
+    /// Gives a claimed effect back, pending again, due no earlier than `retry_at` (its tree is
+    /// held by another live process, which runs it).
+    pub(crate) fn release_effect(&self, id: &str, retry_at: &str) -> Result<(), StoreError> {
         self.effects(|c| {
-            c.query_row(
-                "SELECT MIN(due_at) FROM effects WHERE status='pending'",
-                [],
-                |r| r.get(0),
+            c.execute(
+                "UPDATE effects SET status='pending', claimed_by=NULL, due_at=MAX(due_at, ?2)
+                 WHERE id=?1 AND status='running'",
+                params![id, retry_at],
             )
             .map_err(storage)
         })
+        .map(|_| ())
     }
 
     /// Records how a claimed effect ended.

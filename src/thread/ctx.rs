@@ -75,6 +75,15 @@ pub enum Event {
     },
 }
 
+/// Which scheduled effects a runtime claims (see `Ctx::effects_gate`).
+#[derive(Default)]
+pub(crate) struct EffectsGate {
+    /// None any more (the process is about to exit: what is not due stays in the store).
+    pub closed: bool,
+    /// Only those of this tree (`weft run` once its tree has ended).
+    pub scope: Option<ThreadId>,
+}
+
 impl Ctx {
     /// Keeps work a thread leaves behind (hook commands, scheduled effects) for
     /// `Runtime::drain_hooks`, dropping what already finished.
@@ -254,6 +263,11 @@ pub(crate) struct Ctx {
     pub in_spawn: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
     /// Roots of trees told to stop (`Runtime::cancel`): work they caused does not start.
     pub stopped: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
+    /// Work trees caused outside their actors, with the cancel token it carries.
+    pub caused: Arc<super::caused::Caused>,
+    /// Which scheduled effects this runtime still claims; held while it claims and starts
+    /// them, so a drain never misses one under way (`runtime/effects.rs`).
+    pub effects_gate: tokio::sync::Mutex<EffectsGate>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
     /// The MCP tool servers (`mcp_servers:`), started on first use.

@@ -95,7 +95,7 @@ impl Thread {
             Action::Spawn { directive, inputs } => {
                 let inputs = interpolated(inputs, ctx);
                 let as_root = event == HookEvent::AfterComplete;
-                self.hook_spawn(&h.id, directive, inputs, as_root);
+                self.hook_spawn(&h.id, directive, inputs, as_root)?;
                 Ok(if as_root { "spawn_root" } else { "spawn" })
             }
         }
@@ -167,7 +167,11 @@ impl Thread {
         let env = crate::tools::CallEnv {
             vars: Default::default(),
             redactor: self.ctx.redactor(),
+            procs: Some(self.ctx.project.procs_dir()),
         };
+        // It carries its tree's cancel: killed when the tree is cancelled, even after this
+        // thread has ended.
+        let caused = self.ctx.caused.enter(&self.doc.root_id);
         let task = tokio::spawn(async move {
             let r = crate::tools::run_command(
                 &tool,
@@ -175,10 +179,11 @@ impl Thread {
                 &root,
                 &area,
                 &format!("hook-{id}"),
-                tokio_util::sync::CancellationToken::new(),
+                caused.token.clone(),
                 &env,
             )
             .await;
+            drop(caused);
             if r.is_error {
                 tracing::warn!(thread = %thread, hook = %id, "hook command failed: {}", r.content);
             }
@@ -191,7 +196,15 @@ impl Thread {
     /// tree's root — its budget set aside from what the tree has left, refused if it does not
     /// fit — tracked so the process waits for it. Either way it and everything below it never
     /// fire hook `id` again (no causal loops).
-    fn hook_spawn(&mut self, id: &str, directive: &str, inputs: Map<String, Value>, as_root: bool) {
+    /// A deferred spawn is checked now (capability, inputs, limits, depth): a refusal is the
+    /// hook's failure, in this thread's transcript.
+    fn hook_spawn(
+        &mut self,
+        id: &str,
+        directive: &str,
+        inputs: Map<String, Value>,
+        as_root: bool,
+    ) -> Result<(), String> {
         let origin = match as_root {
             false => Origin::Person, // made a child of this thread by `start_child`
             true => Origin::Deferred(Deferred {
@@ -203,8 +216,10 @@ impl Thread {
         req.route = self.route.clone();
         req.hook = Some(id.to_string());
         if !as_root {
-            return self.start_child(format!("hook:{id}"), req, false);
+            self.start_child(format!("hook:{id}"), req, false);
+            return Ok(());
         }
+        super::spawn::check(&self.ctx, &req).map_err(|e| format!("spawn refused: {e}"))?;
         let ctx = self.ctx.clone();
         let (thread, hook) = (self.doc.id.clone(), id.to_string());
         let task = tokio::spawn(async move {
@@ -213,6 +228,7 @@ impl Thread {
             }
         });
         self.ctx.track(task);
+        Ok(())
     }
 
     /// One line per thread, one `write` each (O_APPEND: lines of concurrent threads and
@@ -247,6 +263,11 @@ async fn spawn_deferred(
     ctx: &Arc<crate::thread::Ctx>,
     mut req: SpawnRequest,
 ) -> Result<(), super::SpawnError> {
+    let root = match &req.origin {
+        Origin::Deferred(d) => d.parent.clone(),
+        _ => return Err(super::SpawnError::Storage("not a deferred spawn".into())),
+    };
+    let _caused = ctx.caused.enter(&root);
     let (child, _) = defer(ctx, &req).await?;
     if let Origin::Deferred(d) = &mut req.origin {
         d.id = Some(child.clone());

@@ -23,6 +23,7 @@
 mod actor;
 mod approval;
 mod builtin;
+mod caused;
 mod children;
 mod conversation;
 mod ctx;

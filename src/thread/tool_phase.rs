@@ -136,6 +136,7 @@ impl Thread {
         self.ctx.refresh_secrets();
         let redactor = self.ctx.redactor();
         let (store, thread) = (self.ctx.store.clone(), self.id().clone());
+        let procs = Some(self.ctx.project.procs_dir());
         self.run_as_task(call.id, async move {
             // The thread's values, read when the call starts (a `set_env` of an ancestor
             // reaches it here).
@@ -158,7 +159,11 @@ impl Thread {
                     ))
                 }
             };
-            let env = crate::tools::CallEnv { vars, redactor };
+            let env = crate::tools::CallEnv {
+                vars,
+                redactor,
+                procs,
+            };
             let r = crate::tools::run_command(&tool, &input, &root, &area, &id, cancel, &env).await;
             ToolOutcome {
                 content: r.content,

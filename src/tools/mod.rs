@@ -9,6 +9,7 @@
 mod code;
 mod command;
 mod files;
+mod groups;
 mod mcp;
 mod process;
 mod schema;
@@ -17,6 +18,8 @@ pub(crate) use code::{run as run_code, CodeEnv};
 pub use command::ToolFileError;
 pub(crate) use command::{CommandTool, CommandTools};
 pub(crate) use files::{copy_between, resolve as resolve_in_area, FileTool};
+pub use groups::kill_all_live;
+pub(crate) use groups::reap as reap_groups;
 pub(crate) use mcp::{split_name as split_mcp_name, McpHub};
 pub(crate) use process::CallEnv;
 

@@ -49,6 +49,9 @@ pub(crate) struct CallEnv {
     pub vars: std::collections::BTreeMap<String, String>,
     /// The secrets to hide.
     pub redactor: std::sync::Arc<crate::core::redact::Redactor>,
+    /// Where the call's process group is recorded while it runs (`.weft/state/procs`; see
+    /// `groups.rs`), so recovery can kill it if this process dies.
+    pub procs: Option<PathBuf>,
 }
 
 /// Runs one call of `tool`: validates `input`, starts the process in its own group with the
@@ -64,9 +67,15 @@ pub(crate) async fn run(
     cancel: CancellationToken,
     env: &CallEnv,
 ) -> CommandResult {
-    let started = start(tool, input, project_root, files, env);
+    let started = start(tool, input, project_root, files, env).await;
     let exited = match started {
-        Ok(child) => wait(tool, child, input, &cancel).await,
+        Ok(child) => {
+            let group = child.id().unwrap_or_default();
+            let recorded = super::groups::record(env.procs.as_deref(), group, call_id);
+            let exited = wait(tool, child, input, &cancel).await;
+            recorded.done();
+            exited
+        }
         Err(refused) => Err(refused),
     };
     match exited {
@@ -75,9 +84,9 @@ pub(crate) async fn run(
     }
 }
 
-/// Checks `input` and starts the call's process; an error is the result for the model
-/// (nothing was run).
-fn start(
+/// Checks `input` and starts the call's process (from the spawner thread, its leader killed
+/// if weft dies: `groups.rs`); an error is the result for the model (nothing was run).
+async fn start(
     tool: &CommandTool,
     input: &Value,
     project_root: &Path,
@@ -93,8 +102,8 @@ fn start(
     let argv = fill_argv(tool, input)?;
     let program = resolve_program(&argv[0]);
     let cwd = working_dir(tool, project_root, files)?;
-    command(tool, &program, &argv[1..], cwd, env)
-        .spawn()
+    super::groups::spawn(command(tool, &program, &argv[1..], cwd, env))
+        .await
         .map_err(|e| {
             CommandResult::err(format!(
                 "tool `{}` could not start `{}`: {e} (argv in {})",

@@ -31,6 +31,8 @@ mod mcp;
 mod messages;
 #[cfg(feature = "otel")]
 mod otel;
+#[cfg(feature = "cli")]
+mod procs;
 mod providers;
 mod records;
 #[cfg(feature = "server")]

@@ -107,6 +107,14 @@ impl Fixture {
             .unwrap()
     }
 
+    /// Every registry row of the project, or none while the registry is not made yet (a
+    /// process that just started), for polling.
+    pub fn rows_so_far(&self) -> Vec<weft::internals::ThreadRow> {
+        weft::internals::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
+            .and_then(|s| s.list(false, 100_000))
+            .unwrap_or_default()
+    }
+
     /// The transcript events of a thread.
     pub fn events(&self, id: &str) -> Vec<Value> {
         let p = self

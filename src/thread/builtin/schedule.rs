@@ -128,7 +128,11 @@ impl Thread {
         crate::tools::check(&self.doc.capabilities, &cap, id.as_str())?;
         let due =
             humantime::format_rfc3339_millis(std::time::SystemTime::now() + delay).to_string();
-        let inputs = input.get("inputs").cloned().unwrap_or(json!({}));
+        let inputs = match input.get("inputs") {
+            None | Some(Value::Null) => json!({}),
+            Some(v @ Value::Object(_)) => v.clone(),
+            Some(other) => return Err(format!("`inputs` must be an object, got {other}")),
+        };
         let ctx = self.ctx.clone();
         let mut req = None;
         if kind == EffectKind::Directive {

@@ -87,6 +87,12 @@ pub(crate) async fn defer(
     Ok((plan.id, amount))
 }
 
+/// Whether `req` would be admitted now, as far as that can be known without changing anything
+/// (SPEC §4 steps 1–3: the directive, the capability to start it, its inputs, limits, depth).
+pub(crate) fn check(ctx: &Arc<Ctx>, req: &SpawnRequest) -> Result<(), SpawnError> {
+    Plan::make(ctx, req).map(|_| ())
+}
+
 /// Closes the account set aside for a deferred child that will not start (its effect was
 /// cancelled or failed, or is gone): its budget goes back to the tree. Closing twice changes
 /// nothing.

@@ -1,0 +1,171 @@
+//! One process at a time holds a tree's accounts. Each process keeps its own [`Book`] in memory
+//! and writes it to the shared ledger.db, so two processes working on one tree's accounts at
+//! once would each check the cap against their own copy (two resumes in two processes spent 1.8×
+//! a root's cap). The holder is the `owner` of the tree's top account in ledger.db: a process
+//! takes a tree over — to adopt a deferred child another process set aside, or to reopen a
+//! finished chain for a continuation — in one IMMEDIATE transaction, and only when the holder is
+//! itself, no one, or a process that is gone (its owner lock is free); it then reads the tree's
+//! accounts afresh from ledger.db, dropping any copy its book loaded earlier. While the holder
+//! lives, the others are refused with [`LedgerError::Busy`], naming it.
+
+use super::actor::{LedgerMsg, LedgerState};
+use super::{Book, LedgerError};
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use ractor::{ActorRef, RpcReplyPort};
+use rusqlite::{Connection, OptionalExtension};
+
+impl LedgerState {
+    /// A deferred child's thread takes over its account (its tree taken over first), loaded
+    /// from ledger.db if this book does not hold it.
+    pub(super) fn adopt(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        parent: ThreadId,
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    ) {
+        let loaded = self.take_tree(&id).and_then(|()| match self.book.get(&id) {
+            Some(_) => Ok(()),
+            None => super::db::load_chain(&self.db, &mut self.book, &id),
+        });
+        let cap = loaded.and_then(|()| self.book.adopt(&id, &parent));
+        let cap = match cap {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        self.touch(std::slice::from_ref(&id));
+        self.hold(
+            me,
+            Box::new(move |e| {
+                let _ = reply.send(e.map_or(Ok(cap), Err));
+            }),
+        );
+    }
+
+    /// Opens `id`'s closed account and its closed ancestors again (its tree taken over first),
+    /// from their ledger.db rows unless the book holds them.
+    pub(super) fn reopen(&mut self, id: ThreadId) -> Result<(), LedgerError> {
+        self.take_tree(&id)?;
+        if self.book.get(&id).is_some() {
+            // Held closed (work it caused is still open below it): open again all the same.
+            self.book.reopen_held(&id);
+            return Ok(());
+        }
+        let chain = super::db::closed_chain(&self.db, &id)?;
+        if chain.is_empty() {
+            return Err(LedgerError::Unknown(id));
+        }
+        self.book.reopen(chain);
+        Ok(())
+    }
+
+    /// Makes this process the holder of `id`'s tree (see the module's doc); refused while
+    /// another live process holds it. Nothing to do for an account ledger.db has never seen.
+    fn take_tree(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
+        let Some(top) = top_of(&self.db, id)? else {
+            return Ok(());
+        };
+        let me = std::process::id();
+        if take(&self.db, &top, me, &*self.alive)? {
+            self.book.forget_tree(&top);
+        }
+        Ok(())
+    }
+}
+
+/// The top of `id`'s account chain in ledger.db (its tree's first account).
+fn top_of(db: &Connection, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
+    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+    let top: Option<String> = db
+        .query_row(
+            "WITH RECURSIVE up(id, parent, n) AS (
+               SELECT id, parent, 0 FROM accounts WHERE id=?1
+               UNION ALL SELECT a.id, a.parent, u.n + 1 FROM accounts a JOIN up u ON a.id=u.parent
+               WHERE u.n < 10000)
+             SELECT id FROM up WHERE parent IS NULL OR parent NOT IN (SELECT id FROM accounts)
+             ORDER BY n DESC LIMIT 1",
+            [id.as_str()],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(st)?;
+    Ok(top.and_then(|t| ThreadId::parse(&t).ok()))
+}
+
+/// Sets `me` as the holder of tree `top` unless a live other process holds it; true when the
+/// tree changed hands (this book's copies of it are stale).
+fn take(
+    db: &Connection,
+    top: &ThreadId,
+    me: u32,
+    alive: &(dyn Fn(u32) -> bool + Send + Sync),
+) -> Result<bool, LedgerError> {
+    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
+    crate::record::batch::begin_immediate(db).map_err(st)?;
+    let decided = (|| {
+        let owner: u32 = db
+            .query_row(
+                "SELECT owner FROM accounts WHERE id=?1",
+                [top.as_str()],
+                |r| r.get(0),
+            )
+            .map_err(st)?;
+        if owner == me {
+            return Ok(false);
+        }
+        if owner != 0 && alive(owner) {
+            return Err(LedgerError::Busy {
+                root: top.clone(),
+                pid: owner,
+            });
+        }
+        db.execute(
+            "UPDATE accounts SET owner=?1 WHERE id=?2",
+            rusqlite::params![me, top.as_str()],
+        )
+        .map_err(st)?;
+        Ok(true)
+    })();
+    match &decided {
+        Ok(true) => crate::record::batch::commit(db, false).map_err(st)?,
+        _ => {
+            let _ = db.execute_batch("ROLLBACK");
+        }
+    }
+    decided
+}
+
+impl Book {
+    /// Drops every account of tree `top` (and their reservations) from the book: copies read
+    /// before another process last held the tree.
+    pub(super) fn forget_tree(&mut self, top: &ThreadId) {
+        let top_of = |b: &Book, id: &ThreadId| -> Option<ThreadId> {
+            let mut cur = b.accounts.get(id)?;
+            for _ in 0..10_000 {
+                match cur.parent.as_ref().and_then(|p| b.accounts.get(p)) {
+                    Some(p) => cur = p,
+                    None => break,
+                }
+            }
+            Some(cur.id.clone())
+        };
+        let gone: Vec<ThreadId> = self
+            .accounts
+            .keys()
+            .filter(|id| top_of(self, id).as_ref() == Some(top))
+            .cloned()
+            .collect();
+        for id in &gone {
+            self.accounts.remove(id);
+            self.children.remove(id);
+            self.reopened.remove(id);
+            for r in self.by_thread.remove(id).unwrap_or_default() {
+                self.reservations.remove(&r);
+            }
+        }
+    }
+}

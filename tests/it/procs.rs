@@ -1,0 +1,183 @@
+//! Nothing outlives its owner (#23, processes): a command tool's process group — its
+//! grandchildren included — dies with the weft process that started it, however that process
+//! ends: `kill -9` (the kernel kills the leader; recovery kills the rest, recorded in
+//! `.weft/state/procs`), SIGTERM (handled like Ctrl-C), a tree's cancel while an `after_complete`
+//! hook's command or a scheduled tool runs. Real processes; `pgrep` finds nothing afterwards.
+
+use crate::support::{directive, wait_until, weft_cmd, Fixture};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `sleep` argument no other process on the machine uses.
+fn marker() -> String {
+    let n = std::process::id() as u64 * 1000
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_micros() as u64
+            % 1000;
+    format!("{}.{}", 90000 + n % 9000, n % 97)
+}
+
+/// Pids of processes whose command line is `sleep <arg>`.
+fn sleeping(arg: &str) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("^sleep {arg}$")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn signal(child: &Child, sig: &str) {
+    Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+fn exits_within(mut child: Child, secs: u64) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("weft had not exited {secs} s after the signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A project whose `t` directive calls tool `nap`: a shell leaving two sleeps in its group.
+fn napping(mark: &str, hooks: &str) -> Fixture {
+    let t = directive("permissions: [ tool.nap, schedule ]", "Nap.");
+    let script = "t:\n  - tool_calls: [ { name: nap, input: {} } ]\n  - text: done\n";
+    let fx = Fixture::new(&[("t", &t)], script, "");
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/nap.yaml"),
+        format!("name: nap\nargv: [sh, -c, 'sleep {mark} & sleep {mark}; wait']\ntimeout: 10m\ninput_schema: {{ type: object }}\n"),
+    )
+    .unwrap();
+    if !hooks.is_empty() {
+        std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
+    }
+    fx
+}
+
+fn run(fx: &Fixture, directive: &str) -> Child {
+    weft_cmd(fx.root())
+        .args(["run", directive, "--json", "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn until_sleeping(mark: &str, n: usize) {
+    wait_until(&format!("{n} `sleep {mark}` to run"), || {
+        sleeping(mark).len() >= n
+    })
+    .await;
+}
+
+async fn until_gone(mark: &str) {
+    wait_until(&format!("every `sleep {mark}` to be gone"), || {
+        sleeping(mark).is_empty()
+    })
+    .await;
+}
+
+/// `kill -9` of weft mid-call: the kernel kills the tool's leader at once (parent-death
+/// signal); the grandchildren it left in its group are killed by the next process's recovery,
+/// which finds the group recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_process_group_dies_with_a_killed_weft() {
+    let mark = marker();
+    let fx = napping(&mark, "");
+    let weft = run(&fx, "t");
+    until_sleeping(&mark, 2).await;
+    let recorded = std::fs::read_dir(fx.root().join(".weft/state/procs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(recorded, 1, "the running group is recorded");
+    signal(&weft, "-KILL");
+    exits_within(weft, 10);
+    let o = weft_cmd(fx.root()).arg("recover").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    until_gone(&mark).await;
+    let left = std::fs::read_dir(fx.root().join(".weft/state/procs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the record goes with the group");
+}
+
+/// SIGTERM is handled like Ctrl-C: the thread is cancelled, its tool's whole group killed, and
+/// weft exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_and_kills_the_tools_group() {
+    let mark = marker();
+    let fx = napping(&mark, "");
+    let weft = run(&fx, "t");
+    until_sleeping(&mark, 2).await;
+    signal(&weft, "-TERM");
+    let status = exits_within(weft, 15);
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "cancelled, not killed by the signal"
+    );
+    until_gone(&mark).await;
+}
+
+/// A hook's command carries the cancel of the tree that caused it: Ctrl-C while an
+/// `after_complete` hook's command runs (its thread already ended) kills its group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooks_command_dies_with_its_trees_cancel() {
+    let mark = marker();
+    let hooks = format!(
+        "hooks:\n  - {{ id: slow, event: after_complete, action: {{ run: {{ argv: [sh, -c, 'sleep {mark} & sleep {mark}; wait'], timeout: 10m }} }} }}\n"
+    );
+    let t = directive("", "Quick.");
+    let fx = Fixture::new(&[("t", &t)], "t:\n  - text: done\n", "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
+    let weft = run(&fx, "t");
+    until_sleeping(&mark, 2).await;
+    signal(&weft, "-INT");
+    exits_within(weft, 15);
+    until_gone(&mark).await;
+}
+
+/// A scheduled tool carries the cancel of the tree that scheduled it: the tree's cancel (through
+/// the control socket: `weft cancel <root>`) kills it while it runs, after the root has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_tool_dies_with_its_trees_cancel() {
+    let mark = marker();
+    let fx = napping(&mark, "");
+    std::fs::write(
+        fx.root().join("script.yaml"),
+        "t:\n  - tool_calls: [ { name: schedule, input: { tool: nap, delay: 0 } } ]\n  - text: scheduled\n",
+    )
+    .unwrap();
+    let rt = fx.runtime().await;
+    let h = rt
+        .start("t", Default::default(), Default::default())
+        .await
+        .unwrap();
+    let root = h.id().clone();
+    let report = h.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    until_sleeping(&mark, 2).await;
+    assert!(
+        rt.cancel(&root, "stop"),
+        "the ended root's caused work is reachable"
+    );
+    until_gone(&mark).await;
+    rt.drain_hooks().await;
+    rt.shutdown();
+}
