@@ -69,14 +69,12 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
             give_back(ctx, child).await;
         }
     }
-    // Every live thread of the tree, not only those without a parent actor: a deferred child
-    // is not in its parent's children even while that parent runs. A thread its parent's
-    // cascade reached already takes the second cancel as the same one.
-    for r in rows
-        .iter()
-        .filter(|r| !r.status.is_terminal() && r.id != *id)
-    {
-        if let Some(actor) = current_actor(ctx, &r.id) {
+    // The deferred threads of the tree this process runs: not in their parent actor's
+    // children (even while that parent runs), so its cascade does not reach them. (Every other
+    // thread is reached by its parent's cascade: a second cancel from here would race its
+    // parent's kill after the grace.)
+    for t in ctx.caused.threads(id) {
+        if let Some(actor) = current_actor(ctx, &t) {
             let _ = actor.cast(ThreadMsg::Cancel {
                 reason: format!("its tree was cancelled: {reason}"),
             });

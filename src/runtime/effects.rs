@@ -144,7 +144,10 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
                 .finish_effect(&e.id, true, &format!("started thread {id}"));
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
             let root = ctx.verified_doc(&id).map(|d| d.root_id.clone());
-            let caused = root.ok().map(|r| ctx.caused.enter(&r));
+            let mut caused = root.ok().map(|r| ctx.caused.enter(&r));
+            if let Some(c) = &mut caused {
+                c.is_thread(id.clone());
+            }
             let task = tokio::spawn(async move {
                 let _ = rx.await;
                 drop(caused);

@@ -9,16 +9,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
-/// Live caused work by root: its cancel token and how many pieces hold it.
+/// Live caused work by root: its cancel token, how many pieces hold it, and the deferred
+/// threads among them (not their parent actor's children, so no cascade reaches them).
 #[derive(Default)]
 pub(crate) struct Caused {
-    by_root: Mutex<HashMap<ThreadId, (CancellationToken, usize)>>,
+    by_root: Mutex<HashMap<ThreadId, Entry>>,
+}
+
+#[derive(Default)]
+struct Entry {
+    token: CancellationToken,
+    count: usize,
+    threads: Vec<ThreadId>,
 }
 
 /// One piece of caused work under way; dropping it ends it.
 pub(crate) struct CausedGuard {
     caused: Arc<Caused>,
     root: ThreadId,
+    thread: Option<ThreadId>,
     /// Fired when the tree of `root` is cancelled.
     pub(crate) token: CancellationToken,
 }
@@ -28,19 +37,27 @@ impl Caused {
     pub(crate) fn enter(self: &Arc<Self>, root: &ThreadId) -> CausedGuard {
         let token = match self.by_root.lock() {
             Ok(mut m) => {
-                let e = m
-                    .entry(root.clone())
-                    .or_insert_with(|| (CancellationToken::new(), 0));
-                e.1 += 1;
-                e.0.clone()
+                let e = m.entry(root.clone()).or_default();
+                e.count += 1;
+                e.token.clone()
             }
             Err(_) => CancellationToken::new(),
         };
         CausedGuard {
             caused: self.clone(),
             root: root.clone(),
+            thread: None,
             token,
         }
+    }
+
+    /// The deferred threads of the tree of `root` running now.
+    pub(crate) fn threads(&self, root: &ThreadId) -> Vec<ThreadId> {
+        self.by_root
+            .lock()
+            .ok()
+            .and_then(|m| m.get(root).map(|e| e.threads.clone()))
+            .unwrap_or_default()
     }
 
     /// Whether the tree of `root` has caused work under way.
@@ -51,10 +68,22 @@ impl Caused {
     /// Fires the token of the tree of `root` (its caused work stops).
     pub(crate) fn cancel(&self, root: &ThreadId) {
         if let Ok(m) = self.by_root.lock() {
-            if let Some((t, _)) = m.get(root) {
-                t.cancel();
+            if let Some(e) = m.get(root) {
+                e.token.cancel();
             }
         }
+    }
+}
+
+impl CausedGuard {
+    /// This piece of work is deferred thread `id` (until the guard drops).
+    pub(crate) fn is_thread(&mut self, id: ThreadId) {
+        if let Ok(mut m) = self.caused.by_root.lock() {
+            if let Some(e) = m.get_mut(&self.root) {
+                e.threads.push(id.clone());
+            }
+        }
+        self.thread = Some(id);
     }
 }
 
@@ -62,8 +91,11 @@ impl Drop for CausedGuard {
     fn drop(&mut self) {
         if let Ok(mut m) = self.caused.by_root.lock() {
             if let Some(e) = m.get_mut(&self.root) {
-                e.1 = e.1.saturating_sub(1);
-                if e.1 == 0 {
+                e.count = e.count.saturating_sub(1);
+                if let Some(t) = &self.thread {
+                    e.threads.retain(|x| x != t);
+                }
+                if e.count == 0 {
                     m.remove(&self.root);
                 }
             }

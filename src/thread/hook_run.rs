@@ -267,7 +267,7 @@ async fn spawn_deferred(
         Origin::Deferred(d) => d.parent.clone(),
         _ => return Err(super::SpawnError::Storage("not a deferred spawn".into())),
     };
-    let _caused = ctx.caused.enter(&root);
+    let mut caused = ctx.caused.enter(&root);
     let (child, _) = defer(ctx, &req).await?;
     if let Origin::Deferred(d) = &mut req.origin {
         d.id = Some(child.clone());
@@ -277,6 +277,7 @@ async fn spawn_deferred(
         give_back(ctx, child).await;
         return Err(e);
     }
+    caused.is_thread(child);
     let _ = rx.await;
     Ok(())
 }
