@@ -255,16 +255,7 @@ pub enum Cmd {
         choice: ChoiceArgs,
     },
     /// Verify signatures and transcript chains.
-    Verify {
-        /// Thread ids (default with --all: every thread).
-        ids: Vec<String>,
-        /// Every thread of the project.
-        #[arg(long)]
-        all: bool,
-        /// JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Verify(VerifyArgs),
 }
 
 /// `weft threads` subcommands.
@@ -405,4 +396,21 @@ impl From<ChoiceArgs> for crate::provider::Choice {
             model: c.model,
         }
     }
+}
+
+/// What `weft verify` is given.
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// Thread ids (default with --all: every thread).
+    pub ids: Vec<String>,
+    /// Every thread of the project.
+    #[arg(long)]
+    pub all: bool,
+    /// Every thread of this root's tree, and that none is missing (the registry's rows and
+    /// every child its transcripts name must have their records).
+    #[arg(long, value_name = "ROOT")]
+    pub tree: Option<String>,
+    /// JSON.
+    #[arg(long)]
+    pub json: bool,
 }

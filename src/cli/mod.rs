@@ -99,15 +99,17 @@ pub async fn main(cli: Cli) -> i32 {
             context,
             backfill,
             json,
-        } => {
-            let q = query.map(|text| crate::store::SearchQuery {
+        } => history::search(
+            cli.project,
+            query.map(|text| crate::store::SearchQuery {
                 text,
                 directive,
                 limit,
                 context,
-            });
-            history::search(cli.project, q, backfill, json)
-        }
+            }),
+            backfill,
+            json,
+        ),
         Cmd::Fork(fork) => run::fork(cli.project, fork).await,
         Cmd::Gc {
             older_than,
@@ -138,7 +140,7 @@ pub async fn main(cli: Cli) -> i32 {
             public,
             choice,
         } => serve::serve(cli.project, addr, public, choice.into()).await,
-        Cmd::Verify { ids, all, json } => verify::verify(cli.project, ids, all, json),
+        Cmd::Verify(v) => verify::verify(cli.project, v),
     };
     match res {
         Ok(code) => code,

@@ -1,65 +1,143 @@
-//! `weft verify`: signatures, chains and heads of thread records.
+//! `weft verify`: signatures, chains, heads and anchors of thread records; `--tree` also finds
+//! a thread of the tree whose records are missing.
 
+use super::args::VerifyArgs;
 use super::{find_project, usage, Exit};
 use crate::core::ids::ThreadId;
+use crate::project::Project;
+use crate::record::verify::Verdict;
 use std::io::Write;
 use std::path::PathBuf;
 
-pub(super) fn verify(
-    explicit: Option<PathBuf>,
-    ids: Vec<String>,
-    all: bool,
-    as_json: bool,
-) -> Result<i32, Exit> {
+pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32, Exit> {
+    let VerifyArgs {
+        ids,
+        all,
+        tree,
+        json: as_json,
+    } = args;
     let project = find_project(explicit)?;
     let mut targets: Vec<ThreadId> = ids
         .iter()
         .map(|i| ThreadId::parse(i))
         .collect::<Result<_, _>>()
         .map_err(usage)?;
-    if all || targets.is_empty() {
-        if !all {
-            return Err(usage("name thread ids or pass --all"));
-        }
-        let dir = project.weft().join("threads");
-        let entries = std::fs::read_dir(&dir).map_err(|e| Exit {
-            code: 1,
-            message: format!("{}: {e}", dir.display()),
-        })?;
-        for e in entries.flatten() {
-            if let Some(id) = e.file_name().to_str().and_then(|n| ThreadId::parse(n).ok()) {
-                targets.push(id);
-            }
-        }
-        targets.sort();
+    let tree = tree
+        .map(|t| ThreadId::parse(&t))
+        .transpose()
+        .map_err(usage)?;
+    if all {
+        targets.extend(every_thread(&project)?);
+    } else if let Some(root) = &tree {
+        targets.extend(tree_rows(&project, root)?);
+    } else if targets.is_empty() {
+        return Err(usage("name thread ids, or pass --all or --tree ROOT"));
     }
+    targets.sort();
+    targets.dedup();
     let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
-    let verdicts: Vec<_> = targets
+    let (roots, log_problems) = crate::record::anchors::read_log(&project.anchors_log(), &trust);
+    let mut verdicts: Vec<Verdict> = targets
         .iter()
-        .map(|id| crate::record::verify::verify_thread(&project, &trust, id))
+        .map(|id| crate::record::verify::verify_anchored(&project, &trust, id, &roots))
         .collect();
-    let bad = verdicts.iter().filter(|v| !v.ok).count();
-    if as_json {
-        out!("{}", serde_json::to_string(&verdicts).unwrap_or_default());
-    } else {
-        for v in &verdicts {
-            if v.ok {
-                out!(
-                    "ok       {}{}",
-                    v.id,
-                    if v.torn_last_line {
-                        " (torn last transcript line)"
-                    } else {
-                        ""
-                    }
-                );
-            } else {
-                for p in &v.problems {
-                    out!("FAILED   {}: {p}", v.id);
+    if tree.is_some() {
+        missing_children(&project, &targets, &mut verdicts);
+    }
+    if !log_problems.is_empty() {
+        verdicts.push(Verdict {
+            id: "anchors.jsonl".into(),
+            ok: false,
+            problems: log_problems,
+            torn_last_line: false,
+        });
+    }
+    print(&verdicts, as_json);
+    Ok(if verdicts.iter().all(|v| v.ok) { 0 } else { 1 })
+}
+
+fn every_thread(project: &Project) -> Result<Vec<ThreadId>, Exit> {
+    let dir = project.weft().join("threads");
+    let entries = std::fs::read_dir(&dir).map_err(|e| Exit {
+        code: 1,
+        message: format!("{}: {e}", dir.display()),
+    })?;
+    Ok(entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| ThreadId::parse(n).ok()))
+        .collect())
+}
+
+/// Every thread the registry lists in `root`'s tree.
+fn tree_rows(project: &Project, root: &ThreadId) -> Result<Vec<ThreadId>, Exit> {
+    let rows = crate::registry::Store::open_read_only(&project.state_dir().join("registry.db"))
+        .and_then(|s| s.tree(root.as_str()))
+        .map_err(|e| Exit {
+            code: 1,
+            message: format!("registry: {e}"),
+        })?;
+    if rows.is_empty() {
+        return Err(usage(format!(
+            "no thread of the tree of {root} in the registry"
+        )));
+    }
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+/// A thread of the tree without its records: a verdict of its own (a registry row's folder,
+/// or a child a verified transcript names, is gone).
+fn missing_children(project: &Project, targets: &[ThreadId], verdicts: &mut Vec<Verdict>) {
+    let mut named: Vec<ThreadId> = targets.to_vec();
+    for id in targets {
+        let path = project.thread_dir(id).join("transcript.jsonl");
+        let lines = crate::record::transcript::read(&path, id.as_str(), None)
+            .map(|r| r.events)
+            .unwrap_or_default();
+        for l in lines {
+            if l["type"] == "child_spawned" || l["type"] == "child_finished" {
+                if let Some(c) = l["id"].as_str().and_then(|c| ThreadId::parse(c).ok()) {
+                    named.push(c);
                 }
             }
         }
-        out!("{} verified, {} failed", verdicts.len() - bad, bad);
     }
-    Ok(if bad == 0 { 0 } else { 1 })
+    named.sort();
+    named.dedup();
+    for id in named {
+        let dir = project.thread_dir(&id);
+        if !dir.join("thread.json").exists() && !verdicts.iter().any(|v| v.id == id.as_str()) {
+            verdicts.push(Verdict {
+                id: id.to_string(),
+                ok: false,
+                problems: vec![format!(
+                    "{}: missing: its tree names this thread, but its records are gone",
+                    dir.display()
+                )],
+                torn_last_line: false,
+            });
+        }
+    }
+}
+
+fn print(verdicts: &[Verdict], as_json: bool) {
+    let bad = verdicts.iter().filter(|v| !v.ok).count();
+    if as_json {
+        out!("{}", serde_json::to_string(verdicts).unwrap_or_default());
+        return;
+    }
+    for v in verdicts {
+        if v.ok {
+            let torn = if v.torn_last_line {
+                " (torn last transcript line)"
+            } else {
+                ""
+            };
+            out!("ok       {}{torn}", v.id);
+        } else {
+            for p in &v.problems {
+                out!("FAILED   {}: {p}", v.id);
+            }
+        }
+    }
+    out!("{} verified, {} failed", verdicts.len() - bad, bad);
 }

@@ -51,6 +51,10 @@ impl Project {
     pub fn state_dir(&self) -> PathBuf {
         self.weft().join("state")
     }
+    /// `.weft/state/anchors.jsonl`: the signed, chained final heads of finished roots.
+    pub fn anchors_log(&self) -> PathBuf {
+        self.state_dir().join("anchors.jsonl")
+    }
     /// `.weft/state/procs/`: the process groups of running tool calls (see `tools/groups.rs`).
     pub fn procs_dir(&self) -> PathBuf {
         self.state_dir().join("procs")

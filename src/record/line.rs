@@ -334,6 +334,10 @@ pub(crate) enum Line {
         spend_nanos: Option<Nanos>,
         /// Its error (`null` if none).
         error: Option<String>,
+        /// The hash of its transcript's final line, which its final thread.json signs: its
+        /// anchor (a rolled-back child no longer matches it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        head: Option<String>,
     },
     /// A child handed off: its continuation takes its place.
     ChildContinued {

@@ -6,6 +6,7 @@
 //! Owns file formats and their integrity. Must never decide what a thread does next: it writes
 //! what it is given and reads back what is there, naming the file and line of any damage.
 
+pub(crate) mod anchors;
 pub(crate) mod batch;
 pub(crate) mod disk;
 pub(crate) mod line;

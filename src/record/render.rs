@@ -114,6 +114,7 @@ pub fn describe(line: &Value) -> Option<(String, String)> {
             status,
             spend_nanos,
             error,
+            ..
         } => (
             "child",
             format!(

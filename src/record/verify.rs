@@ -5,9 +5,11 @@
 
 use crate::core::ids::ThreadId;
 use crate::project::Project;
+use crate::record::anchors;
 use crate::record::signing::Trust;
 use crate::record::thread_doc::ThreadDoc;
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// The result of verifying one thread.
 #[derive(Debug, Clone, Serialize)]
@@ -22,9 +24,33 @@ pub struct Verdict {
     pub torn_last_line: bool,
 }
 
-/// Verifies one thread's files.
+/// Verifies one thread's files and its anchor.
 pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict {
+    let (roots, _) = anchors::read_log(&project.anchors_log(), trust);
+    verify_anchored(project, trust, id, &roots)
+}
+
+/// Verifies one thread's files, and that its final head is where its anchor says (a parent's
+/// `child_finished` line; `roots`, the project's anchor log, for a root): a finished thread
+/// rolled back to an older signed state, its transcript truncated to match, fails here.
+pub(crate) fn verify_anchored(
+    project: &Project,
+    trust: &Trust,
+    id: &ThreadId,
+    roots: &HashMap<ThreadId, String>,
+) -> Verdict {
     let dir = project.thread_dir(id);
+    if !dir.exists() {
+        return Verdict {
+            id: id.to_string(),
+            ok: false,
+            problems: vec![format!(
+                "{}: missing: the thread's records are gone",
+                dir.display()
+            )],
+            torn_last_line: false,
+        };
+    }
     let doc_path = dir.join("thread.json");
     let tr_path = dir.join("transcript.jsonl");
     let mut problems = Vec::new();
@@ -36,10 +62,12 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
         }
     };
     let mut torn = false;
+    let mut chain: Vec<String> = Vec::new();
     match crate::record::transcript::read(&tr_path, id.as_str(), Some(trust)) {
         Err(e) => problems.push(format!("{}: cannot read: {e}", tr_path.display())),
         Ok(rep) => {
             torn = rep.torn_last_line;
+            chain.clone_from(&rep.hashes);
             if let Some((line, msg)) = &rep.broken {
                 problems.push(format!("{}:{line}: {msg}", tr_path.display()));
             } else if let Some(doc) = &doc {
@@ -70,13 +98,65 @@ pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict
         }
     }
     if let Some(doc) = &doc {
+        if doc.id != *id {
+            problems.push(format!(
+                "{}: names thread {}, but sits in the folder of {id} (moved or swapped)",
+                doc_path.display(),
+                doc.id
+            ));
+        }
         check_links(project, trust, doc, &doc_path, &mut problems);
+        check_anchor(project, trust, doc, &chain, roots, &mut problems);
     }
     Verdict {
         id: id.to_string(),
         ok: problems.is_empty(),
         problems,
         torn_last_line: torn,
+    }
+}
+
+/// A finished thread's anchored final head is still in its transcript's chain, at or before
+/// the head its thread.json signs (a message edit appends after it), and thread.json is
+/// terminal: a rollback to an older signed state cannot keep both.
+fn check_anchor(
+    project: &Project,
+    trust: &Trust,
+    doc: &ThreadDoc,
+    chain: &[String],
+    roots: &HashMap<ThreadId, String>,
+    problems: &mut Vec<String>,
+) {
+    let (anchored, by) = match &doc.parent_id {
+        None => (
+            roots.get(&doc.id).cloned(),
+            "the project's anchor log".to_string(),
+        ),
+        Some(p) => {
+            let path = project.thread_dir(p).join("transcript.jsonl");
+            let lines = crate::record::transcript::read(&path, p.as_str(), Some(trust))
+                .map(|r| r.events)
+                .unwrap_or_default();
+            (
+                anchors::child_head(&lines, &doc.id),
+                format!("its parent {p}"),
+            )
+        }
+    };
+    let Some(head) = anchored else {
+        return;
+    };
+    let at = chain.iter().position(|h| *h == head);
+    let signed = usize::try_from(doc.transcript_head.seq).ok();
+    let holds = doc.status.is_terminal() && at.is_some() && at <= signed;
+    if !holds {
+        problems.push(format!(
+            "{}: rolled back: {by} records it finished at line hash {}, which its records no longer end at or after (thread.json is {} at line {})",
+            project.thread_dir(&doc.id).display(),
+            &head[..12.min(head.len())],
+            doc.status.as_str(),
+            doc.transcript_head.seq + 1
+        ));
     }
 }
 

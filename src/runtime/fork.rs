@@ -5,7 +5,7 @@ use super::{Runtime, ThreadHandle};
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
 use crate::provider::{Message, Role};
-use crate::record::thread_doc::{ForkedFrom, ThreadDoc};
+use crate::record::thread_doc::ForkedFrom;
 use crate::thread::{Origin, Seed, SpawnError, SpawnRequest};
 use serde_json::{Map, Value};
 
@@ -29,8 +29,7 @@ impl Runtime {
     /// source are honoured; the source itself is not touched.
     pub async fn fork(&self, id: &ThreadId, fork: Fork) -> Result<ThreadHandle, SpawnError> {
         let store = &self.ctx.store;
-        let src = ThreadDoc::read_verified(&store.doc_path(id), &self.ctx.trust)
-            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        let src = self.ctx.verified_doc(id).map_err(SpawnError::Untrusted)?;
         let directive = match (&fork.directive, &src.imported) {
             (Some(d), _) => d.clone(),
             (None, Some(from)) => {
@@ -42,7 +41,7 @@ impl Runtime {
             (None, None) => src.directive.clone(),
         };
         let lines = store
-            .verified_lines(id)
+            .signed_lines(id)
             .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
         let head = lines.last().and_then(|l| l["seq"].as_i64()).unwrap_or(-1);
         let at = fork.at.unwrap_or(head);

@@ -3,7 +3,6 @@
 use super::{Runtime, ThreadHandle};
 use crate::core::ids::{now_ts, ThreadId};
 use crate::core::limits::LimitSet;
-use crate::record::thread_doc::ThreadDoc;
 use crate::registry::RegistryMsg;
 use crate::thread::{Continuation, Origin, SpawnError, SpawnRequest};
 use serde_json::Map;
@@ -20,8 +19,8 @@ impl Runtime {
         overrides: LimitSet,
     ) -> Result<ThreadHandle, SpawnError> {
         let store = &self.ctx.store;
-        let of = ThreadDoc::read_verified(&store.doc_path(id), &self.ctx.trust)
-            .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
+        // Verified, and the thread.json of `id` itself (not another's copied into its folder).
+        let of = self.ctx.verified_doc(id).map_err(SpawnError::Untrusted)?;
         if !of.status.is_terminal() {
             return Err(SpawnError::Limit(format!(
                 "thread {id} is still {}; cancel it first or wait for it to end",
@@ -34,7 +33,7 @@ impl Runtime {
             )));
         }
         let lines = store
-            .verified_lines(id)
+            .signed_lines(id)
             .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
         let (mut messages, calls_made) = crate::thread::rebuild_conversation(&lines);
         messages.push(crate::provider::Message::user(message));

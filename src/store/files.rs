@@ -158,6 +158,16 @@ impl FileStore {
         self.lines(id).map(|(lines, _)| lines)
     }
 
+    /// The lines up to the head `id`'s verified thread.json signs: what a resume or a fork
+    /// rebuilds from (a line appended past it was never signed).
+    pub(crate) fn signed_lines(&self, id: &ThreadId) -> Result<Vec<Value>, StoreError> {
+        let doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust)
+            .map_err(|e| storage(e.to_string()))?;
+        let mut lines = self.verified_lines(id)?;
+        lines.truncate(usize::try_from(doc.transcript_head.seq + 1).unwrap_or(0));
+        Ok(lines)
+    }
+
     /// [`Self::verified_lines`], and whether a torn last line was left out.
     fn lines(&self, id: &ThreadId) -> Result<(Vec<Value>, bool), StoreError> {
         let path = self.transcript_path(id);

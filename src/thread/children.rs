@@ -129,6 +129,7 @@ impl Thread {
             status: r.status,
             spend_nanos: Some(r.spend_nanos),
             error: r.error.clone(),
+            head: r.final_head.clone(),
         });
         if r.status == Status::Continued && r.error.is_none() {
             // Handed off: its continuation answers in its place (`ChildContinued` re-keys the

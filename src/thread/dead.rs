@@ -83,6 +83,7 @@ impl Finalized {
             spend_nanos: Nanos(row.spend_nanos),
             overrun_nanos: Nanos::ZERO,
             files: Vec::new(),
+            final_head: None,
         };
         Finalized { recovered, report }
     }
@@ -205,7 +206,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         }
     }
     let head = end_transcript(ctx, row, end, &spend, &charged, &mut rec);
-    end_doc(ctx, row, end, &spend, head, &mut rec);
+    let final_head = end_doc(ctx, row, end, &spend, head, &mut rec);
     let mut fin = row.clone();
     fin.status = end.status;
     fin.error = Some(end.error.clone());
@@ -219,7 +220,9 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         head: -1,
         said: None,
     });
-    Finalized::of(rec, &fin, end)
+    let mut done = Finalized::of(rec, &fin, end);
+    done.report.final_head = final_head;
+    done
 }
 
 /// What a dead thread's account says it spent (its subtree's, its own) and could spend.
@@ -282,7 +285,9 @@ async fn already_finished(
     fin.own_spend_nanos = done.cost.own_spend_nanos;
     fin.updated_at = now_ts();
     finish_row(ctx, &fin, &mut rec).await;
-    Finalized::of(rec, &fin, end).with_status(done.status, done.error)
+    let mut out = Finalized::of(rec, &fin, end).with_status(done.status, done.error);
+    out.report.final_head = Some(done.transcript_head.hash);
+    out
 }
 
 async fn finish_row(ctx: &Ctx, fin: &ThreadRow, rec: &mut Recovered) {
@@ -377,7 +382,7 @@ fn end_doc(
     spend: &Spend,
     head: Option<crate::record::transcript::Head>,
     rec: &mut Recovered,
-) {
+) -> Option<String> {
     let doc_path = ctx.store.doc_path(&row.id);
     let torn_doc = doc_path.exists()
         && std::fs::read(&doc_path)
@@ -394,7 +399,10 @@ fn end_doc(
     };
     let mut doc = match doc {
         Ok(d) => d,
-        Err(e) => return rec.problems.push(e),
+        Err(e) => {
+            rec.problems.push(e);
+            return None;
+        }
     };
     doc.error = Some(end.error.clone());
     doc.error_kind = Some(end.kind.as_str().into());
@@ -406,11 +414,28 @@ fn end_doc(
     doc.transition(end.status);
     if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
         rec.problems.push(format!("{}: {e}", doc_path.display()));
+        return None;
     }
+    if doc.parent_id.is_none() {
+        let log = ctx.project.anchors_log();
+        let anchored = crate::record::anchors::anchor_root(
+            &log,
+            &ctx.signer,
+            &doc.id,
+            doc.status,
+            &doc.transcript_head,
+        );
+        if let Err(e) = anchored {
+            rec.problems.push(format!("{}: {e}", log.display()));
+        }
+    }
+    Some(doc.transcript_head.hash)
 }
 
 /// Settles the calls `id`'s transcript recorded but whose settlement the ledger may never have
-/// stored, at their recorded cost (a no-op for those already settled).
+/// stored, at their recorded cost (a no-op for those already settled). These lines are past the
+/// last signed checkpoint (the process died), chained but unsigned: a negative cost is never
+/// believed (that reservation is charged at its bound instead).
 async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
     let tr = ctx.store.transcript_path(id);
     let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
@@ -430,6 +455,10 @@ async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
             } => (r, c),
             _ => continue,
         };
+        if actual.0 < 0 {
+            // Not a cost a provider bills: left open, charged at its bound below.
+            continue;
+        }
         let _ = ractor::call!(ctx.ledger, |reply| LedgerMsg::Settle {
             reservation,
             actual,

@@ -190,6 +190,7 @@ impl Thread {
                 status: r.status,
                 spend_nanos: None,
                 error: r.error.clone(),
+                head: r.final_head.clone(),
             });
             if let Some(c) = self.kids.map.get_mut(&id) {
                 c.report = Some(r);
@@ -319,9 +320,22 @@ impl Thread {
         let doc = self.doc.clone();
         let signer = self.ctx.signer.clone();
         let path = self.ctx.store.doc_path(self.id());
+        let anchors = self.ctx.project.anchors_log();
         let written = tokio::task::spawn_blocking(move || {
             file.and_then(|f| f.sync_data())?;
-            doc.write_signed(&path, &signer, true)
+            doc.write_signed(&path, &signer, true)?;
+            // A root's final head goes to the project's anchor log (a child's is in its
+            // parent's `child_finished` line).
+            match doc.parent_id {
+                None => crate::record::anchors::anchor_root(
+                    &anchors,
+                    &signer,
+                    &doc.id,
+                    doc.status,
+                    &doc.transcript_head,
+                ),
+                Some(_) => Ok(()),
+            }
         })
         .await;
         if !matches!(written, Ok(Ok(()))) {

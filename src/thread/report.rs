@@ -42,6 +42,10 @@ pub struct ThreadReport {
     /// Files the thread returned, copied into its parent's file area (paths there).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// The hash of its transcript's final line, as its final thread.json signs it (its parent
+    /// records it as the child's anchor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_head: Option<String>,
 }
 
 /// A snapshot for `Status` queries.

@@ -268,6 +268,11 @@ impl Thread {
             spend_nanos: Nanos(self.doc.cost.spend_nanos),
             overrun_nanos: Nanos(self.doc.cost.overrun_nanos),
             files: self.work.returned_files.clone(),
+            final_head: self
+                .doc
+                .status
+                .is_terminal()
+                .then(|| self.doc.transcript_head.hash.clone()),
         }
     }
 

@@ -1,6 +1,8 @@
 //! weft's integration tests: one binary, one module per area. A module (or test) that needs a
 //! feature is built only with it; those that drive the `weft` binary need `cli`.
 
+#[cfg(feature = "cli")]
+mod anchors;
 mod budget;
 #[cfg(feature = "cli")]
 mod cli;

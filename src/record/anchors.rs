@@ -1,0 +1,123 @@
+//! Where a thread's final head is anchored beyond its own files (SPEC §11, #23), so a finished
+//! thread cannot be rolled back to an older, validly signed state unseen: a child's final head
+//! is in its parent's `child_finished` line (the parent's chained, signed transcript); a root's
+//! is in the project's anchor log, `.weft/state/anchors.jsonl` — one signed line per finished
+//! root, each naming the hash of the line before it (a chain), appended under a file lock so
+//! processes never interleave. `weft verify` checks a finished thread's signed head against its
+//! anchor.
+//!
+//! Writes only the anchor log; reads what it is given.
+
+use crate::core::ids::{now_ts, sha256_hex, ThreadId};
+use crate::core::status::Status;
+use crate::record::signing::{verify_embedded, Signer, Trust};
+use crate::record::transcript::Head;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// The signature domain of an anchor line.
+const DOMAIN: &str = "weft.anchor.v1\n";
+/// The hash a first line names as the one before it.
+const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Appends root `thread`'s final head to the anchor log at `path` (created on first use),
+/// chained to the last line and signed; synced before it returns.
+pub(crate) fn anchor_root(
+    path: &Path,
+    signer: &Signer,
+    thread: &ThreadId,
+    status: Status,
+    head: &Head,
+) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
+    f.lock()?;
+    let prev = last_line(&mut f)?.map_or_else(|| GENESIS.to_string(), |l| sha256_hex(&l));
+    let mut line = json!({
+        "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
+        "prev": prev, "at": now_ts(),
+    });
+    let sig = signer.sign(DOMAIN, &line);
+    line["signature"] = serde_json::to_value(sig).unwrap_or(Value::Null);
+    let mut bytes = line.to_string().into_bytes();
+    bytes.push(b'\n');
+    f.write_all(&bytes)?;
+    f.sync_data()?;
+    f.unlock()
+}
+
+/// The last complete line of the log (without its newline), reading only its tail.
+fn last_line(f: &mut std::fs::File) -> std::io::Result<Option<Vec<u8>>> {
+    let len = f.seek(SeekFrom::End(0))?;
+    let mut from = len.saturating_sub(4096);
+    loop {
+        f.seek(SeekFrom::Start(from))?;
+        let mut tail = Vec::new();
+        f.read_to_end(&mut tail)?;
+        let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
+        match body.iter().rposition(|&b| b == b'\n') {
+            Some(i) => return Ok(Some(body[i + 1..].to_vec())),
+            None if from == 0 => return Ok((!body.is_empty()).then(|| body.to_vec())),
+            None => from = from.saturating_sub(65_536),
+        }
+    }
+}
+
+/// The anchor log read and checked: the last anchored head of each root, and what is wrong
+/// (a line whose signature or chain link fails, naming the line). A missing log anchors
+/// nothing.
+pub(crate) fn read_log(path: &Path, trust: &Trust) -> (HashMap<ThreadId, String>, Vec<String>) {
+    let mut heads = HashMap::new();
+    let mut problems = Vec::new();
+    let Ok(bytes) = std::fs::read(path) else {
+        return (heads, problems);
+    };
+    let mut prev = GENESIS.to_string();
+    for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        if raw.is_empty() {
+            continue;
+        }
+        let at = format!("{}:{}", path.display(), n + 1);
+        let line: Value = match serde_json::from_slice(raw) {
+            Ok(v) => v,
+            Err(e) => {
+                problems.push(format!("{at}: not a JSON line: {e}"));
+                break;
+            }
+        };
+        if line["prev"].as_str() != Some(prev.as_str()) {
+            problems.push(format!(
+                "{at}: the chain is broken (a line before it was changed or removed)"
+            ));
+        }
+        if let Err(e) = verify_embedded(trust, DOMAIN, &line) {
+            problems.push(format!("{at}: {e}"));
+        }
+        let id = line["thread"]
+            .as_str()
+            .and_then(|t| ThreadId::parse(t).ok());
+        if let (Some(id), Some(head)) = (id, line["head"].as_str()) {
+            heads.insert(id, head.to_string());
+        }
+        prev = sha256_hex(raw);
+    }
+    (heads, problems)
+}
+
+/// The final head a parent's transcript records for its child `child` (its last
+/// `child_finished` line naming one), from the parent's checked lines.
+pub(crate) fn child_head(parent_lines: &[Value], child: &ThreadId) -> Option<String> {
+    parent_lines
+        .iter()
+        .rev()
+        .filter(|l| l["type"] == "child_finished" && l["id"] == child.as_str())
+        .find_map(|l| l["head"].as_str().map(str::to_string))
+}

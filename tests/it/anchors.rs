@@ -1,0 +1,120 @@
+//! Nothing rolls back unseen (#23, records): a finished thread's final head is anchored where
+//! the thread cannot reach it alone — a child's in its parent's `child_finished` line, a root's
+//! in the project's signed, chained anchor log — and `weft verify` checks it: a thread.json
+//! replaced by an older validly signed one with its transcript truncated to match, a document in
+//! the wrong folder, a missing child (`--tree`), an edited anchor log.
+
+use crate::support::{directive, weft_cmd, Fixture};
+use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
+
+fn verify(fx: &Fixture, args: &[&str]) -> (bool, String) {
+    let o = weft_cmd(fx.root())
+        .arg("verify")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+    )
+}
+
+/// A tree (root → kid) whose kid's and root's running-state records are kept aside while they
+/// run: older, validly signed states to roll back to.
+async fn tree_with_old_states() -> (Fixture, String, String, tempfile::TempDir) {
+    let root = directive("permissions: [\"thread.spawn.**\"]", "Root.");
+    let kid = directive("", "Kid.");
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]\n  - text: root done\nkid:\n  - text: thinking\n    delay: 1500ms\n  - text: kid done\n";
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let rt = fx.runtime().await;
+    let h = rt
+        .start("root", Default::default(), Default::default())
+        .await
+        .unwrap();
+    let root_id = h.id().to_string();
+    let saved = tempfile::tempdir().unwrap();
+    crate::support::wait_until("the kid to run", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "kid" && r.status == "running")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kid_id = fx.id_of("kid");
+    for id in [&root_id, &kid_id] {
+        let from = fx.root().join(".weft/threads").join(id);
+        let to = saved.path().join(id);
+        std::fs::create_dir_all(&to).unwrap();
+        std::fs::copy(from.join("thread.json"), to.join("thread.json")).unwrap();
+    }
+    let report = h.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    rt.shutdown();
+    (fx, root_id, kid_id, saved)
+}
+
+/// Puts back `id`'s saved thread.json and truncates its transcript to the head that one signs.
+fn roll_back(fx: &Fixture, saved: &Path, id: &str) {
+    let dir = fx.root().join(".weft/threads").join(id);
+    let old = std::fs::read(saved.join(id).join("thread.json")).unwrap();
+    let doc: Value = serde_json::from_slice(&old).unwrap();
+    assert_ne!(doc["status"], "completed", "an older, non-terminal state");
+    let keep = doc["transcript_head"]["seq"].as_i64().unwrap() as usize + 1;
+    let text = std::fs::read_to_string(dir.join("transcript.jsonl")).unwrap();
+    let lines: Vec<&str> = text.lines().take(keep).collect();
+    std::fs::write(dir.join("transcript.jsonl"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(dir.join("thread.json"), old).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_child_fails_verify() {
+    let (fx, _root, kid, saved) = tree_with_old_states().await;
+    assert!(verify(&fx, &["--all"]).0, "clean before");
+    roll_back(&fx, saved.path(), &kid);
+    // The rolled-back records are consistent on their own: only the anchor tells.
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(
+        !ok && out.contains("rolled back") && out.contains(&kid),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_root_fails_verify() {
+    let (fx, root, _kid, saved) = tree_with_old_states().await;
+    roll_back(&fx, saved.path(), &root);
+    let (ok, out) = verify(&fx, &[&root]);
+    assert!(
+        !ok && out.contains("rolled back") && out.contains("anchor log"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_folder_a_missing_child_and_an_edited_log_fail_verify() {
+    let (fx, root, kid, _saved) = tree_with_old_states().await;
+    let threads = fx.root().join(".weft/threads");
+    // A child's folder deleted: --tree names it.
+    let gone = tempfile::tempdir().unwrap();
+    std::fs::rename(threads.join(&kid), gone.path().join("kid")).unwrap();
+    let (ok, out) = verify(&fx, &["--tree", &root]);
+    assert!(
+        !ok && out.contains(&kid) && out.contains("missing"),
+        "{out}"
+    );
+    // The root's records moved into the kid's folder: the document names another thread.
+    std::fs::create_dir_all(threads.join(&kid)).unwrap();
+    for f in ["thread.json", "transcript.jsonl"] {
+        std::fs::copy(threads.join(&root).join(f), threads.join(&kid).join(f)).unwrap();
+    }
+    let (ok, out) = verify(&fx, &[&kid]);
+    assert!(!ok && out.contains("sits in the folder of"), "{out}");
+    // The anchor log edited: its chain or signature fails.
+    let log = fx.root().join(".weft/state/anchors.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, text.replace("completed", "cancelled")).unwrap();
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(!ok && out.contains("anchors.jsonl"), "{out}");
+}
