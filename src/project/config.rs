@@ -388,12 +388,16 @@ impl Config {
             self.retries = r;
         }
         if let Some(g) = &raw.cancel_grace {
-            self.cancel_grace = humantime::parse_duration(g).map_err(|_| {
-                src.at(
-                    "cancel_grace",
-                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
-                )
-            })?;
+            // At most an hour: a deadline is now + grace, which a huge grace would overflow.
+            self.cancel_grace = humantime::parse_duration(g)
+                .ok()
+                .filter(|d| *d <= Duration::from_secs(3600))
+                .ok_or_else(|| {
+                    src.at(
+                        "cancel_grace",
+                        format!("cancel_grace: `{g}` is not a duration of at most 1h (e.g. 5s)"),
+                    )
+                })?;
         }
         if let Some(c) = raw.checkpoint_every {
             self.checkpoint_every = c.max(1);
