@@ -617,9 +617,9 @@ async fn a_call_that_ignores_the_cancel_is_abandoned_at_its_upper_bound() {
 }
 
 /// Anthropic bills tokens written to its prompt cache at 1.25× the input price: a response
-/// reporting `cache_creation_input_tokens` is charged so (config's `cache_write`, 1.25× input
-/// when not given), and the built-in table carries the premium and Anthropic's documented
-/// tool-use system prompt (346 tokens; 530 on Claude 3 models) as each call's overhead.
+/// reporting `cache_creation_input_tokens` to a model of the built-in table is charged so, and
+/// the table carries Anthropic's documented tool-use system prompt (346 tokens; 530 on Claude 3
+/// models) as each call's overhead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_cache_writes_cost_a_quarter_more_than_input() {
     let (base, fake) = fake_llm::start().await;
@@ -630,10 +630,15 @@ async fn anthropic_cache_writes_cost_a_quarter_more_than_input() {
     );
     assert!(events[0].contains(":40"), "{}", events[0]);
     fake.stream(events);
-    let fx = project(&solo(), &config("anthropic", &base, ""));
+    // claude-haiku-4-5 as built in: $1/M in, $1.25/M cache write, $0.10/M cache read, $5/M out.
+    let config = config("anthropic", &base, "").replace("fast: m1", "fast: claude-haiku-4-5");
+    let fx = project(&solo(), &config);
     let (report, _rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
-    assert_eq!(report.spend_nanos.0, cost(100, 20, 10) + 40 * 2500);
+    assert_eq!(
+        report.spend_nanos.0,
+        100 * 1000 + 40 * 1250 + 20 * 100 + 10 * 5000
+    );
 
     let c = weft::Config::default();
     for (model, overhead) in [
