@@ -13,6 +13,7 @@ fn ledger(c: &mut Criterion) {
         input: 1_000_000_000,
         output: 4_000_000_000,
         cache_read: 0,
+        cache_write: 0,
     };
     let mut book = Book::default();
     let mut up: Option<ThreadId> = None;
@@ -43,6 +44,7 @@ fn ledger(c: &mut Criterion) {
                 input_tokens: 1234,
                 output_tokens: 567,
                 cache_read_tokens: 89,
+                cache_write_tokens: 0,
             }))
         })
     });

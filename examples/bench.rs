@@ -462,6 +462,7 @@ async fn turn_parts(strict: bool) -> Value {
         input: 1000,
         output: 1000,
         cache_read: 0,
+        cache_write: 0,
     };
     let t = Instant::now();
     for _ in 0..N {
@@ -655,6 +656,7 @@ async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
         input: 1000,
         output: 1000,
         cache_read: 0,
+        cache_write: 0,
     };
     let t = Instant::now();
     let mut tasks = Vec::new();

@@ -45,6 +45,7 @@ impl Provider for Shouter {
                     input_tokens: (prompt_bytes as u64).div_ceil(4),
                     output_tokens: (text.len() as u64).div_ceil(4).min(req.max_tokens),
                     cache_read_tokens: 0,
+                    cache_write_tokens: 0,
                 },
                 stop_reason: "end_turn".into(),
                 ..Default::default()

@@ -155,10 +155,12 @@ pub(crate) fn now_ts() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
-/// The stored form (as [`now_ts`]) of `ms` milliseconds since the epoch.
+/// The stored form (as [`now_ts`]) of `ms` milliseconds since the epoch. A time past
+/// 9999-12-31 (which RFC 3339 cannot write) is written as that day's last moment.
 #[cfg_attr(not(feature = "server"), allow(dead_code))] // only `weft serve` uses it
 pub(crate) fn ts_of_ms(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    const LAST_MS: u64 = 253_402_300_799_999;
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.min(LAST_MS));
     humantime::format_rfc3339_millis(t).to_string()
 }
 

@@ -134,6 +134,10 @@ pub struct Price {
     pub output: i64,
     /// Nano-USD per million prompt tokens read from the provider's cache.
     pub cache_read: i64,
+    /// Nano-USD per million prompt tokens written to the provider's cache (Anthropic bills them
+    /// at 1.25× input). Never taken below `input`: 0 means the input price.
+    #[serde(default)]
+    pub cache_write: i64,
 }
 
 /// Token counts of one LLM call.
@@ -146,6 +150,9 @@ pub struct Usage {
     /// Prompt tokens served from the provider's cache.
     #[serde(default)]
     pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those written to the provider's cache (billed at `cache_write`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
 }
 
 impl Price {
@@ -153,7 +160,9 @@ impl Price {
     ///
     /// One rounding per call (up, so a reservation is never smaller than the truth).
     pub fn cost(&self, usage: &Usage) -> Nanos {
-        let micro = i128::from(usage.input_tokens) * i128::from(self.input)
+        let writes = usage.cache_write_tokens.min(usage.input_tokens);
+        let micro = i128::from(usage.input_tokens - writes) * i128::from(self.input)
+            + i128::from(writes) * i128::from(self.cache_write.max(self.input))
             + i128::from(usage.output_tokens) * i128::from(self.output)
             + i128::from(usage.cache_read_tokens) * i128::from(self.cache_read);
         let nanos = (micro + 999_999) / 1_000_000;
@@ -203,19 +212,34 @@ mod tests {
             input: 150_000_000,
             output: 600_000_000,
             cache_read: 75_000_000,
+            cache_write: 0,
         };
         let u = Usage {
             input_tokens: 1,
             output_tokens: 1,
             cache_read_tokens: 1,
+            cache_write_tokens: 0,
         };
         assert_eq!(p.cost(&u), Nanos(825));
         let u = Usage {
             input_tokens: 1000,
             output_tokens: 0,
             cache_read_tokens: 0,
+            cache_write_tokens: 0,
         };
         assert_eq!(p.cost(&u), Nanos(150_000));
+        // Cache writes: at `cache_write`, never below input (0 is the input price).
+        let u = Usage {
+            input_tokens: 1000,
+            cache_write_tokens: 400,
+            ..Usage::default()
+        };
+        assert_eq!(p.cost(&u), Nanos(150_000));
+        let p = Price {
+            cache_write: 187_500_000,
+            ..p
+        };
+        assert_eq!(p.cost(&u), Nanos(90_000 + 75_000));
         assert_eq!(p.max_output_within(Nanos(150_000 + 600), 1000), 1);
     }
 }

@@ -272,6 +272,7 @@ impl Book {
                 input_tokens: prompt_tokens,
                 output_tokens: min_output.max(1),
                 cache_read_tokens: 0,
+                cache_write_tokens: 0,
             });
             return Err(LedgerError::Insufficient {
                 account: short,
@@ -283,6 +284,7 @@ impl Book {
             input_tokens: prompt_tokens,
             output_tokens: out,
             cache_read_tokens: 0,
+            cache_write_tokens: 0,
         });
         let chain = self.chain(id)?;
         let mut carry = amount;
@@ -490,6 +492,7 @@ mod tests {
         input: 1_000_000,
         output: 1_000_000,
         cache_read: 0,
+        cache_write: 0,
     }; // 1 nano/token
 
     #[test]

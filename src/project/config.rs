@@ -54,6 +54,8 @@ struct RawPrice {
     #[serde(default)]
     cache_read: Option<serde_json::Value>,
     #[serde(default)]
+    cache_write: Option<serde_json::Value>,
+    #[serde(default)]
     prompt_overhead_tokens: Option<u64>,
 }
 
@@ -193,7 +195,7 @@ pricing:
   # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }
 # Tokens a chat template adds to each call beyond its text (special tokens, tool preamble): the
 # ledger reserves every call for at most one token per byte of text plus this. Per model too:
-# pricing: { my-model: { input: 1.0, output: 2.0, prompt_overhead_tokens: 512 } }
+# pricing: { my-model: { input: 1.0, output: 2.0, cache_write: 2.5, prompt_overhead_tokens: 512 } }
 prompt_overhead_tokens: 256
 # Context window per model id, in tokens: a call whose prompt cannot fit is refused (built-in
 # models have theirs).
@@ -236,6 +238,7 @@ impl Default for Config {
                 input: 1_000_000_000,
                 output: 4_000_000_000,
                 cache_read: 100_000_000,
+                cache_write: 0,
             },
         );
         Config {
@@ -369,6 +372,12 @@ impl Config {
                 Some(v) => usd(v, "cache_read")?.0,
                 None => 0,
             },
+            // Only Anthropic reports cache writes (billed at 1.25× input); not given, they are
+            // charged at the input price.
+            cache_write: match &p.cache_write {
+                Some(v) => usd(v, "cache_write")?.0,
+                None => 0,
+            },
         };
         if let Some(o) = p.prompt_overhead_tokens {
             self.prompt_overhead.insert(model.clone(), o);
@@ -388,12 +397,16 @@ impl Config {
             self.retries = r;
         }
         if let Some(g) = &raw.cancel_grace {
-            self.cancel_grace = humantime::parse_duration(g).map_err(|_| {
-                src.at(
-                    "cancel_grace",
-                    format!("cancel_grace: `{g}` is not a duration (e.g. 5s)"),
-                )
-            })?;
+            // At most an hour: a deadline is now + grace, which a huge grace would overflow.
+            self.cancel_grace = humantime::parse_duration(g)
+                .ok()
+                .filter(|d| *d <= Duration::from_secs(3600))
+                .ok_or_else(|| {
+                    src.at(
+                        "cancel_grace",
+                        format!("cancel_grace: `{g}` is not a duration of at most 1h (e.g. 5s)"),
+                    )
+                })?;
         }
         if let Some(c) = raw.checkpoint_every {
             self.checkpoint_every = c.max(1);
@@ -418,13 +431,19 @@ impl Config {
         Ok(())
     }
 
-    /// Template overhead tokens of one call to `model` (see [`Config::prompt_overhead`]).
+    /// Template overhead tokens of one call to `model` (see [`Config::prompt_overhead`]):
+    /// config's for the model, else the larger of config's default and what the vendor
+    /// documents for the model's tool-use system prompt.
     pub fn prompt_overhead_of(&self, model: &str) -> u64 {
-        self.prompt_overhead
-            .get(model)
-            .or_else(|| self.prompt_overhead.get("default"))
+        if let Some(o) = self.prompt_overhead.get(model) {
+            return *o;
+        }
+        let default = self
+            .prompt_overhead
+            .get("default")
             .copied()
-            .unwrap_or(DEFAULT_PROMPT_OVERHEAD)
+            .unwrap_or(DEFAULT_PROMPT_OVERHEAD);
+        super::models::tool_prompt_tokens(model).map_or(default, |t| t.max(default))
     }
 
     /// The context window of `model` in tokens: config's, else the built-in table's.

@@ -22,17 +22,41 @@ pub(crate) struct KnownModel {
     pub output: i64,
     /// Nano-USD per million cached input tokens read.
     pub cache_read: i64,
+    /// Nano-USD per million input tokens written to the cache.
+    pub cache_write: i64,
     /// Context window in tokens.
     pub context: u64,
 }
 
+/// An OpenAI model: no cache-write premium (OpenAI caches without billing writes).
 const fn m(id: &'static str, input: i64, output: i64, cache_read: i64, context: u64) -> KnownModel {
     KnownModel {
         id,
         input: input * 1_000,
         output: output * 1_000,
         cache_read: cache_read * 1_000,
+        cache_write: input * 1_000,
         context,
+    }
+}
+
+/// An Anthropic model: cache writes (5-minute cache) billed at 1.25× input.
+const fn a(id: &'static str, input: i64, output: i64, cache_read: i64, context: u64) -> KnownModel {
+    let mut k = m(id, input, output, cache_read, context);
+    k.cache_write = k.input * 5 / 4;
+    k
+}
+
+/// Tokens Anthropic's tool-use system prompt adds to a call with tools, as documented
+/// (docs.anthropic.com, "Tool use: pricing"): 346 for Claude 4-era and 3.5/3.7 Sonnet models,
+/// up to 530 on Claude 3 models (Opus 3), so 530 for every `claude-3*`. None for other vendors.
+pub(crate) fn tool_prompt_tokens(model: &str) -> Option<u64> {
+    if model.starts_with("claude-3") {
+        Some(530)
+    } else if model.starts_with("claude-") {
+        Some(346)
+    } else {
+        None
     }
 }
 
@@ -49,26 +73,25 @@ pub(crate) const KNOWN_MODELS: &[KnownModel] = &[
     m("gpt-4o-mini", 150_000, 600_000, 75_000, 128_000),
     m("o3", 2_000_000, 8_000_000, 500_000, 200_000),
     m("o4-mini", 1_100_000, 4_400_000, 275_000, 200_000),
-    // Anthropic (docs.anthropic.com/en/docs/about-claude/pricing); cache writes are billed at
-    // the input price by weft (a 25 % premium unaccounted: see SPEC §5).
-    m(
+    // Anthropic (docs.anthropic.com/en/docs/about-claude/pricing); cache writes at 1.25× input.
+    a(
         "claude-opus-4-1",
         15_000_000,
         75_000_000,
         1_500_000,
         200_000,
     ),
-    m(
+    a(
         "claude-opus-4-0",
         15_000_000,
         75_000_000,
         1_500_000,
         200_000,
     ),
-    m("claude-sonnet-4-5", 3_000_000, 15_000_000, 300_000, 200_000),
-    m("claude-sonnet-4-0", 3_000_000, 15_000_000, 300_000, 200_000),
-    m("claude-haiku-4-5", 1_000_000, 5_000_000, 100_000, 200_000),
-    m(
+    a("claude-sonnet-4-5", 3_000_000, 15_000_000, 300_000, 200_000),
+    a("claude-sonnet-4-0", 3_000_000, 15_000_000, 300_000, 200_000),
+    a("claude-haiku-4-5", 1_000_000, 5_000_000, 100_000, 200_000),
+    a(
         "claude-3-5-haiku-latest",
         800_000,
         4_000_000,
@@ -112,6 +135,7 @@ impl KnownModel {
             input: self.input,
             output: self.output,
             cache_read: self.cache_read,
+            cache_write: self.cache_write,
         }
     }
 }
@@ -180,7 +204,10 @@ mod tests {
     fn every_entry_is_priced_and_unique() {
         for (i, k) in KNOWN_MODELS.iter().enumerate() {
             assert!(
-                k.input > 0 && k.output >= k.input && k.cache_read <= k.input,
+                k.input > 0
+                    && k.output >= k.input
+                    && k.cache_read <= k.input
+                    && k.cache_write >= k.input,
                 "{}",
                 k.id
             );

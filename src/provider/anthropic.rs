@@ -190,13 +190,14 @@ impl Assembler {
         Ok(false)
     }
 
-    /// Usage so far. Cache-creation tokens are billed at the input price (config has no
-    /// separate cache-write price).
+    /// Usage so far. Cache-creation tokens are prompt tokens billed at the cache-write price
+    /// (1.25× input): part of `input_tokens`, counted again as `cache_write_tokens`.
     pub(crate) fn usage(&self) -> Usage {
         Usage {
             input_tokens: self.input + self.cache_creation,
             output_tokens: self.output,
             cache_read_tokens: self.cache_read,
+            cache_write_tokens: self.cache_creation,
         }
     }
 

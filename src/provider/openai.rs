@@ -191,6 +191,8 @@ impl Assembler {
                     .and_then(Value::as_u64)
                     .unwrap_or(0),
                 cache_read_tokens: cached,
+                // OpenAI bills no cache writes.
+                cache_write_tokens: 0,
             });
         }
         for choice in v

@@ -265,6 +265,7 @@ impl Provider for Scripted {
                     input_tokens: turn.input_tokens.unwrap_or(estimate),
                     output_tokens,
                     cache_read_tokens: turn.cache_read_tokens,
+                    cache_write_tokens: 0,
                 },
                 stop_reason: stop_reason.into(),
                 stream_deltas: 0,

@@ -109,7 +109,15 @@ impl Signer {
             .map_err(|e| err(format!("cannot create trust dir: {e}")))?;
         // Written aside and renamed in: a process starting at the same moment never reads half
         // a key (it would distrust this user's signatures).
-        let tmp = trust_dir.join(format!(".{}.pub.{}", self.key_id, std::process::id()));
+        // Unique per writer (several threads of one process may open stores at once).
+        let mut rnd = [0u8; 8];
+        let _ = getrandom::fill(&mut rnd);
+        let tmp = trust_dir.join(format!(
+            ".{}.pub.{}.{}",
+            self.key_id,
+            std::process::id(),
+            crate::core::ids::hex(&rnd)
+        ));
         std::fs::write(&tmp, pem).map_err(|e| err(format!("cannot write: {e}")))?;
         std::fs::rename(&tmp, &path).map_err(|e| err(format!("cannot write: {e}")))
     }

@@ -4,6 +4,10 @@
 //! `Last-Event-ID` gets the journal's items after `n`, or — when the journal no longer holds
 //! them or the id is from an earlier server — every transcript line of the threads in its scope
 //! since `ms`, so it misses nothing that is still in the transcripts (it may see some twice).
+//! One request replays at most [`MAX_REPLAY_THREADS`] threads and [`MAX_REPLAY_ITEMS`] items
+//! (a stale id cannot make it read every transcript of the project); past that it gets a
+//! `lagged` event saying where the rest is. An id is outside input: any numbers in it are
+//! answered, never a panic (a time in the future is now).
 //!
 //! Slow clients never slow threads: the pump never waits on a client; a client that falls
 //! behind the fan-out channel catches up from the journal.
@@ -19,6 +23,10 @@ use tokio::sync::broadcast;
 
 /// Items the journal keeps for reconnecting and lagging clients.
 const JOURNAL: usize = 65_536;
+/// Threads whose transcripts one reconnecting client's replay reads at most (newest first).
+const MAX_REPLAY_THREADS: usize = 200;
+/// Items one replay sends at most (the newest).
+const MAX_REPLAY_ITEMS: usize = 10_000;
 
 /// One event as clients get it.
 #[derive(Debug)]
@@ -232,14 +240,14 @@ impl Hub {
         let oldest = journal.first().map_or(newest + 1, |i| i.n);
         let mut missed = Vec::new();
         match last_id.and_then(parse_id) {
-            Some((boot, n, _)) if boot == self.boot && n + 1 >= oldest => {
+            Some((boot, n, _)) if boot == self.boot && n.saturating_add(1) >= oldest => {
                 for i in journal.iter().filter(|i| i.n > n) {
                     if scope.admits(i) {
                         missed.push(i.clone());
                     }
                 }
             }
-            Some((_, _, ms)) => missed = replay(rt, self.boot, newest, ms, scope),
+            Some((_, _, ms)) => missed = replay(rt, self.boot, newest, ms.min(now_ms()), scope),
             None => {}
         }
         // A subtree scope learns of children started before now.
@@ -338,50 +346,79 @@ fn parse_id(id: &str) -> Option<(u64, u64, u64)> {
 
 /// Transcript lines since `ms` of the threads in `scope` updated since then, oldest first, as
 /// items numbered `newest` (a client reconnecting after them resumes from the journal there).
+/// Bounded: the newest [`MAX_REPLAY_THREADS`] threads, the newest [`MAX_REPLAY_ITEMS`] items;
+/// a cut replay starts with a `lagged` event saying so.
 fn replay(rt: &Runtime, boot: u64, newest: u64, ms: u64, scope: &mut Scope) -> Vec<Arc<Item>> {
     let since = crate::core::ids::ts_of_ms(ms.saturating_sub(1000));
     let filter = crate::registry::ThreadFilter {
         updated_since: Some(since.clone()),
-        limit: Some(10_000),
+        limit: Some(MAX_REPLAY_THREADS + 1),
         ..Default::default()
     };
     let mut rows = rt.list(&filter).unwrap_or_default();
+    let mut cut = rows.len() > MAX_REPLAY_THREADS;
+    rows.truncate(MAX_REPLAY_THREADS);
     rows.reverse();
     let mut lines: Vec<(String, Arc<Item>)> = Vec::new();
     for row in rows {
-        let id = row.id;
-        // One read of the whole transcript (pages would read the file once per page).
-        if let Ok(page) = rt.transcript(&id, None, usize::MAX) {
-            for l in &page.lines {
-                let ts = l["ts"].as_str().unwrap_or_default().to_string();
-                if ts < since {
-                    continue;
-                }
-                let (seq, kind) = (l["seq"].as_i64().unwrap_or(-1), l["type"].as_str());
-                let Some((name, data)) = kind.and_then(|k| line_item(&id, seq, k, l)) else {
-                    continue;
-                };
-                let parent = (name == "thread_started")
-                    .then(|| l["parent"].as_str().and_then(|p| ThreadId::parse(p).ok()))
-                    .flatten();
-                let item = Item::new(
-                    0,
-                    format!("{boot}.{newest}.{}", ms_of_ts(&ts).unwrap_or(ms)),
-                    name,
-                    Some(id.clone()),
-                    parent,
-                    &data,
-                );
-                lines.push((ts, Arc::new(item)));
-            }
-        }
+        replay_thread(rt, (boot, newest, ms), &row.id, &since, &mut lines);
     }
     lines.sort_by(|a, b| a.0.cmp(&b.0));
-    lines
+    let mut items: Vec<Arc<Item>> = lines
         .into_iter()
         .map(|(_, i)| i)
         .filter(|i| scope.admits(i))
-        .collect()
+        .collect();
+    if items.len() > MAX_REPLAY_ITEMS {
+        cut = true;
+        items.drain(..items.len() - MAX_REPLAY_ITEMS);
+    }
+    if cut {
+        let data = json!({
+            "missed": null,
+            "why": format!("the Last-Event-ID is older than one reconnect replays ({MAX_REPLAY_THREADS} threads, {MAX_REPLAY_ITEMS} events): read the rest from GET /v1/threads and /v1/threads/{{id}}/transcript"),
+        });
+        let id = format!("{boot}.{newest}.{ms}");
+        items.insert(0, Arc::new(Item::new(0, id, "lagged", None, None, &data)));
+    }
+    items
+}
+
+/// The items of thread `id`'s transcript lines since `since`, with their times, into `lines`
+/// (numbered as [`replay`]'s, whose boot, newest and ms come first).
+fn replay_thread(
+    rt: &Runtime,
+    (boot, newest, ms): (u64, u64, u64),
+    id: &ThreadId,
+    since: &str,
+    lines: &mut Vec<(String, Arc<Item>)>,
+) {
+    // One read of the whole transcript (pages would read the file once per page).
+    let Ok(page) = rt.transcript(id, None, usize::MAX) else {
+        return;
+    };
+    for l in &page.lines {
+        let ts = l["ts"].as_str().unwrap_or_default().to_string();
+        if ts.as_str() < since {
+            continue;
+        }
+        let (seq, kind) = (l["seq"].as_i64().unwrap_or(-1), l["type"].as_str());
+        let Some((name, data)) = kind.and_then(|k| line_item(id, seq, k, l)) else {
+            continue;
+        };
+        let parent = (name == "thread_started")
+            .then(|| l["parent"].as_str().and_then(|p| ThreadId::parse(p).ok()))
+            .flatten();
+        let item = Item::new(
+            0,
+            format!("{boot}.{newest}.{}", ms_of_ts(&ts).unwrap_or(ms)),
+            name,
+            Some(id.clone()),
+            parent,
+            &data,
+        );
+        lines.push((ts, Arc::new(item)));
+    }
 }
 
 /// Milliseconds since the epoch of a stored `ts`.

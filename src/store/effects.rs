@@ -104,29 +104,38 @@ impl FileStore {
         child: Option<&ThreadId>,
     ) -> Result<Effect, StoreError> {
         let limits = serde_json::json!({ "child": child });
-        let pending = self
-            .scheduled(Some(thread))?
-            .iter()
-            .filter(|e| e.status == "pending")
-            .count();
-        if pending >= MAX_PENDING {
-            return Err(StoreError::Invalid {
-                rule: "schedule.pending",
-                detail: format!("thread {thread} already has {pending} effects pending (at most {MAX_PENDING}); cancel one first"),
-            });
-        }
         let id = format!("fx-{}", &ThreadId::generate("e").as_str()[2..]);
         let kind_s = match kind {
             EffectKind::Directive => "directive",
             EffectKind::Tool => "tool",
         };
-        self.effects(|c| {
-            c.execute(
+        // The count and the insert are one IMMEDIATE transaction: schedulers on other
+        // connections (another process of the project) wait, so the limit holds for all.
+        self.idx(|c| {
+            c.execute_batch(SCHEMA).map_err(storage)?;
+            let tx = c
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(storage)?;
+            let pending: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM effects WHERE thread=?1 AND status='pending'",
+                    [thread.as_str()],
+                    |r| r.get(0),
+                )
+                .map_err(storage)?;
+            if pending >= MAX_PENDING as i64 {
+                return Err(StoreError::Invalid {
+                    rule: "schedule.pending",
+                    detail: format!("thread {thread} already has {pending} effects pending (at most {MAX_PENDING}); cancel one first"),
+                });
+            }
+            tx.execute(
                 "INSERT INTO effects(id, thread, kind, target, inputs, due_at, created_at, status, limits)
                  VALUES(?1,?2,?3,?4,?5,?6,?7,'pending',?8)",
                 params![id, thread.as_str(), kind_s, target, inputs.to_string(), due_at, now_ts(), limits.to_string()],
             )
-            .map_err(storage)
+            .map_err(storage)?;
+            tx.commit().map_err(storage)
         })?;
         self.one_effect(&id)?
             .ok_or_else(|| storage("the effect just written is gone"))

@@ -104,8 +104,8 @@ fn ts(v: &Value) -> Option<String> {
     Some(humantime::format_rfc3339_millis(t).to_string())
 }
 
-/// Imports one nova thread file: a manifest line, then messages (`{role, text}`, legacy lines
-/// without `type`) and engine events (`assistant_text`, `tool_use`, `result`).
+/// Imports one nova thread file: a manifest line, then messages (`{role, text}` as nova writes
+/// them, or `{"type":"message", role, text}` as its contract names them) and engine events (`assistant_text`, `tool_use`, `result`).
 pub fn import_nova(store: &dyn ThreadStore, path: &Path) -> Result<Imported, ImportError> {
     let file = || path.to_path_buf();
     let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
@@ -185,7 +185,10 @@ fn nova_events<'a>(
         };
         let at = v.get("timestamp").cloned().unwrap_or(Value::Null);
         let text = v["text"].as_str().unwrap_or_default().to_string();
-        let event = match (v["type"].as_str(), v["role"].as_str()) {
+        // nova's contract types a message `"type":"message"`; nova's code writes none: both
+        // are messages.
+        let kind = v["type"].as_str().filter(|t| *t != "message");
+        let event = match (kind, v["role"].as_str()) {
             (Some("assistant_text"), _) => {
                 last_assistant = text.clone();
                 json!({ "type": "assistant_text", "text": text, "at": at })

@@ -287,10 +287,10 @@ impl Thread {
     /// Reserves the call's worst case up the ancestor chain.
     async fn reserve(&mut self, prompt_tokens: u64, want: u64) -> Result<Grant, Stop> {
         let min_out = MIN_OUTPUT_TOKENS.min(want);
-        // Every prompt token is reserved at the dearer of the input and cache-read prices: the
-        // bound covers both, and the provider decides which it bills.
+        // Every prompt token is reserved at the dearest of the input, cache-read and cache-write
+        // prices: the bound covers all three, and the provider decides which it bills.
         let mut price = self.price;
-        price.input = price.input.max(price.cache_read);
+        price.input = price.input.max(price.cache_read).max(price.cache_write);
         let grant = ractor::call!(self.ctx.ledger, |reply| LedgerMsg::Reserve {
             id: self.doc.id.clone(),
             price,

@@ -4,11 +4,17 @@
 //!
 //! Owns path confinement and the size limits. Must never read, write, list or delete anything
 //! outside the area: a path is relative, has no `..`, and whatever part of it exists must resolve
-//! (symlinks followed) inside the area. Every refusal is an error result naming the path.
+//! (symlinks followed) inside the area; a regular file with more than one name (a hard link,
+//! perhaps to a file outside) is neither read nor written. Every walk of the area is bounded
+//! (entries visited, time) and says when it was cut. Every refusal is an error result naming the
+//! path.
 
+use super::glob::Glob;
 use crate::provider::ToolSpec;
 use serde_json::{json, Value};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub(crate) use crate::project::config::FileLimits;
 
@@ -20,6 +26,12 @@ const MAX_RESULT_BYTES: usize = 256 * 1024;
 const MAX_HITS: usize = 500;
 /// Files larger than this are not searched by `file_grep`.
 const MAX_GREP_FILE: u64 = 10 * 1024 * 1024;
+/// Entries (files and folders) one `file_find` or `file_grep` visits at most.
+const MAX_WALK_ENTRIES: usize = 10_000;
+/// Time one `file_find` or `file_grep` may take (it holds the area's lock).
+const MAX_WALK_TIME: Duration = Duration::from_secs(5);
+/// Characters a glob may have.
+const MAX_GLOB_CHARS: usize = 512;
 
 /// A file tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +195,32 @@ pub(crate) fn resolve(area: &Path, rel: &str) -> Result<PathBuf, String> {
     Ok(full)
 }
 
+/// Refuses `p` (`rel` of the area) when it is a regular file with more than one name: a hard
+/// link may share its contents with a file outside the area, which no symlink check can see.
+fn one_name(p: &Path, rel: &str) -> Result<(), String> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_file() && m.nlink() > 1 => Err(format!(
+            "path `{rel}` refused: it is a hard link (one file with {} names), which may be a file outside the thread's file area; delete it and write the file anew",
+            m.nlink()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `bytes` to `rel` of `area` (folders made as needed), confined as [`resolve`] says
+/// and never through a hard link: how every file of the area is written.
+pub(crate) fn write_confined(area: &Path, rel: &str, bytes: &[u8]) -> Result<PathBuf, String> {
+    let p = resolve(area, rel)?;
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("`{rel}`: {e}"))?;
+    }
+    // Re-checked after the folders exist: nothing in between may have become a way out.
+    let p = resolve(area, rel)?;
+    one_name(&p, rel)?;
+    std::fs::write(&p, bytes).map_err(|e| format!("`{rel}`: {e}"))?;
+    Ok(p)
+}
+
 fn rel_of(area_root: &Path, p: &Path) -> String {
     p.strip_prefix(area_root)
         .unwrap_or(p)
@@ -195,6 +233,7 @@ fn read(area: &Path, rel: &str, input: &Value) -> Result<Value, String> {
     if p.is_dir() {
         return Err(format!("`{rel}` is a folder (use file_list)"));
     }
+    one_name(&p, rel)?;
     let bytes = std::fs::read(&p).map_err(|e| format!("`{rel}`: {e}"))?;
     let text = String::from_utf8_lossy(&bytes);
     let offset = input
@@ -246,58 +285,109 @@ fn list(area: &Path, rel: &str) -> Result<Value, String> {
     Ok(json!({ "path": rel, "entries": entries }))
 }
 
-/// Every regular file under `dir` (links are not followed), relative paths sorted.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+/// How much of the area a walk may still visit.
+struct Budget {
+    /// Entries left.
+    entries: usize,
+    /// When it stops.
+    until: Instant,
+    /// It ran out.
+    cut: bool,
+}
+
+impl Budget {
+    /// The budget of one `file_find` or `file_grep`.
+    fn tool() -> Budget {
+        Budget {
+            entries: MAX_WALK_ENTRIES,
+            until: Instant::now() + MAX_WALK_TIME,
+            cut: false,
+        }
+    }
+
+    /// No bound (the area's size, which a limit is checked against).
+    fn all() -> Budget {
+        Budget {
+            entries: usize::MAX,
+            until: Instant::now() + Duration::from_secs(86_400),
+            cut: false,
+        }
+    }
+
+    /// Takes one entry; false (and `cut`) when none is left.
+    fn take(&mut self) -> bool {
+        if self.entries == 0 || Instant::now() >= self.until {
+            self.cut = true;
+            return false;
+        }
+        self.entries -= 1;
+        true
+    }
+
+    /// What a result says when the walk was cut.
+    fn note(&self) -> Option<String> {
+        self.cut.then(|| format!("the walk stopped after {MAX_WALK_ENTRIES} entries or {}s of the file area: the answer is incomplete; narrow it to a folder (e.g. `notes/**/*.md`)", MAX_WALK_TIME.as_secs()))
+    }
+}
+
+/// The regular files under `dir` (links are not followed) while `budget` lasts, sorted per folder.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, budget: &mut Budget) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut items: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+    let mut items = Vec::new();
+    for e in rd.flatten() {
+        if !budget.take() {
+            break;
+        }
+        items.push(e.path());
+    }
     items.sort();
     for p in items {
         match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => walk(&p, out),
+            Ok(m) if m.is_dir() => walk(&p, out, budget),
             Ok(m) if m.is_file() => out.push(p),
             _ => {}
         }
     }
 }
 
-fn find(area: &Path, glob: &str) -> Result<Value, String> {
-    let root = resolve(area, ".")?;
-    let mut files = Vec::new();
-    walk(&root, &mut files);
-    let pattern: Vec<&str> = glob.trim_start_matches("./").split('/').collect();
-    let hits: Vec<String> = files
-        .iter()
-        .map(|f| rel_of(&root, f))
-        .filter(|r| glob_match(&pattern, &r.split('/').collect::<Vec<_>>()))
-        .collect();
-    let more = hits.len() > MAX_HITS;
-    Ok(
-        json!({ "glob": glob, "paths": hits.into_iter().take(MAX_HITS).collect::<Vec<_>>(), "more": more }),
-    )
+/// A result with `note` (why it is incomplete) as `cut`, when there is one.
+fn with_cut(mut v: Value, note: Option<String>) -> Value {
+    if let (Some(n), Some(o)) = (note, v.as_object_mut()) {
+        o.insert("cut".into(), json!(n));
+    }
+    v
 }
 
-/// Glob over path segments: `**` any number of segments, `*` any run within one, `?` one char.
-fn glob_match(pat: &[&str], path: &[&str]) -> bool {
-    match pat.split_first() {
-        None => path.is_empty(),
-        Some((&"**", rest)) => (0..=path.len()).any(|i| glob_match(rest, &path[i..])),
-        Some((seg, rest)) => {
-            !path.is_empty()
-                && segment_match(seg.as_bytes(), path[0].as_bytes())
-                && glob_match(rest, &path[1..])
+fn find(area: &Path, glob: &str) -> Result<Value, String> {
+    if glob.chars().count() > MAX_GLOB_CHARS {
+        return Err(format!(
+            "the glob has more than {MAX_GLOB_CHARS} characters: give a shorter one"
+        ));
+    }
+    let root = resolve(area, ".")?;
+    let pattern = Glob::new(glob);
+    // Only the folder the glob names can hold a match.
+    let start = resolve(area, &pattern.folder())?;
+    let mut budget = Budget::tool();
+    let mut files = Vec::new();
+    walk(&start, &mut files, &mut budget);
+    let mut hits = Vec::new();
+    for f in &files {
+        if Instant::now() >= budget.until {
+            budget.cut = true;
+            break;
+        }
+        let r = rel_of(&root, f);
+        if pattern.matches(&r) {
+            hits.push(r);
         }
     }
-}
-
-fn segment_match(p: &[u8], s: &[u8]) -> bool {
-    match p.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| segment_match(rest, &s[i..])),
-        Some((b'?', rest)) => !s.is_empty() && segment_match(rest, &s[1..]),
-        Some((c, rest)) => s.first() == Some(c) && segment_match(rest, &s[1..]),
-    }
+    let more = hits.len() > MAX_HITS;
+    hits.truncate(MAX_HITS);
+    let v = json!({ "glob": glob, "paths": hits, "more": more });
+    Ok(with_cut(v, budget.note()))
 }
 
 fn grep(area: &Path, pattern: &str, rel: &str) -> Result<Value, String> {
@@ -308,16 +398,23 @@ fn grep(area: &Path, pattern: &str, rel: &str) -> Result<Value, String> {
     let root = resolve(area, ".")?;
     let start = resolve(area, rel)?;
     let mut files = Vec::new();
+    let mut budget = Budget::tool();
     if start.is_file() {
         files.push(start);
     } else {
-        walk(&start, &mut files);
+        walk(&start, &mut files, &mut budget);
     }
     let mut hits = Vec::new();
     let mut more = false;
     'files: for f in files {
-        if std::fs::metadata(&f).map_or(true, |m| m.len() > MAX_GREP_FILE) {
+        // A file with more names may be one outside the area: not read (see `one_name`).
+        let m = std::fs::symlink_metadata(&f);
+        if m.map_or(true, |m| m.len() > MAX_GREP_FILE || m.nlink() > 1) {
             continue;
+        }
+        if Instant::now() >= budget.until {
+            budget.cut = true;
+            break;
         }
         let Ok(bytes) = std::fs::read(&f) else {
             continue;
@@ -340,12 +437,13 @@ fn grep(area: &Path, pattern: &str, rel: &str) -> Result<Value, String> {
             }
         }
     }
-    Ok(json!({ "pattern": pattern, "matches": hits, "more": more }))
+    let v = json!({ "pattern": pattern, "matches": hits, "more": more });
+    Ok(with_cut(v, budget.note()))
 }
 
 fn area_bytes(root: &Path, except: &Path) -> u64 {
     let mut files = Vec::new();
-    walk(root, &mut files);
+    walk(root, &mut files, &mut Budget::all());
     files
         .iter()
         .filter(|f| f.as_path() != except)
@@ -375,12 +473,7 @@ fn write(area: &Path, rel: &str, content: &str, limits: FileLimits) -> Result<Va
             limits.max_area_bytes
         ));
     }
-    if let Some(dir) = p.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("`{rel}`: {e}"))?;
-    }
-    // Re-checked after the folders exist: nothing in between may have become a way out.
-    let p = resolve(area, rel)?;
-    std::fs::write(&p, content).map_err(|e| format!("`{rel}`: {e}"))?;
+    write_confined(area, rel, content.as_bytes())?;
     Ok(json!({ "path": rel, "bytes": n }))
 }
 
@@ -424,10 +517,19 @@ pub(crate) fn copy_between(
                 n += copy(&e.path(), &dst.join(e.file_name()))?;
             }
             Ok(n)
+        } else if m.is_file() && m.nlink() > 1 {
+            Err(std::io::Error::other(format!(
+                "{} is a hard link (one file with {} names), which may be a file outside the area; it is not copied",
+                src.display(),
+                m.nlink()
+            )))
         } else if m.is_file() {
             if let Some(d) = dst.parent() {
                 std::fs::create_dir_all(d)?;
             }
+            // A name already there (a link planted in the target area) is replaced, never
+            // written through.
+            let _ = std::fs::remove_file(dst);
             std::fs::copy(src, dst)
         } else {
             Ok(0)
@@ -437,25 +539,4 @@ pub(crate) fn copy_between(
         return Err(format!("`{rel}` does not exist in the file area"));
     }
     copy(&src, &dst).map_err(|e| format!("copying `{rel}`: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs_match_by_segment() {
-        let m = |p: &str, s: &str| {
-            glob_match(
-                &p.split('/').collect::<Vec<_>>(),
-                &s.split('/').collect::<Vec<_>>(),
-            )
-        };
-        assert!(m("*.md", "a.md"));
-        assert!(!m("*.md", "d/a.md"));
-        assert!(m("**/*.md", "d/e/a.md"));
-        assert!(m("**/*.md", "a.md"));
-        assert!(m("d/?.txt", "d/x.txt"));
-        assert!(!m("d/?.txt", "d/xy.txt"));
-    }
 }

@@ -9,6 +9,7 @@
 mod code;
 mod command;
 mod files;
+mod glob;
 mod groups;
 mod mcp;
 mod process;

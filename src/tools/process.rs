@@ -335,7 +335,8 @@ fn how_it_failed(status: std::process::ExitStatus) -> String {
 }
 
 /// A result longer than `max` bytes: the first `max` bytes (on a character boundary) and a note
-/// naming where the whole text was kept in the thread's file area (`tool-output/`).
+/// naming where the whole text was kept in the thread's file area (`tool-output/`, written as
+/// the file tools write: confined to the area, never through a link).
 pub(super) fn cut_and_keep(
     text: &str,
     total: usize,
@@ -346,14 +347,14 @@ pub(super) fn cut_and_keep(
     capped: bool,
 ) -> String {
     let rel = format!("tool-output/{}-{}.txt", sanitize(tool), sanitize(call_id));
-    let kept = std::fs::create_dir_all(files.join("tool-output"))
-        .and_then(|()| std::fs::write(files.join(&rel), text));
+    // Confined as every write of the area is: a `tool-output` linked out is refused.
+    let kept = super::files::write_confined(files, &rel, text.as_bytes());
     let mut cut = (max as usize).min(text.len());
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
     let note = match kept {
-        Ok(()) => format!(
+        Ok(_) => format!(
             "\n[output cut at {cut} of {total} bytes{}; the whole output is in the file area at `{rel}` (file_read)]",
             if capped { ", itself cut at the 64 MiB cap" } else { "" }
         ),

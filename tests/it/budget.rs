@@ -185,6 +185,7 @@ const P: Price = Price {
     input: 1_000_000_000,
     output: 3_000_000_000,
     cache_read: 0,
+    cache_write: 0,
 };
 
 #[derive(Debug, Clone)]

@@ -249,3 +249,50 @@ async fn what_a_thread_may_schedule_is_checked_and_orphans_are_failed() {
     assert!(now[0]["result"].as_str().unwrap().contains("interrupted"));
     rt.shutdown();
 }
+
+/// The limit of pending effects holds against schedulers racing on separate connections to
+/// store.db (two processes of one project): the count and the insert are one transaction.
+#[test]
+fn the_pending_limit_holds_under_concurrent_schedulers() {
+    let fx = fixture();
+    let thread = weft::ThreadId::parse("t-1-00000000").unwrap();
+    let workers = 8;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(workers));
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let (project, thread, start) = (fx.project(), thread.clone(), start.clone());
+            std::thread::spawn(move || {
+                let store = weft::FileStore::open(&project).unwrap();
+                store.scheduled(None).unwrap();
+                start.wait();
+                (0..4)
+                    .map(|_| {
+                        store
+                            .schedule(
+                                &thread,
+                                weft::EffectKind::Tool,
+                                "stamp",
+                                &json!({}),
+                                "2999-01-01T00:00:00.000Z",
+                                None,
+                            )
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        refused.iter().all(|e| e.contains("at most 16")),
+        "{refused:?}"
+    );
+    let store = weft::FileStore::open(&fx.project()).unwrap();
+    let pending = store.scheduled(Some(&thread)).unwrap().len();
+    assert_eq!(pending, 16, "{} refused", refused.len());
+}

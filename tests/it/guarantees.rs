@@ -139,6 +139,7 @@ impl weft::Provider for Overbiller {
                     input_tokens: 1_000_000,
                     output_tokens: 1,
                     cache_read_tokens: 0,
+                    cache_write_tokens: 0,
                 },
                 stop_reason: "tool_use".into(),
                 ..Default::default()
@@ -439,6 +440,7 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
         input: 1_000_000_000,
         output: 1_000_000_000,
         cache_read: 0,
+        cache_write: 0,
     };
     let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
         id: parent.clone(),

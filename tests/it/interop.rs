@@ -230,3 +230,45 @@ fn deepagents_metadata_and_lineage_import_and_broken_files_are_reported() {
     assert!(row.parent_id.is_none(), "lineage, not a budget tree");
     assert!(fx.verify_all().is_empty());
 }
+
+/// nova's contract names a message line `{"type":"message","role":…,"text":…}`; nova's own code
+/// writes it without `type`. A file holding both forms imports every message of either.
+#[test]
+fn nova_message_events_import_as_well_as_untyped_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("both.jsonl");
+    std::fs::write(
+        &file,
+        [
+            r#"{"id":"both-1","agentId":"nova","createdAt":"2026-02-17T10:00:00.000Z","updatedAt":"2026-02-17T10:01:00.000Z"}"#,
+            r#"{"type":"message","role":"user","text":"typed question","timestamp":"2026-02-17T10:00:01.000Z"}"#,
+            r#"{"type":"message","role":"assistant","text":"typed answer","timestamp":"2026-02-17T10:00:02.000Z"}"#,
+            r#"{"role":"user","text":"untyped question","timestamp":"2026-02-17T10:00:03.000Z"}"#,
+            r#"{"role":"assistant","text":"untyped answer","timestamp":"2026-02-17T10:00:04.000Z"}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let store = weft::MemoryStore::new();
+    let out = weft::import_nova(&store, &file).unwrap();
+    assert!(out.skipped.is_empty(), "{:?}", out.skipped);
+    let id = &out.threads[0].1;
+    let page = weft::ThreadStore::load(&store, id, None, 100).unwrap();
+    let said: Vec<(String, String)> = page
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "message" || l["type"] == "assistant_text")
+        .map(|l| {
+            let who = l["role"].as_str().unwrap_or("assistant").to_string();
+            (who, l["text"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let want = [
+        ("user", "typed question"),
+        ("assistant", "typed answer"),
+        ("user", "untyped question"),
+        ("assistant", "untyped answer"),
+    ]
+    .map(|(w, t)| (w.to_string(), t.to_string()));
+    assert_eq!(said, want);
+}

@@ -23,6 +23,8 @@ mod fake_llm;
 mod guarantees;
 mod hooks;
 #[cfg(feature = "cli")]
+mod input;
+#[cfg(feature = "cli")]
 mod interop;
 mod layout;
 #[cfg(feature = "cli")]

@@ -615,3 +615,45 @@ async fn a_call_that_ignores_the_cancel_is_abandoned_at_its_upper_bound() {
     assert!(violations.is_empty(), "{violations:?}");
     assert_eq!(open, 0, "nothing left reserved");
 }
+
+/// Anthropic bills tokens written to its prompt cache at 1.25× the input price: a response
+/// reporting `cache_creation_input_tokens` to a model of the built-in table is charged so, and
+/// the table carries Anthropic's documented tool-use system prompt (346 tokens; 530 on Claude 3
+/// models) as each call's overhead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_cache_writes_cost_a_quarter_more_than_input() {
+    let (base, fake) = fake_llm::start().await;
+    let mut events = fake_llm::anthropic("cached", None, 100, 20, 10);
+    events[0] = events[0].replace(
+        "\"cache_creation_input_tokens\":0",
+        "\"cache_creation_input_tokens\":40",
+    );
+    assert!(events[0].contains(":40"), "{}", events[0]);
+    fake.stream(events);
+    // claude-haiku-4-5 as built in: $1/M in, $1.25/M cache write, $0.10/M cache read, $5/M out.
+    let config = config("anthropic", &base, "").replace("fast: m1", "fast: claude-haiku-4-5");
+    let fx = project(&solo(), &config);
+    let (report, _rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(
+        report.spend_nanos.0,
+        100 * 1000 + 40 * 1250 + 20 * 100 + 10 * 5000
+    );
+
+    let c = weft::Config::default();
+    for (model, overhead) in [
+        ("claude-haiku-4-5", 346),
+        ("claude-sonnet-4-5-20250929", 346),
+        ("claude-opus-4-1", 346),
+        ("claude-3-5-haiku-latest", 530),
+        ("claude-3-opus-20240229", 530),
+    ] {
+        assert!(c.prompt_overhead_of(model) >= overhead, "{model}");
+    }
+    assert_eq!(c.prompt_overhead_of("gpt-5-mini"), 256);
+    for model in ["claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-1"] {
+        let p = serde_json::to_value(c.price(model).unwrap()).unwrap();
+        let (write, input) = (p["cache_write"].as_i64(), p["input"].as_i64().unwrap());
+        assert_eq!(write, Some(input * 5 / 4), "{model}: {p}");
+    }
+}

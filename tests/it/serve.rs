@@ -659,3 +659,22 @@ async fn the_api_runs_library_directives_only_and_the_socket_is_private() {
         }
     }
 }
+
+/// A `Last-Event-ID` from the far future (or any number a client makes up) is answered like
+/// any other: the stream opens, nothing is replayed from the future, and the server lives on.
+#[tokio::test]
+async fn a_last_event_id_from_the_far_future_opens_the_stream() {
+    let fx = research();
+    let srv = Server::start(&fx, &[]);
+    for id in [
+        "1.1.99999999999999999",
+        "1.1.18446744073709551615",
+        "18446744073709551615.18446744073709551615.0",
+    ] {
+        let mut stream = Box::pin(srv.events("/v1/events", Some(id)).await);
+        let nothing = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
+        assert!(nothing.is_err(), "{id}: replayed {nothing:?}");
+    }
+    let (status, _) = srv.call("GET", "/v1/threads", None).await;
+    assert_eq!(status, 200);
+}

@@ -48,17 +48,18 @@ pub(super) fn spec(b: Builtin) -> ToolSpec {
 
 fn delay_of(v: &Value) -> Result<Duration, String> {
     let d = match v {
+        // Checked, never `from_secs_f64`: a model's 1e20 is an error, not a panic.
         Value::Number(n) => n
             .as_f64()
             .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
+            .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
             .ok_or("`delay` in seconds must be a number ≥ 0")?,
         Value::String(s) => humantime::parse_duration(s)
             .map_err(|e| format!("`delay` {s:?}: {e} (e.g. \"90s\", \"2h\")"))?,
         _ => return Err("`delay` is a duration (\"90s\") or a number of seconds".into()),
     };
     if d > MAX_DELAY {
-        return Err("`delay` is at most 30 days".into());
+        return Err("`delay` is at most 30 days: give a shorter one".into());
     }
     Ok(d)
 }

@@ -25,17 +25,20 @@ pub(crate) struct Call {
 
 impl Call {
     /// What a call the provider did not fully report may have been billed: the prompt tokens
-    /// it reported, else the prompt bound; and every output token granted.
+    /// it reported, else the prompt bound (every one of them perhaps a cache write, the dearest);
+    /// and every output token granted.
     pub(crate) fn upper_bound(&self, reported: Usage) -> Usage {
         let prompt_reported = reported.input_tokens + reported.cache_read_tokens > 0;
+        let (input_tokens, cache_write_tokens) = if prompt_reported {
+            (reported.input_tokens, reported.cache_write_tokens)
+        } else {
+            (self.prompt_tokens, self.prompt_tokens)
+        };
         Usage {
-            input_tokens: if prompt_reported {
-                reported.input_tokens
-            } else {
-                self.prompt_tokens
-            },
+            input_tokens,
             output_tokens: reported.output_tokens.max(self.max_output),
             cache_read_tokens: reported.cache_read_tokens,
+            cache_write_tokens,
         }
     }
 }
@@ -101,6 +104,7 @@ fn add_usage(total: &mut Usage, u: &Usage) {
     total.input_tokens += u.input_tokens;
     total.output_tokens += u.output_tokens;
     total.cache_read_tokens += u.cache_read_tokens;
+    total.cache_write_tokens += u.cache_write_tokens;
 }
 
 /// Exponential backoff with jitter: 250 ms × 2^n (±25 %), capped at 30 s.

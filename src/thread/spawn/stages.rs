@@ -94,6 +94,7 @@ pub(crate) fn min_first_call(plan: &Plan) -> Nanos {
         input_tokens: (plan.prompt.len() as u64).div_ceil(3),
         output_tokens: MIN_OUTPUT_TOKENS,
         cache_read_tokens: 0,
+        cache_write_tokens: 0,
     })
 }
 

@@ -38,7 +38,10 @@ fn throw(ctx: &Ctx<'_>, msg: &str) -> rquickjs::Error {
 pub(crate) fn run(source: &str, timeout: Option<f64>, env: CodeEnv) -> Result<Value, String> {
     let time = timeout
         .filter(|t| t.is_finite() && *t > 0.0)
-        .map_or(DEFAULT_TIME, Duration::from_secs_f64)
+        .map_or(DEFAULT_TIME, |t| {
+            // Checked: a model's 1e300 means "the most", not a panic.
+            Duration::try_from_secs_f64(t).unwrap_or(MAX_TIME)
+        })
         .min(MAX_TIME);
     let rt = Runtime::new().map_err(|e| format!("the JavaScript engine did not start: {e}"))?;
     rt.set_memory_limit(MEMORY);
