@@ -34,6 +34,8 @@ mod otel;
 mod providers;
 mod records;
 #[cfg(feature = "server")]
+mod redact;
+#[cfg(feature = "server")]
 mod serve;
 #[cfg(feature = "cli")]
 mod state;

@@ -338,7 +338,7 @@ impl Files {
         )
         .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         transcript
-            .append_line(started_line(plan, req))
+            .append_line(started_line(plan, req), &ctx.redactor())
             .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         crate::core::failpoint::hit("spawn.transcript");
         files.transcript = Some(transcript);
