@@ -1,17 +1,28 @@
-//! Secret redaction: every occurrence of a secret value becomes `[secret:NAME]`. A plain value
-//! (no I/O); the runtime holds the current one and applies it before anything is written or
-//! sent — transcript lines, live events, tool results, streamed text, thread.json.
+//! Secret redaction: every occurrence of a secret value becomes `[secret:NAME]` — in clear and
+//! in the forms a tool commonly prints it in (JSON-escaped, base64, percent-encoded: see
+//! `forms`). A plain value (no I/O); the runtime holds the current one and applies it before
+//! anything is written or sent — transcript lines, live events, tool results, streamed text,
+//! thread.json.
 
 use serde_json::Value;
 use std::borrow::Cow;
 
+mod forms;
+
 /// The shortest value accepted as a secret: shorter ones would redact ordinary text.
 pub(crate) const MIN_SECRET_LEN: usize = 6;
 
-/// The secrets to hide, longest value first (so a secret containing another is hidden whole).
+/// The secrets to hide, each in every form it is searched for. Built once when the secrets
+/// load, so redacting a line is a few substring searches per secret.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Redactor {
-    pairs: Vec<(String, String)>,
+    /// Every fixed form of every secret with the marker that replaces it, longest first (so a
+    /// form containing another is hidden whole).
+    forms: Vec<(String, String)>,
+    /// The secrets whose percent-encoded forms are searched for, with their markers.
+    secrets: Vec<(String, String)>,
+    /// The longest form in bytes: a percent-encoded one, three bytes per byte, at most.
+    longest: usize,
 }
 
 impl Redactor {
@@ -23,25 +34,51 @@ impl Redactor {
             .collect();
         pairs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
         pairs.dedup_by(|a, b| a.1 == b.1);
-        Redactor { pairs }
+        let secrets: Vec<(String, String)> = pairs
+            .into_iter()
+            .map(|(name, value)| (value, format!("[secret:{name}]")))
+            .collect();
+        let mut forms: Vec<(String, String)> = secrets
+            .iter()
+            .flat_map(|(v, m)| forms::fixed_forms(v).into_iter().map(|f| (f, m.clone())))
+            .collect();
+        forms.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        forms.dedup_by(|a, b| a.0 == b.0);
+        let longest = secrets.first().map_or(0, |s| 3 * s.0.len());
+        let longest = forms.iter().map(|f| f.0.len()).fold(longest, usize::max);
+        Redactor {
+            forms,
+            secrets,
+            longest,
+        }
     }
 
     /// No secrets: nothing to do (the common case, one branch).
     pub(crate) fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
+        self.secrets.is_empty()
     }
 
-    /// The longest secret's length in bytes.
+    /// The longest form of a secret in bytes (what a stream must hold back, less one).
     pub(crate) fn longest(&self) -> usize {
-        self.pairs.first().map_or(0, |p| p.1.len())
+        self.longest
     }
 
-    /// `text` with every secret replaced by `[secret:NAME]`.
+    /// `text` with every secret, in every form, replaced by `[secret:NAME]`.
     pub(crate) fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
-        for (name, value) in &self.pairs {
-            if out.contains(value.as_str()) {
-                out = Cow::Owned(out.replace(value.as_str(), &format!("[secret:{name}]")));
+        for (form, marker) in &self.forms {
+            if out.contains(form.as_str()) {
+                out = Cow::Owned(out.replace(form.as_str(), marker));
+            }
+        }
+        for (value, marker) in &self.secrets {
+            // Without a `%` (or a `+` for a space) a percent-encoded form is the clear one.
+            let escaped = out.contains('%') || (value.contains(' ') && out.contains('+'));
+            if !escaped {
+                continue;
+            }
+            if let Some(clean) = forms::replace_percent(&out, value, marker) {
+                out = Cow::Owned(clean);
             }
         }
         out
@@ -78,8 +115,8 @@ impl Redactor {
 }
 
 /// Redacts a stream of text pieces (streamed model output): a secret split across two pieces
-/// is still caught, because the last `longest − 1` bytes are held back until the next piece
-/// or [`StreamRedactor::finish`].
+/// is still caught, in any of its forms, because the last `longest − 1` bytes (the longest
+/// form, [`Redactor::longest`]) are held back until the next piece or [`StreamRedactor::finish`].
 #[derive(Debug, Default)]
 pub(crate) struct StreamRedactor {
     held: String,
@@ -116,6 +153,7 @@ impl StreamRedactor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn secrets_are_replaced_wherever_they_are() {
@@ -146,5 +184,110 @@ mod tests {
         }
         out.push_str(&s.finish(&r));
         assert_eq!(out, "the key is [secret:TOKEN] and énd");
+    }
+
+    #[test]
+    fn a_secret_is_caught_in_the_forms_a_tool_prints_it_in() {
+        let secret = "pa\"ss\\word9é?>~";
+        let r = Redactor::new([("T".to_string(), secret.to_string())]);
+        for printed in [
+            r#"{"t":"pa\"ss\\word9é?>~"}"#,
+            r#"{"t":"pa\"ss\\word9\u00e9?>~"}"#,
+            "cGEic3Ncd29yZDnDqT8+fg==",
+            "cGEic3Ncd29yZDnDqT8-fg",
+            "Authorization: Basic dXNlcjpwYSJzc1x3b3JkOcOpPz5+",
+            "q=pa%22ss%5Cword9%C3%A9%3F%3E~",
+            "q=pa%22ss%5cword9%c3%a9%3f%3e%7e",
+        ] {
+            let out = r.redact(printed);
+            assert!(out.contains("[secret:T]"), "{printed} → {out}");
+        }
+        assert_eq!(
+            r.redact("Authorization: Basic dXNlcjpwYSJzc1x3b3JkOcOpPz5+"),
+            "Authorization: Basic dXNlcjp[secret:T]"
+        );
+        assert_eq!(r.redact("cGEic3Ncd29yZDnDqT8+fg== ok"), "[secret:T] ok");
+        let plain = "an ordinary line: 100% of pa\"ss and cGEic3Nc";
+        assert_eq!(r.redact(plain), plain);
+        assert!(r.longest() >= 3 * secret.len());
+    }
+
+    fn any_char() -> impl Strategy<Value = char> {
+        prop_oneof![
+            4 => proptest::char::range(' ', '~'),
+            1 => proptest::sample::select(vec!['"', '\\', '/', '+', '%', ' ', 'é', '中', '😀', '\n']),
+        ]
+    }
+
+    fn text(len: std::ops::Range<usize>) -> impl Strategy<Value = String> {
+        proptest::collection::vec(any_char(), len).prop_map(|c| c.into_iter().collect())
+    }
+
+    /// `s` percent-encoded: every byte outside the unreserved set (or every byte) as `%XX`.
+    fn percent(s: &str, upper: bool, all: bool, plus: bool) -> String {
+        let mut out = String::new();
+        for b in s.bytes() {
+            match b {
+                b' ' if plus => out.push('+'),
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' if !all => {
+                    out.push(char::from(b))
+                }
+                b if upper => out.push_str(&format!("%{b:02X}")),
+                b => out.push_str(&format!("%{b:02x}")),
+            }
+        }
+        out
+    }
+
+    /// Redacts `text` whole and in `cuts` streamed pieces; checks neither output holds `form`.
+    fn hidden(r: &Redactor, text: &str, form: &str, cuts: &[usize]) -> Result<(), TestCaseError> {
+        let out = r.redact(text);
+        prop_assert!(out.contains("[secret:S]"), "{text:?} → {out:?}");
+        prop_assert!(!out.contains(form), "{form:?} left in {out:?}");
+        let (mut s, mut streamed, mut at) = (StreamRedactor::default(), String::new(), 0);
+        for &c in cuts {
+            let mut c = (at + c).min(text.len());
+            while !text.is_char_boundary(c) {
+                c += 1;
+            }
+            streamed.push_str(&s.push(r, &text[at..c]));
+            at = c;
+        }
+        streamed.push_str(&s.push(r, &text[at..]));
+        streamed.push_str(&s.finish(r));
+        prop_assert!(
+            !streamed.contains(form),
+            "{form:?} streamed in {streamed:?}"
+        );
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn every_form_of_a_random_secret_is_redacted(
+            secret in text(6..20), pre in text(0..10), post in text(0..10),
+            pre_bytes in proptest::collection::vec(any::<u8>(), 0..6),
+            post_bytes in proptest::collection::vec(any::<u8>(), 0..6),
+            upper: bool, all: bool, plus: bool,
+            cuts in proptest::collection::vec(0usize..40, 0..6),
+        ) {
+            let r = Redactor::new([("S".to_string(), secret.clone())]);
+            hidden(&r, &format!("{pre}{secret}{post}"), &secret, &cuts)?;
+            let json = serde_json::to_string(&format!("{pre}{secret}{post}")).unwrap();
+            let escaped = serde_json::to_string(&secret).unwrap();
+            hidden(&r, &json, &escaped[1..escaped.len() - 1], &cuts)?;
+            let encoded = percent(&secret, upper, all, plus);
+            hidden(&r, &format!("{pre}{encoded}{post}"), &encoded, &cuts)?;
+            let whole = [&pre_bytes[..], secret.as_bytes(), &post_bytes[..]].concat();
+            let (from, to) = ((8 * pre_bytes.len()).div_ceil(6), 8 * (pre_bytes.len() + secret.len()) / 6);
+            for alphabet in [forms::STANDARD, forms::URL_SAFE] {
+                let b64 = forms::base64(&whole, alphabet);
+                if to - from >= forms::MIN_BASE64_RUN {
+                    hidden(&r, &format!("{pre}{b64}=={post}"), &b64[from..to], &cuts)?;
+                }
+            }
+        }
     }
 }

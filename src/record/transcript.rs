@@ -7,6 +7,7 @@
 
 use super::line::Line;
 use crate::core::ids::now_ts;
+use crate::core::redact::Redactor;
 use crate::project::config::Durability;
 use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
 use serde_json::{json, Map, Value};
@@ -150,9 +151,11 @@ impl TranscriptWriter {
         Ok(())
     }
 
-    /// Appends one typed line (see [`Self::append`]).
-    pub(crate) fn append_line(&mut self, line: Line) -> std::io::Result<()> {
-        let (kind, payload) = line.into_parts();
+    /// Appends one typed line (see [`Self::append`]) with every secret in it redacted: the
+    /// writers outside a thread's own `log` (its first line, the end of a dead thread).
+    pub(crate) fn append_line(&mut self, line: Line, redactor: &Redactor) -> std::io::Result<()> {
+        let (kind, mut payload) = line.into_parts();
+        redactor.redact_value(&mut payload);
         self.append(&kind, payload)
     }
 

@@ -179,9 +179,12 @@ impl FileStore {
         Ok((rep.events, rep.torn_last_line))
     }
 
-    /// Writes `events` through a chained writer and signs the end of them.
-    fn write_events(w: &mut TranscriptWriter, events: Vec<Value>) -> Result<(), StoreError> {
+    /// Writes `events` through a chained writer, every secret in them redacted (a line added
+    /// from outside is held to the rule a thread's own are), and signs the end of them.
+    fn write_events(&self, w: &mut TranscriptWriter, events: Vec<Value>) -> Result<(), StoreError> {
+        let redactor = self.redactor();
         for mut e in events {
+            redactor.redact_value(&mut e);
             let kind = e["type"].as_str().unwrap_or_default().to_string();
             if let Some(o) = e.as_object_mut() {
                 o.remove("type");
@@ -221,7 +224,7 @@ impl ThreadStore for FileStore {
             self.checkpoint_every,
         )
         .map_err(storage)?;
-        FileStore::write_events(&mut w, t.events)?;
+        self.write_events(&mut w, t.events)?;
         let doc = ThreadDoc {
             version: 1,
             id: id.clone(),
@@ -400,7 +403,7 @@ impl ThreadStore for FileStore {
             self.checkpoint_every,
         )
         .map_err(storage)?;
-        FileStore::write_events(&mut w, events)?;
+        self.write_events(&mut w, events)?;
         doc.transcript_head = w.head().clone();
         doc.updated_at = now_ts();
         doc.write_signed(&self.doc_path(id), &self.signer, true)

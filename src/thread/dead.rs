@@ -332,6 +332,7 @@ fn end_transcript(
             )
         })
     };
+    let redactor = ctx.redactor();
     let written = repaired.and_then(|(head, fresh)| {
         let mut w = TranscriptWriter::open_append(
             &tr_path,
@@ -346,22 +347,25 @@ fn end_transcript(
             false => "",
         };
         for (reservation, amount) in charged {
-            let _ = w.append_line(charged_line(&row.model, *reservation, *amount));
+            let _ = w.append_line(charged_line(&row.model, *reservation, *amount), &redactor);
         }
         let gone = Gone {
             owner_pid: row.owner_pid,
             torn_line_kept: rec.torn_line_kept,
             note: note.into(),
         };
-        let _ = w.append_line(end.kind.line(gone));
-        let _ = w.append_line(Line::ThreadFinished {
-            status: end.status,
-            error: Some(end.error.clone()),
-            spend_nanos: Nanos(spend.tree),
-            own_spend_nanos: Nanos(spend.own),
-            run: None,
-            error_kind: Some(end.kind.as_str().into()),
-        });
+        let _ = w.append_line(end.kind.line(gone), &redactor);
+        let _ = w.append_line(
+            Line::ThreadFinished {
+                status: end.status,
+                error: Some(end.error.clone()),
+                spend_nanos: Nanos(spend.tree),
+                own_spend_nanos: Nanos(spend.own),
+                run: None,
+                error_kind: Some(end.kind.as_str().into()),
+            },
+            &redactor,
+        );
         if let Err(e) = w.checkpoint() {
             rec.problems.push(format!("{}: {e}", tr_path.display()));
         }

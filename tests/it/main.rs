@@ -40,6 +40,8 @@ mod procs;
 mod providers;
 mod records;
 #[cfg(feature = "server")]
+mod redact;
+#[cfg(feature = "server")]
 mod serve;
 #[cfg(feature = "cli")]
 mod state;

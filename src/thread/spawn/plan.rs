@@ -72,8 +72,9 @@ impl Plan {
             Origin::Continue(..) | Origin::Fork(_) => (Map::new(), String::new()),
             _ => {
                 let inputs = directive.validate_inputs(&req.inputs)?;
+                // An input may carry a secret: the model is never sent it in clear.
                 let prompt = directive.render(&inputs)?;
-                (inputs, prompt)
+                (inputs, ctx.redactor().redact(&prompt).into_owned())
             }
         };
         let (limits, caps, kept_model) =

@@ -339,7 +339,7 @@ impl Files {
         )
         .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         transcript
-            .append_line(started_line(plan, req))
+            .append_line(started_line(plan, req), &ctx.redactor())
             .map_err(|e| SpawnError::Storage(format!("transcript: {e}")))?;
         crate::core::failpoint::hit("spawn.transcript");
         files.transcript = Some(transcript);
