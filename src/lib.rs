@@ -144,6 +144,34 @@ pub mod internals {
     pub use crate::store::messages as search_messages;
     pub use crate::thread::rebuild_conversation;
 
+    /// Parsers of outside input, for the fuzz test (`tests/it/fuzz.rs`): each takes what a
+    /// user or another program may write and must answer with a value or an error, never panic.
+    pub mod fuzz {
+        use std::path::Path;
+
+        /// A hook file's text (written to `dir/hooks.yaml` and loaded as the project's).
+        pub fn hooks(dir: &Path, text: &str) -> Result<(), String> {
+            std::fs::write(dir.join("hooks.yaml"), text).map_err(|e| e.to_string())?;
+            crate::hooks::Hooks::load(dir, dir, dir, Default::default())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+
+        /// A command tool file's text.
+        pub fn tool(dir: &Path, text: &str) -> Result<(), String> {
+            let file = dir.join("tool.yaml");
+            crate::tools::parse_tool_file(&file, text, dir, &crate::thread::builtin_names())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+
+        /// An SSE `Last-Event-ID`.
+        #[cfg(feature = "server")]
+        pub fn event_id(text: &str) -> Option<(u64, u64, u64)> {
+            crate::server::parse_event_id(text)
+        }
+    }
+
     /// The names of weft's built-in tools (no command tool may take one).
     pub fn builtin_tool_names() -> Vec<&'static str> {
         crate::thread::builtin_names()

@@ -339,7 +339,7 @@ impl Scope {
 }
 
 /// `<boot>.<n>.<ms>` → its parts.
-fn parse_id(id: &str) -> Option<(u64, u64, u64)> {
+pub(super) fn parse_id(id: &str) -> Option<(u64, u64, u64)> {
     let mut p = id.trim().split('.').map(|x| x.parse::<u64>().ok());
     Some((p.next()??, p.next()??, p.next()??))
 }

@@ -11,3 +11,9 @@ mod events;
 #[cfg(feature = "server")]
 pub(crate) mod http;
 pub(crate) mod peer;
+
+/// An SSE `Last-Event-ID`, read (see `events.rs`).
+#[cfg(feature = "server")]
+pub(crate) fn parse_event_id(id: &str) -> Option<(u64, u64, u64)> {
+    events::parse_id(id)
+}

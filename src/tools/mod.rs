@@ -17,7 +17,7 @@ mod schema;
 
 pub(crate) use code::{run as run_code, CodeEnv};
 pub use command::ToolFileError;
-pub(crate) use command::{CommandTool, CommandTools};
+pub(crate) use command::{parse as parse_tool_file, CommandTool, CommandTools};
 pub(crate) use files::{copy_between, resolve as resolve_in_area, FileTool};
 pub use groups::kill_all_live;
 pub(crate) use groups::reap as reap_groups;

@@ -20,6 +20,7 @@ mod effects;
 #[cfg(feature = "server")]
 mod env;
 mod fake_llm;
+mod fuzz;
 mod guarantees;
 mod hooks;
 #[cfg(feature = "cli")]
