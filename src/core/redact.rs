@@ -53,6 +53,16 @@ impl Redactor {
         }
     }
 
+    /// Whether `tail` could be the start of a secret in one of its forms (a stream holds it
+    /// back until it knows).
+    fn could_start(&self, tail: &str) -> bool {
+        self.forms.iter().any(|(f, _)| f.starts_with(tail))
+            || self
+                .secrets
+                .iter()
+                .any(|(v, _)| forms::percent_prefix(tail.as_bytes(), v.as_bytes()))
+    }
+
     /// No secrets: nothing to do (the common case, one branch).
     pub(crate) fn is_empty(&self) -> bool {
         self.secrets.is_empty()
@@ -133,6 +143,13 @@ impl StreamRedactor {
         let mut cut = text.len().saturating_sub(r.longest().saturating_sub(1));
         while !text.is_char_boundary(cut) {
             cut -= 1;
+        }
+        // Only what could still become a secret's form is held back (the earliest such tail).
+        while cut < text.len() && !r.could_start(&text[cut..]) {
+            cut += 1;
+            while !text.is_char_boundary(cut) {
+                cut += 1;
+            }
         }
         // Never hold back part of a marker that is already there.
         if let Some(open) = text[..cut].rfind("[secret:") {

@@ -139,6 +139,38 @@ fn percent_end(text: &[u8], at: usize, secret: &[u8]) -> Option<usize> {
     Some(i)
 }
 
+/// Whether `tail` (the end of a text so far) could be the start of a percent-encoded form of
+/// `secret`: every byte of it matches, and an escape cut short by the end matches so far.
+pub(super) fn percent_prefix(tail: &[u8], secret: &[u8]) -> bool {
+    let (mut i, mut k) = (0, 0);
+    while i < tail.len() {
+        let Some(&b) = secret.get(k) else {
+            return false;
+        };
+        if tail[i] == b'%' {
+            let rest = &tail[i + 1..(i + 3).min(tail.len())];
+            let whole = rest.len() == 2 && hex(rest) == Some(b);
+            let cut = rest.len() < 2 && rest.iter().all(u8::is_ascii_hexdigit);
+            if !(whole || cut) && b != b'%' {
+                return false;
+            }
+            i += if whole {
+                3
+            } else if cut {
+                tail.len()
+            } else {
+                1
+            };
+        } else if tail[i] == b || (b == b' ' && tail[i] == b'+') {
+            i += 1;
+        } else {
+            return false;
+        }
+        k += 1;
+    }
+    true
+}
+
 /// The byte two hex digits (either case) stand for.
 fn hex(pair: &[u8]) -> Option<u8> {
     let digit = |c: u8| char::from(c).to_digit(16);
