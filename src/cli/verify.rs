@@ -26,8 +26,16 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
         .map(|t| ThreadId::parse(&t))
         .transpose()
         .map_err(usage)?;
+    let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
+    let (log, log_problems) = crate::record::anchors::read_log(&project.anchors_log(), &trust);
+    let finished = registry_finished(&project);
+    let store = crate::store::FileStore::open(&project).ok();
+    let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
     if all {
         targets.extend(every_thread(&project)?);
+        // And every thread the registry or the anchor log knows: a folder gone is missing.
+        let known = log.heads.keys().filter(|id| !deleted(id));
+        targets.extend(known.cloned());
     } else if let Some(root) = &tree {
         targets.extend(tree_rows(&project, root)?);
     } else if targets.is_empty() {
@@ -35,14 +43,18 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     }
     targets.sort();
     targets.dedup();
-    let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
-    let (roots, log_problems) = crate::record::anchors::read_log(&project.anchors_log(), &trust);
+    let ended = |id: &ThreadId| finished.get(id).copied().unwrap_or(false);
+    let w = crate::record::verify::Witnesses {
+        log: &log,
+        finished: &ended,
+        deleted: &deleted,
+    };
     let mut verdicts: Vec<Verdict> = targets
         .iter()
-        .map(|id| crate::record::verify::verify_anchored(&project, &trust, id, &roots))
+        .map(|id| crate::record::verify::verify_anchored(&project, &trust, id, &w))
         .collect();
     if tree.is_some() {
-        missing_children(&project, &targets, &mut verdicts);
+        missing_children(&project, &targets, &deleted, &mut verdicts);
     }
     if !log_problems.is_empty() {
         verdicts.push(Verdict {
@@ -68,6 +80,18 @@ fn every_thread(project: &Project) -> Result<Vec<ThreadId>, Exit> {
         .collect())
 }
 
+/// Every thread of the registry, and whether it finished (empty when there is no registry).
+fn registry_finished(project: &Project) -> std::collections::HashMap<ThreadId, bool> {
+    crate::registry::Store::open_read_only(&project.state_dir().join("registry.db"))
+        .and_then(|s| s.list(false, usize::MAX))
+        .map(|rows| {
+            rows.into_iter()
+                .map(|r| (r.id, r.status.is_terminal()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Every thread the registry lists in `root`'s tree.
 fn tree_rows(project: &Project, root: &ThreadId) -> Result<Vec<ThreadId>, Exit> {
     let rows = crate::registry::Store::open_read_only(&project.state_dir().join("registry.db"))
@@ -86,7 +110,12 @@ fn tree_rows(project: &Project, root: &ThreadId) -> Result<Vec<ThreadId>, Exit> 
 
 /// A thread of the tree without its records: a verdict of its own (a registry row's folder,
 /// or a child a verified transcript names, is gone).
-fn missing_children(project: &Project, targets: &[ThreadId], verdicts: &mut Vec<Verdict>) {
+fn missing_children(
+    project: &Project,
+    targets: &[ThreadId],
+    deleted: &dyn Fn(&ThreadId) -> bool,
+    verdicts: &mut Vec<Verdict>,
+) {
     let mut named: Vec<ThreadId> = targets.to_vec();
     for id in targets {
         let path = project.thread_dir(id).join("transcript.jsonl");
@@ -103,7 +132,7 @@ fn missing_children(project: &Project, targets: &[ThreadId], verdicts: &mut Vec<
     }
     named.sort();
     named.dedup();
-    for id in named {
+    for id in named.into_iter().filter(|id| !deleted(id)) {
         let dir = project.thread_dir(&id);
         if !dir.join("thread.json").exists() && !verdicts.iter().any(|v| v.id == id.as_str()) {
             verdicts.push(Verdict {

@@ -169,6 +169,16 @@ impl StreamRedactor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_secret_printed_as_hex_is_hidden() {
+        let r = Redactor::new([("K".to_string(), "s3cr3t-value".to_string())]);
+        let hex: String = "s3cr3t-value".bytes().map(|b| format!("{b:02x}")).collect();
+        for text in [hex.clone(), hex.to_uppercase()] {
+            let line = format!("dump: {text} end");
+            assert_eq!(r.redact(&line), "dump: [secret:K] end");
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

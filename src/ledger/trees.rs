@@ -4,7 +4,8 @@
 //! a root's cap). The holder is the `owner` of the tree's top account in ledger.db: a process
 //! takes a tree over — to adopt a deferred child another process set aside, or to reopen a
 //! finished chain for a continuation — in one IMMEDIATE transaction, and only when the holder is
-//! itself, no one, or a process that is gone (its owner lock is free); it then reads the tree's
+//! itself, no one, a process that is gone (its owner lock is free) or one whose accounts of the
+//! tree are all closed (a finished tree, as `weft serve` keeps it); it then reads the tree's
 //! accounts afresh from ledger.db, dropping any copy its book loaded earlier. While the holder
 //! lives, the others are refused with [`LedgerError::Busy`], naming it.
 
@@ -117,7 +118,7 @@ fn take(
         if owner == me {
             return Ok(false);
         }
-        if owner != 0 && alive(owner) {
+        if owner != 0 && alive(owner) && tree_open(db, top)? {
             return Err(LedgerError::Busy {
                 root: top.clone(),
                 pid: owner,
@@ -137,6 +138,21 @@ fn take(
         }
     }
     decided
+}
+
+/// Whether an account of tree `top` is still open in ledger.db (a finished tree, every account
+/// closed and stored, is held by no one, whoever last held it).
+fn tree_open(db: &Connection, top: &ThreadId) -> Result<bool, LedgerError> {
+    db.query_row(
+        "WITH RECURSIVE down(id, n) AS (
+           SELECT ?1, 0
+           UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
+           WHERE d.n < 10000)
+         SELECT EXISTS(SELECT 1 FROM accounts WHERE closed=0 AND id IN (SELECT id FROM down))",
+        [top.as_str()],
+        |r| r.get(0),
+    )
+    .map_err(|e| LedgerError::Storage(e.to_string()))
 }
 
 impl Book {

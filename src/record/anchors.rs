@@ -40,6 +40,7 @@ pub(crate) fn anchor_root(
         .append(true)
         .open(path)?;
     f.lock()?;
+    set_aside_torn(&mut f, path)?;
     let prev = last_line(&mut f)?.map_or_else(|| GENESIS.to_string(), |l| sha256_hex(&l));
     let mut line = json!({
         "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
@@ -52,6 +53,42 @@ pub(crate) fn anchor_root(
     f.write_all(&bytes)?;
     f.sync_data()?;
     f.unlock()
+}
+
+/// A last line cut short (a crash mid-append) is moved to `anchors.jsonl.torn`, so the next
+/// line starts clean and the chain goes on from the last whole line.
+fn set_aside_torn(f: &mut std::fs::File, path: &Path) -> std::io::Result<()> {
+    let len = f.seek(SeekFrom::End(0))?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    f.seek(SeekFrom::Start(len - 1))?;
+    f.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    let mut from = len.saturating_sub(65_536);
+    let cut = loop {
+        f.seek(SeekFrom::Start(from))?;
+        let mut tail = Vec::new();
+        f.read_to_end(&mut tail)?;
+        match tail.iter().rposition(|&b| b == b'\n') {
+            Some(i) => break from + i as u64 + 1,
+            None if from == 0 => break 0,
+            None => from = from.saturating_sub(65_536),
+        }
+    };
+    f.seek(SeekFrom::Start(cut))?;
+    let mut torn = Vec::new();
+    f.read_to_end(&mut torn)?;
+    let mut aside = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path.with_extension("jsonl.torn"))?;
+    aside.write_all(&torn)?;
+    aside.write_all(b"\n")?;
+    f.set_len(cut)
 }
 
 /// The last complete line of the log (without its newline), reading only its tail.
@@ -71,14 +108,23 @@ fn last_line(f: &mut std::fs::File) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// The anchor log read and checked: the last anchored head of each root, and what is wrong
-/// (a line whose signature or chain link fails, naming the line). A missing log anchors
-/// nothing.
-pub(crate) fn read_log(path: &Path, trust: &Trust) -> (HashMap<ThreadId, String>, Vec<String>) {
-    let mut heads = HashMap::new();
+/// The anchor log read and checked.
+#[derive(Default)]
+pub(crate) struct Log {
+    /// The last anchored head of each thread.
+    pub heads: HashMap<ThreadId, String>,
+    /// When its first line was written: every thread created since must be anchored once it
+    /// has finished (None: no log, nothing can be told).
+    pub since: Option<String>,
+}
+
+/// The anchor log read and checked, and what is wrong with it (a line whose signature or chain
+/// link fails, naming the line). A missing log anchors nothing.
+pub(crate) fn read_log(path: &Path, trust: &Trust) -> (Log, Vec<String>) {
+    let mut log = Log::default();
     let mut problems = Vec::new();
     let Ok(bytes) = std::fs::read(path) else {
-        return (heads, problems);
+        return (log, problems);
     };
     let mut prev = GENESIS.to_string();
     for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
@@ -90,7 +136,8 @@ pub(crate) fn read_log(path: &Path, trust: &Trust) -> (HashMap<ThreadId, String>
             Ok(v) => v,
             Err(e) => {
                 problems.push(format!("{at}: not a JSON line: {e}"));
-                break;
+                prev = sha256_hex(raw);
+                continue;
             }
         };
         if line["prev"].as_str() != Some(prev.as_str()) {
@@ -101,15 +148,18 @@ pub(crate) fn read_log(path: &Path, trust: &Trust) -> (HashMap<ThreadId, String>
         if let Err(e) = verify_embedded(trust, DOMAIN, &line) {
             problems.push(format!("{at}: {e}"));
         }
+        if log.since.is_none() {
+            log.since = line["at"].as_str().map(str::to_string);
+        }
         let id = line["thread"]
             .as_str()
             .and_then(|t| ThreadId::parse(t).ok());
         if let (Some(id), Some(head)) = (id, line["head"].as_str()) {
-            heads.insert(id, head.to_string());
+            log.heads.insert(id, head.to_string());
         }
         prev = sha256_hex(raw);
     }
-    (heads, problems)
+    (log, problems)
 }
 
 /// The final head a parent's transcript records for its child `child` (its last

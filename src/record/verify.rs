@@ -9,7 +9,6 @@ use crate::record::anchors;
 use crate::record::signing::Trust;
 use crate::record::thread_doc::ThreadDoc;
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// The result of verifying one thread.
 #[derive(Debug, Clone, Serialize)]
@@ -24,10 +23,27 @@ pub struct Verdict {
     pub torn_last_line: bool,
 }
 
+/// What, beyond a thread's own files, says where it should be: the project's anchor log, and
+/// (from the CLI, which reads them) the registry and the store's tombstones.
+pub(crate) struct Witnesses<'a> {
+    /// The anchor log.
+    pub log: &'a anchors::Log,
+    /// The registry says this thread finished.
+    pub finished: &'a dyn Fn(&ThreadId) -> bool,
+    /// The thread was deleted (`weft delete`): its records are meant to be gone.
+    pub deleted: &'a dyn Fn(&ThreadId) -> bool,
+}
+
 /// Verifies one thread's files and its anchor.
 pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict {
-    let (roots, _) = anchors::read_log(&project.anchors_log(), trust);
-    verify_anchored(project, trust, id, &roots)
+    let (log, _) = anchors::read_log(&project.anchors_log(), trust);
+    let no = |_: &ThreadId| false;
+    let w = Witnesses {
+        log: &log,
+        finished: &no,
+        deleted: &no,
+    };
+    verify_anchored(project, trust, id, &w)
 }
 
 /// Verifies one thread's files, and that its final head is where its anchor says (a parent's
@@ -37,7 +53,7 @@ pub(crate) fn verify_anchored(
     project: &Project,
     trust: &Trust,
     id: &ThreadId,
-    roots: &HashMap<ThreadId, String>,
+    w: &Witnesses<'_>,
 ) -> Verdict {
     let dir = project.thread_dir(id);
     if !dir.exists() {
@@ -105,8 +121,8 @@ pub(crate) fn verify_anchored(
                 doc.id
             ));
         }
-        check_links(project, trust, doc, &doc_path, &mut problems);
-        check_anchor(project, trust, doc, &chain, roots, &mut problems);
+        check_links(project, trust, doc, &doc_path, w, &mut problems);
+        check_anchor(project, trust, doc, &chain, w, &mut problems);
     }
     Verdict {
         id: id.to_string(),
@@ -124,26 +140,41 @@ fn check_anchor(
     trust: &Trust,
     doc: &ThreadDoc,
     chain: &[String],
-    roots: &HashMap<ThreadId, String>,
+    w: &Witnesses<'_>,
     problems: &mut Vec<String>,
 ) {
-    let (anchored, by) = match &doc.parent_id {
-        None => (
-            roots.get(&doc.id).cloned(),
-            "the project's anchor log".to_string(),
-        ),
-        Some(p) => {
-            let path = project.thread_dir(p).join("transcript.jsonl");
-            let lines = crate::record::transcript::read(&path, p.as_str(), Some(trust))
-                .map(|r| r.events)
-                .unwrap_or_default();
-            (
-                anchors::child_head(&lines, &doc.id),
-                format!("its parent {p}"),
-            )
-        }
+    // The log's line is the latest (a message edit re-anchors there); else the parent's.
+    let from_parent = || {
+        let p = doc.parent_id.as_ref()?;
+        let path = project.thread_dir(p).join("transcript.jsonl");
+        let lines = crate::record::transcript::read(&path, p.as_str(), Some(trust))
+            .ok()?
+            .events;
+        Some((
+            anchors::child_head(&lines, &doc.id)?,
+            format!("its parent {p}"),
+        ))
     };
-    let Some(head) = anchored else {
+    let anchored = w
+        .log
+        .heads
+        .get(&doc.id)
+        .map(|h| (h.clone(), "the project's anchor log".to_string()))
+        .or_else(from_parent);
+    let Some((head, by)) = anchored else {
+        // A thread created since the log began must be in it (or its parent's line) once
+        // finished: the registry says it has.
+        let since = w
+            .log
+            .since
+            .as_deref()
+            .is_some_and(|s| doc.created_at.as_str() >= s);
+        if since && (w.finished)(&doc.id) {
+            problems.push(format!(
+                "{}: anchored nowhere, though the registry says it finished (the anchor log was cut, or its parent's records were changed)",
+                project.thread_dir(&doc.id).display()
+            ));
+        }
         return;
     };
     let at = chain.iter().position(|h| *h == head);
@@ -167,12 +198,13 @@ fn check_links(
     trust: &Trust,
     doc: &ThreadDoc,
     doc_path: &std::path::Path,
+    w: &Witnesses<'_>,
     problems: &mut Vec<String>,
 ) {
     let other = |id: &ThreadId| {
         ThreadDoc::read_verified(&project.thread_dir(id).join("thread.json"), trust)
     };
-    if let Some(prev) = &doc.continuation_of {
+    if let Some(prev) = doc.continuation_of.as_ref().filter(|p| !(w.deleted)(p)) {
         match other(prev) {
             Ok(p) if p.continued_by.as_ref() == Some(&doc.id) => {}
             Ok(p) => problems.push(format!(
@@ -188,7 +220,7 @@ fn check_links(
             )),
         }
     }
-    if let Some(next) = &doc.continued_by {
+    if let Some(next) = doc.continued_by.as_ref().filter(|n| !(w.deleted)(n)) {
         match other(next) {
             Ok(n) if n.continuation_of.as_ref() == Some(&doc.id) => {}
             Ok(_) => problems.push(format!(

@@ -142,6 +142,13 @@ impl FileStore {
         }
     }
 
+    /// Whether `id` was deleted (its tombstone is in store.db).
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn is_deleted(&self, id: &ThreadId) -> bool {
+        self.idx(|c| index::is_deleted(c, id.as_str()))
+            .unwrap_or(false)
+    }
+
     pub(super) fn row(&self, id: &ThreadId) -> Result<ThreadRow, StoreError> {
         if let Some(row) = self.reg(|s| s.get(id.as_str()))? {
             return Ok(row);
@@ -408,6 +415,15 @@ impl ThreadStore for FileStore {
         doc.updated_at = now_ts();
         doc.write_signed(&self.doc_path(id), &self.signer, true)
             .map_err(storage)?;
+        // Its new final head is anchored (an older signed thread.json is now a rollback).
+        crate::record::anchors::anchor_root(
+            &self.project.anchors_log(),
+            &self.signer,
+            id,
+            doc.status,
+            &doc.transcript_head,
+        )
+        .map_err(storage)?;
         drop(lock);
         self.index(id)?;
         Ok(w.head().seq)

@@ -420,7 +420,8 @@ fn end_doc(
         rec.problems.push(format!("{}: {e}", doc_path.display()));
         return None;
     }
-    if doc.parent_id.is_none() {
+    // In the log whatever its parent: a parent that is gone too never records it.
+    {
         let log = ctx.project.anchors_log();
         let anchored = crate::record::anchors::anchor_root(
             &log,

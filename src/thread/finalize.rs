@@ -321,20 +321,22 @@ impl Thread {
         let signer = self.ctx.signer.clone();
         let path = self.ctx.store.doc_path(self.id());
         let anchors = self.ctx.project.anchors_log();
+        let linked = self.parent.is_some();
         let written = tokio::task::spawn_blocking(move || {
             file.and_then(|f| f.sync_data())?;
             doc.write_signed(&path, &signer, true)?;
-            // A root's final head goes to the project's anchor log (a child's is in its
-            // parent's `child_finished` line).
-            match doc.parent_id {
-                None => crate::record::anchors::anchor_root(
+            // The final head of a thread no running parent records (a root, a deferred child,
+            // their continuations) goes to the project's anchor log; a child's is in its
+            // parent's `child_finished` line.
+            match linked {
+                false => crate::record::anchors::anchor_root(
                     &anchors,
                     &signer,
                     &doc.id,
                     doc.status,
                     &doc.transcript_head,
                 ),
-                Some(_) => Ok(()),
+                true => Ok(()),
             }
         })
         .await;

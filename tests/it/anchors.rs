@@ -118,3 +118,73 @@ async fn a_swapped_folder_a_missing_child_and_an_edited_log_fail_verify() {
     let (ok, out) = verify(&fx, &["--all"]);
     assert!(!ok && out.contains("anchors.jsonl"), "{out}");
 }
+
+/// Cutting the anchor log's last lines does not hide a rolled-back root: the registry says it
+/// finished after the log began, and it is anchored nowhere (review of #23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_anchor_log_does_not_hide_a_rolled_back_root() {
+    let (fx, root, _kid, saved) = tree_with_old_states().await;
+    // A second root anchored after it, then the log cut back to its first line.
+    let (r2, _rt) = fx.run("kid", serde_json::json!({})).await;
+    roll_back(&fx, saved.path(), &root);
+    let log = fx.root().join(".weft/state/anchors.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let first = text.lines().find(|l| l.contains(&r2.thread_id.to_string()));
+    assert!(first.is_some(), "the second root is anchored");
+    let kept: Vec<&str> = text.lines().filter(|l| !l.contains(&root)).collect();
+    std::fs::write(&log, kept.join("\n") + "\n").unwrap();
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(!ok && out.contains(&root), "{out}");
+}
+
+/// A message edit re-anchors its thread: rolling the edit back (the thread.json before it, the
+/// transcript cut to match) fails verify (review of #23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_message_edit_fails_verify() {
+    let t = directive("", "Say something.");
+    let fx = Fixture::new(&[("t", &t)], "t:\n  - text: first answer\n", "");
+    let (r, _rt) = fx.run("t", serde_json::json!({})).await;
+    let id = r.thread_id.to_string();
+    let dir = fx.root().join(".weft/threads").join(&id);
+    let before_doc = std::fs::read(dir.join("thread.json")).unwrap();
+    let before_lines = std::fs::read(dir.join("transcript.jsonl")).unwrap();
+    let o = weft_cmd(fx.root())
+        .args(["message", &id, "edit", "2", "EDITED"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(verify(&fx, &["--all"]).0, "clean after the edit");
+    std::fs::write(dir.join("thread.json"), before_doc).unwrap();
+    std::fs::write(dir.join("transcript.jsonl"), before_lines).unwrap();
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(!ok && out.contains("rolled back"), "{out}");
+}
+
+/// Deleting what `weft delete` deletes is no alarm: a deleted child is not "missing" from its
+/// tree, and a continuation of a deleted thread verifies (review of #23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_threads_are_not_missing() {
+    let (fx, root, kid, _saved) = tree_with_old_states().await;
+    let o = weft_cmd(fx.root()).args(["delete", &kid]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ok, out) = verify(&fx, &["--tree", &root]);
+    assert!(ok, "{out}");
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(ok, "{out}");
+}
+
+/// A tree that has finished in a process still alive (a `weft serve`, here this test process) is
+/// held by no one: another process resumes it (review of #23: Busy forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_tree_of_a_live_process_can_be_resumed_elsewhere() {
+    let t = directive("", "Say something.");
+    let fx = Fixture::new(&[("t", &t)], "t:\n  - text: first\n  - text: again\n", "");
+    let (r, rt) = fx.run("t", serde_json::json!({})).await;
+    let o = weft_cmd(fx.root())
+        .args(["resume", r.thread_id.as_str(), "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(rt);
+}

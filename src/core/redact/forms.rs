@@ -23,6 +23,10 @@ pub(super) fn fixed_forms(value: &str) -> Vec<String> {
         out.push(padded(value.as_bytes(), alphabet));
         out.extend((0..3).filter_map(|offset| base64_run(value.as_bytes(), offset, alphabet)));
     }
+    // Hex, as `xxd -p` / `od` / a hash tool's encoder print bytes (either case).
+    let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
+    out.push(hex.to_uppercase());
+    out.push(hex);
     out.sort();
     out.dedup();
     out

@@ -158,10 +158,11 @@ async fn reopen(ctx: &Ctx, id: &ThreadId) -> Result<(), SpawnError> {
         reply
     })
     .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
-    .map_err(|e| {
-        SpawnError::Storage(format!(
+    .map_err(|e| match e {
+        e @ crate::ledger::LedgerError::Busy { .. } => SpawnError::Ledger(e),
+        e => SpawnError::Storage(format!(
             "the ledger account of {id}, under which this chain draws, cannot be read: {e}"
-        ))
+        )),
     })
 }
 
