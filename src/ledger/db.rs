@@ -17,7 +17,6 @@ pub(crate) fn open_db(path: &Path) -> Result<Connection, LedgerError> {
            id TEXT PRIMARY KEY, parent TEXT, max INTEGER NOT NULL, spent INTEGER NOT NULL,
            own_spent INTEGER NOT NULL, inflight INTEGER NOT NULL, guaranteed INTEGER NOT NULL,
            pool_left INTEGER NOT NULL, closed INTEGER NOT NULL, owner INTEGER NOT NULL);
-         CREATE INDEX IF NOT EXISTS accounts_parent ON accounts(parent);
          CREATE TABLE IF NOT EXISTS reservations(
            id INTEGER NOT NULL, thread TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY(thread, id));",
         )

@@ -141,7 +141,9 @@ fn take(
 }
 
 /// Whether an account of tree `top` is still open in ledger.db (a finished tree, every account
-/// closed and stored, is held by no one, whoever last held it).
+/// closed and stored, is held by no one, whoever last held it). A scan per tree level (no index
+/// on `parent`: every settlement rewrites account rows, and this runs only when a tree changes
+/// hands).
 fn tree_open(db: &Connection, top: &ThreadId) -> Result<bool, LedgerError> {
     db.query_row(
         "WITH RECURSIVE down(id, n) AS (
