@@ -330,13 +330,25 @@ impl LedgerState {
             let _ = reply.send(Err(e));
             return;
         }
+        self.open_decided(me, id, (), reply);
+    }
+
+    /// A new account is a decision of this batch: its chain is written, and `value` answered
+    /// once the batch is stored (the account undone if it is not).
+    fn open_decided<T: Send + 'static>(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        value: T,
+        reply: RpcReplyPort<Result<T, LedgerError>>,
+    ) {
         let ids = self.book.chain(&id).unwrap_or_default();
         self.touch(&ids);
         self.undo.push(Undo::Open(id));
         self.hold(
             me,
             Box::new(move |e| {
-                let _ = reply.send(e.map_or(Ok(()), Err));
+                let _ = reply.send(e.map_or(Ok(value), Err));
             }),
         );
     }
@@ -358,15 +370,7 @@ impl LedgerState {
                 return;
             }
         };
-        let ids = self.book.chain(&id).unwrap_or_default();
-        self.touch(&ids);
-        self.undo.push(Undo::Open(id));
-        self.hold(
-            me,
-            Box::new(move |e| {
-                let _ = reply.send(e.map_or(Ok(amount), Err));
-            }),
-        );
+        self.open_decided(me, id, amount, reply);
     }
 
     /// After [`Book::reserve`]: a grant is a decision of this batch; a refusal is answered at

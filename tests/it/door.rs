@@ -4,27 +4,9 @@
 //! tree and what it caused have ended, no row is left `running`, and a hook never causes
 //! itself again. Driven through the real binary, as a user would.
 
-use crate::support::{directive, weft_cmd, Fixture};
+use crate::support::{directive, exits_within, weft_cmd, Fixture};
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Waits for `child` at most `secs`; kills it and fails the test naming `what` after that.
-fn exits_within(mut child: Child, secs: u64, what: &str) -> std::process::Output {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: `weft run` had not exited after {secs} s\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
 
 fn run(fx: &Fixture, directive: &str) -> Child {
     weft_cmd(fx.root())

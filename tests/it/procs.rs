@@ -4,9 +4,8 @@
 //! `.weft/state/procs`), SIGTERM (handled like Ctrl-C), a tree's cancel while an `after_complete`
 //! hook's command or a scheduled tool runs. Real processes; `pgrep` finds nothing afterwards.
 
-use crate::support::{directive, wait_until, weft_cmd, Fixture};
+use crate::support::{directive, exits_within, wait_until, weft_cmd, Fixture};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A `sleep` argument no other process on the machine uses.
 fn marker() -> String {
@@ -36,20 +35,6 @@ fn signal(child: &Child, sig: &str) {
         .args([sig, &child.id().to_string()])
         .status()
         .unwrap();
-}
-
-fn exits_within(mut child: Child, secs: u64) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            panic!("weft had not exited {secs} s after the signal");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A project whose `t` directive calls tool `nap`: a shell leaving two sleeps in its group.
@@ -107,7 +92,7 @@ async fn a_tool_process_group_dies_with_a_killed_weft() {
         .unwrap_or(0);
     assert_eq!(recorded, 1, "the running group is recorded");
     signal(&weft, "-KILL");
-    exits_within(weft, 10);
+    exits_within(weft, 10, "weft after kill -9");
     let o = weft_cmd(fx.root()).arg("recover").output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     until_gone(&mark).await;
@@ -126,7 +111,7 @@ async fn sigterm_cancels_and_kills_the_tools_group() {
     let weft = run(&fx, "t");
     until_sleeping(&mark, 2).await;
     signal(&weft, "-TERM");
-    let status = exits_within(weft, 15);
+    let status = exits_within(weft, 15, "weft after SIGTERM").status;
     assert_eq!(
         status.code(),
         Some(130),
@@ -149,7 +134,7 @@ async fn a_hooks_command_dies_with_its_trees_cancel() {
     let weft = run(&fx, "t");
     until_sleeping(&mark, 2).await;
     signal(&weft, "-INT");
-    exits_within(weft, 15);
+    exits_within(weft, 15, "weft after Ctrl-C");
     until_gone(&mark).await;
 }
 

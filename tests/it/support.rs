@@ -294,3 +294,21 @@ pub fn mcp_dir() -> std::path::PathBuf {
                 .join(".cache/weft-mcp")
         })
 }
+
+/// Waits for `child` at most `secs`; kills it and fails the test naming `what` after that.
+#[cfg(feature = "cli")]
+pub fn exits_within(mut child: std::process::Child, secs: u64, what: &str) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(secs) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: the process had not exited after {secs} s\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
