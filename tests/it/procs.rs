@@ -18,7 +18,8 @@ fn marker() -> String {
     format!("{}.{}", 90000 + n % 9000, n % 97)
 }
 
-/// Pids of processes whose command line is `sleep <arg>`.
+/// Pids of processes whose command line is `sleep <arg>` (`pgrep`, from procps: `.ci/run`
+/// installs it).
 fn sleeping(arg: &str) -> Vec<String> {
     let out = Command::new("pgrep")
         .args(["-f", &format!("^sleep {arg}$")])
