@@ -51,6 +51,32 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
         s.insert(id.clone());
     }
     ctx.caused.cancel(id);
+    // The deferred threads of the tree this process runs: not in their parent actor's
+    // children (even while that parent runs), so its cascade does not reach them. (Every other
+    // thread is reached by its parent's cascade: a second cancel from here would race its
+    // parent's kill after the grace.)
+    for t in ctx.caused.threads(id) {
+        if let Some(actor) = current_actor(ctx, &t) {
+            let _ = actor.cast(ThreadMsg::Cancel {
+                reason: format!("its tree was cancelled: {reason}"),
+            });
+        }
+    }
+    cancel_pending_effects(ctx, id).await;
+}
+
+/// The tree's pending effects are cancelled and the budgets set aside for them given back
+/// (the tree's threads are read only when some effect is pending at all).
+async fn cancel_pending_effects(ctx: &Arc<Ctx>, id: &ThreadId) {
+    let store = ctx.store.clone();
+    let any = tokio::task::spawn_blocking(move || store.next_due(&|_| true))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+    if any.is_none() {
+        return;
+    }
     let Ok(Ok(rows)) = ractor::call!(ctx.registry, |reply| RegistryMsg::Tree {
         root: id.clone(),
         reply
@@ -67,17 +93,6 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     for e in cancelled {
         if let Some(child) = e.child.as_deref().and_then(|c| ThreadId::parse(c).ok()) {
             give_back(ctx, child).await;
-        }
-    }
-    // The deferred threads of the tree this process runs: not in their parent actor's
-    // children (even while that parent runs), so its cascade does not reach them. (Every other
-    // thread is reached by its parent's cascade: a second cancel from here would race its
-    // parent's kill after the grace.)
-    for t in ctx.caused.threads(id) {
-        if let Some(actor) = current_actor(ctx, &t) {
-            let _ = actor.cast(ThreadMsg::Cancel {
-                reason: format!("its tree was cancelled: {reason}"),
-            });
         }
     }
 }

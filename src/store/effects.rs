@@ -209,10 +209,20 @@ impl FileStore {
         &self,
         threads: &[ThreadId],
     ) -> Result<Vec<Effect>, StoreError> {
-        let mine: Vec<Effect> = self
-            .scheduled(None)?
+        // Only the pending ones are read (a project's done and failed effects only grow).
+        let pending: Vec<Effect> = self.effects(|c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {COLS} FROM effects WHERE status='pending'"
+                ))
+                .map_err(storage)?;
+            let rows = stmt.query_map([], effect_of).map_err(storage)?;
+            rows.collect::<Result<_, _>>().map_err(storage)
+        })?;
+        let ids: std::collections::HashSet<&str> = threads.iter().map(ThreadId::as_str).collect();
+        let mine: Vec<Effect> = pending
             .into_iter()
-            .filter(|e| e.status == "pending" && threads.iter().any(|t| t.as_str() == e.thread))
+            .filter(|e| ids.contains(e.thread.as_str()))
             .collect();
         let mut out = Vec::new();
         for e in mine {
