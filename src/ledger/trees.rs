@@ -161,20 +161,10 @@ impl Book {
     /// Drops every account of tree `top` (and their reservations) from the book: copies read
     /// before another process last held the tree.
     pub(super) fn forget_tree(&mut self, top: &ThreadId) {
-        let top_of = |b: &Book, id: &ThreadId| -> Option<ThreadId> {
-            let mut cur = b.accounts.get(id)?;
-            for _ in 0..10_000 {
-                match cur.parent.as_ref().and_then(|p| b.accounts.get(p)) {
-                    Some(p) => cur = p,
-                    None => break,
-                }
-            }
-            Some(cur.id.clone())
-        };
         let gone: Vec<ThreadId> = self
             .accounts
             .keys()
-            .filter(|id| top_of(self, id).as_ref() == Some(top))
+            .filter(|id| self.chain(id).ok().and_then(|c| c.last().cloned()).as_ref() == Some(top))
             .cloned()
             .collect();
         for id in &gone {

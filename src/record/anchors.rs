@@ -59,29 +59,11 @@ pub(crate) fn anchor_root(
 /// line starts clean and the chain goes on from the last whole line.
 fn set_aside_torn(f: &mut std::fs::File, path: &Path) -> std::io::Result<()> {
     let len = f.seek(SeekFrom::End(0))?;
-    if len == 0 {
+    if len == 0 || read_range(f, len - 1, len)? == b"\n" {
         return Ok(());
     }
-    let mut last = [0u8; 1];
-    f.seek(SeekFrom::Start(len - 1))?;
-    f.read_exact(&mut last)?;
-    if last[0] == b'\n' {
-        return Ok(());
-    }
-    let mut from = len.saturating_sub(65_536);
-    let cut = loop {
-        f.seek(SeekFrom::Start(from))?;
-        let mut tail = Vec::new();
-        f.read_to_end(&mut tail)?;
-        match tail.iter().rposition(|&b| b == b'\n') {
-            Some(i) => break from + i as u64 + 1,
-            None if from == 0 => break 0,
-            None => from = from.saturating_sub(65_536),
-        }
-    };
-    f.seek(SeekFrom::Start(cut))?;
-    let mut torn = Vec::new();
-    f.read_to_end(&mut torn)?;
+    let cut = line_start(f, len)?;
+    let torn = read_range(f, cut, len)?;
     let mut aside = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -91,21 +73,38 @@ fn set_aside_torn(f: &mut std::fs::File, path: &Path) -> std::io::Result<()> {
     f.set_len(cut)
 }
 
-/// The last complete line of the log (without its newline), reading only its tail.
+/// The last line of the log (without its newline; the log ends in one, see
+/// [`set_aside_torn`]), reading only its tail.
 fn last_line(f: &mut std::fs::File) -> std::io::Result<Option<Vec<u8>>> {
     let len = f.seek(SeekFrom::End(0))?;
-    let mut from = len.saturating_sub(4096);
-    loop {
-        f.seek(SeekFrom::Start(from))?;
-        let mut tail = Vec::new();
-        f.read_to_end(&mut tail)?;
-        let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
-        match body.iter().rposition(|&b| b == b'\n') {
-            Some(i) => return Ok(Some(body[i + 1..].to_vec())),
-            None if from == 0 => return Ok((!body.is_empty()).then(|| body.to_vec())),
-            None => from = from.saturating_sub(65_536),
-        }
+    if len == 0 {
+        return Ok(None);
     }
+    let start = line_start(f, len - 1)?;
+    read_range(f, start, len - 1).map(Some)
+}
+
+/// Where the line holding the byte before `end` starts: just after the last newline before
+/// `end`, or 0. Reads backwards in 64 KiB steps.
+fn line_start(f: &mut std::fs::File, end: u64) -> std::io::Result<u64> {
+    let mut from = end;
+    while from > 0 {
+        let at = from.saturating_sub(65_536);
+        let chunk = read_range(f, at, from)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            return Ok(at + i as u64 + 1);
+        }
+        from = at;
+    }
+    Ok(0)
+}
+
+/// Bytes `from..to` of `f`.
+fn read_range(f: &mut std::fs::File, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    f.seek(SeekFrom::Start(from))?;
+    let mut out = vec![0u8; usize::try_from(to - from).unwrap_or(0)];
+    f.read_exact(&mut out)?;
+    Ok(out)
 }
 
 /// The anchor log read and checked.

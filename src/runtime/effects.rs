@@ -50,10 +50,9 @@ pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
     }
     let waiting: Vec<String> = ctx
         .store
-        .scheduled(None)
+        .pending_effects(None)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.status == "pending")
         .filter_map(|e| e.child)
         .collect();
     let open =

@@ -209,16 +209,7 @@ impl FileStore {
         &self,
         threads: &[ThreadId],
     ) -> Result<Vec<Effect>, StoreError> {
-        // Only the pending ones are read (a project's done and failed effects only grow).
-        let pending: Vec<Effect> = self.effects(|c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {COLS} FROM effects WHERE status='pending'"
-                ))
-                .map_err(storage)?;
-            let rows = stmt.query_map([], effect_of).map_err(storage)?;
-            rows.collect::<Result<_, _>>().map_err(storage)
-        })?;
+        let pending = self.pending_effects(None)?;
         let ids: std::collections::HashSet<&str> = threads.iter().map(ThreadId::as_str).collect();
         let mine: Vec<Effect> = pending
             .into_iter()
@@ -240,15 +231,9 @@ impl FileStore {
         pid: u32,
         wanted: &dyn Fn(&Effect) -> bool,
     ) -> Result<Vec<Effect>, StoreError> {
-        let due: Vec<Effect> = self.effects(|c| {
-            let mut stmt = c
-                .prepare_cached(&format!("SELECT {COLS} FROM effects WHERE status='pending' AND due_at<=?1 ORDER BY due_at LIMIT 64"))
-                .map_err(storage)?;
-            let rows = stmt.query_map([now_ts()], effect_of).map_err(storage)?;
-            rows.collect::<Result<_, _>>().map_err(storage)
-        })?;
+        let due = self.pending_effects(Some(&now_ts()))?;
         let mut mine = Vec::new();
-        for e in due.into_iter().filter(|e| wanted(e)) {
+        for e in due.into_iter().filter(|e| wanted(e)).take(64) {
             let won = self.effects(|c| {
                 c.execute(
                     "UPDATE effects SET status='running', claimed_by=?2 WHERE id=?1 AND status='pending'",
@@ -272,16 +257,22 @@ impl FileStore {
         &self,
         wanted: &dyn Fn(&Effect) -> bool,
     ) -> Result<Option<String>, StoreError> {
-        let pending: Vec<Effect> = self.effects(|c| {
+        let pending = self.pending_effects(None)?;
+        Ok(pending.into_iter().find(|e| wanted(e)).map(|e| e.due_at))
+    }
+
+    /// The pending effects (due by `due_by`, when given), soonest first. Only pending ones are
+    /// read: a project's done and failed effects only grow.
+    pub(crate) fn pending_effects(&self, due_by: Option<&str>) -> Result<Vec<Effect>, StoreError> {
+        self.effects(|c| {
             let mut stmt = c
                 .prepare_cached(&format!(
-                    "SELECT {COLS} FROM effects WHERE status='pending' ORDER BY due_at LIMIT 256"
+                    "SELECT {COLS} FROM effects WHERE status='pending' AND (?1 IS NULL OR due_at<=?1) ORDER BY due_at"
                 ))
                 .map_err(storage)?;
-            let rows = stmt.query_map([], effect_of).map_err(storage)?;
+            let rows = stmt.query_map([due_by], effect_of).map_err(storage)?;
             rows.collect::<Result<_, _>>().map_err(storage)
-        })?;
-        Ok(pending.into_iter().find(|e| wanted(e)).map(|e| e.due_at))
+        })
     }
 
     /// Gives a claimed effect back, pending again, due no earlier than `retry_at` (its tree is

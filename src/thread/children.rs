@@ -17,7 +17,17 @@ use ractor::ActorRef;
 use serde_json::json;
 
 impl Thread {
-    /// Starts a child of this thread as a task (`spawn_thread`, a hook's `spawn`); it reports
+    /// The origin of a thread this one starts as its child: every child request is built with
+    /// it, so none is ever anything else, even for a moment.
+    pub(crate) fn as_parent(&self) -> Origin {
+        Origin::Child(ParentLink {
+            id: self.doc.id.clone(),
+            actor: self.me.clone(),
+        })
+    }
+
+    /// Starts `req` (built with [`Thread::as_parent`]) as a task (`spawn_thread`, a hook's
+    /// `spawn`); it reports
     /// back as [`ThreadMsg::ChildSpawned`] or [`ThreadMsg::SpawnRefused`] under `call_id`, and
     /// the thread does not end while it is under way.
     pub(crate) fn start_child(&mut self, call_id: String, mut req: SpawnRequest, wait: bool) {
@@ -26,10 +36,6 @@ impl Thread {
         }
         self.kids.spawning.insert(call_id.clone());
         req.parent_span = self.work.spans.get(&call_id).cloned();
-        req.origin = Origin::Child(ParentLink {
-            id: self.doc.id.clone(),
-            actor: self.me.clone(),
-        });
         let (ctx, me) = (self.ctx.clone(), self.me.clone());
         tokio::spawn(async move {
             match super::spawn::spawn(&ctx, req, None).await {

@@ -206,7 +206,7 @@ impl Thread {
         as_root: bool,
     ) -> Result<(), String> {
         let origin = match as_root {
-            false => Origin::Person, // made a child of this thread by `start_child`
+            false => self.as_parent(),
             true => Origin::Deferred(Deferred {
                 parent: self.doc.root_id.clone(),
                 id: None,

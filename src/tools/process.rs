@@ -267,11 +267,8 @@ async fn wait(
 
 /// Kills the process group `group` (a call's process and everything it started).
 fn kill_group(group: Option<u32>) {
-    if let Some(pid) = group
-        .and_then(|p| i32::try_from(p).ok())
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    if let Some(pgid) = group.and_then(|p| i32::try_from(p).ok()) {
+        super::groups::kill_group(pgid);
     }
 }
 

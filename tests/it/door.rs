@@ -4,19 +4,9 @@
 //! tree and what it caused have ended, no row is left `running`, and a hook never causes
 //! itself again. Driven through the real binary, as a user would.
 
-use crate::support::{directive, exits_within, weft_cmd, Fixture};
+use crate::support::{directive, exits_within, spawn_run, weft_cmd, Fixture};
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
-
-fn run(fx: &Fixture, directive: &str) -> Child {
-    weft_cmd(fx.root())
-        .args(["run", directive, "--json", "--script"])
-        .arg(fx.root().join("script.yaml"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
+use std::process::{Command, Stdio};
 
 /// Every thread's own spend, summed over the registry (not the root's own row).
 fn tree_spend(fx: &Fixture) -> i64 {
@@ -49,7 +39,7 @@ async fn a_directive_that_schedules_itself_stays_within_its_roots_cap() {
     usage: { input_tokens: 150, output_tokens: 0 }
 "#;
     let fx = Fixture::new(&[("s", &s)], script, "");
-    let out = exits_within(run(&fx, "s"), 60, "a self-scheduling directive");
+    let out = exits_within(spawn_run(&fx, "s"), 60, "a self-scheduling directive");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!("no report: {}", String::from_utf8_lossy(&out.stderr));
     });
@@ -132,7 +122,7 @@ h:
 async fn an_after_complete_hooks_spawn_is_paid_by_its_tree_and_never_causes_itself() {
     let fx =
         hooked_fixture("  - text: hooked\n    usage: { input_tokens: 300, output_tokens: 0 }\n");
-    let out = exits_within(run(&fx, "root"), 60, "a self-causing hook");
+    let out = exits_within(spawn_run(&fx, "root"), 60, "a self-causing hook");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!("no report: {}", String::from_utf8_lossy(&out.stderr));
     });
@@ -174,7 +164,7 @@ async fn an_after_complete_hooks_spawn_is_paid_by_its_tree_and_never_causes_itse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_reaches_a_hooks_spawn_after_the_root_completed() {
     let fx = hooked_fixture("  - text: slow\n    delay: 60s\n");
-    let child = run(&fx, "root");
+    let child = spawn_run(&fx, "root");
     let pid = child.id().to_string();
     crate::support::wait_until("the root to complete and the hook's threads to run", || {
         let rows = fx.rows_so_far();
@@ -329,7 +319,7 @@ k:
     usage: { input_tokens: 100, output_tokens: 380 }
 "#;
     let fx = Fixture::new(&[("r", &r), ("k", &k)], script, "");
-    let out = exits_within(run(&fx, "r"), 30, "the tree");
+    let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
     assert!(
         out.status.success(),
         "{}",
@@ -400,9 +390,9 @@ y:
     delay: 6s
 "#;
     let fx = Fixture::new(&[("r", &r), ("x", &x), ("y", &y)], script, "");
-    let other = run(&fx, "y");
+    let other = spawn_run(&fx, "y");
     crate::support::wait_until("the other process to run", || !fx.rows_so_far().is_empty()).await;
-    let holder = run(&fx, "r");
+    let holder = spawn_run(&fx, "r");
     let holder_pid = holder.id();
     let out = exits_within(holder, 30, "the scheduling tree");
     assert!(
@@ -436,7 +426,7 @@ async fn weft_run_never_exits_in_the_middle_of_starting_its_trees_effect() {
             "r:\n  - tool_calls: [ {{ name: schedule, input: {{ directive: x, delay: 0.3, limits: {{ spend: 0.0005 }} }} }} ]\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\n  - text: done\n    delay: {ms}ms\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\nx:\n  - text: x done\n    delay: 50ms\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\n"
         );
         let fx = Fixture::new(&[("r", &r), ("x", &x)], &script, "");
-        let out = exits_within(run(&fx, "r"), 30, "the tree");
+        let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
         assert!(
             out.status.success(),
             "{}",

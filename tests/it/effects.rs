@@ -204,6 +204,25 @@ async fn effects_survive_the_process_that_scheduled_them_and_run_once() {
     rt.shutdown();
     let threads = fx.rows().len();
     assert_eq!(threads, 2, "each due effect ran exactly once");
+
+    // The budget set aside for the effect cancelled from the CLI goes back to the tree when a
+    // runtime next opens the project (#22).
+    let child = effects(&fx)
+        .into_iter()
+        .find(|e| e["id"] == later.as_str())
+        .and_then(|e| e["child"].as_str().map(str::to_string))
+        .expect("the cancelled directive effect names its deferred child");
+    let closed = || -> bool {
+        let db = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db")).unwrap();
+        db.query_row("SELECT closed FROM accounts WHERE id=?1", [&child], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    assert!(!closed(), "still set aside until a runtime opens");
+    let rt = fx.runtime().await;
+    rt.shutdown();
+    assert!(closed(), "given back once a runtime opened the project");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

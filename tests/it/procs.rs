@@ -4,9 +4,9 @@
 //! `.weft/state/procs`), SIGTERM (handled like Ctrl-C), a tree's cancel while an `after_complete`
 //! hook's command or a scheduled tool runs. Real processes; `pgrep` finds nothing afterwards.
 
-use crate::support::{directive, exits_within, wait_until, weft_cmd, Fixture};
+use crate::support::{directive, exits_within, spawn_run, wait_until, weft_cmd, Fixture};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 /// A `sleep` argument no other process on the machine uses.
 fn marker() -> String {
@@ -76,21 +76,28 @@ fn napping(mark: &str, hooks: &str) -> Fixture {
     fx
 }
 
-fn run(fx: &Fixture, directive: &str) -> Child {
-    weft_cmd(fx.root())
-        .args(["run", directive, "--json", "--script"])
-        .arg(fx.root().join("script.yaml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
 async fn until_sleeping(mark: &str, n: usize) {
     wait_until(&format!("{n} `sleep {mark}` to run"), || {
         sleeping(mark).len() >= n
     })
     .await;
+}
+
+/// Once the tool's two sleeps run, sends weft `sig`; weft exits within `secs` and, after
+/// `then` (e.g. a recovery), nothing of the tool's group is left. Returns how weft exited.
+async fn stop_weft(
+    weft: Child,
+    mark: &str,
+    sig: &str,
+    secs: u64,
+    then: impl FnOnce(),
+) -> std::process::Output {
+    until_sleeping(mark, 2).await;
+    signal(&weft, sig);
+    let out = exits_within(weft, secs, &format!("weft after {sig}"));
+    then();
+    until_gone(mark).await;
+    out
 }
 
 async fn until_gone(mark: &str) {
@@ -110,17 +117,17 @@ async fn a_tool_process_group_dies_with_a_killed_weft() {
     }
     let mark = marker();
     let fx = napping(&mark, "");
-    let weft = run(&fx, "t");
+    let weft = spawn_run(&fx, "t");
     until_sleeping(&mark, 2).await;
     let recorded = std::fs::read_dir(fx.root().join(".weft/state/procs"))
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(recorded, 1, "the running group is recorded");
-    signal(&weft, "-KILL");
-    exits_within(weft, 10, "weft after kill -9");
-    let o = weft_cmd(fx.root()).arg("recover").output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    until_gone(&mark).await;
+    stop_weft(weft, &mark, "-KILL", 10, || {
+        let o = weft_cmd(fx.root()).arg("recover").output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    })
+    .await;
     let left = std::fs::read_dir(fx.root().join(".weft/state/procs"))
         .map(|d| d.count())
         .unwrap_or(0);
@@ -136,16 +143,13 @@ async fn sigterm_cancels_and_kills_the_tools_group() {
     }
     let mark = marker();
     let fx = napping(&mark, "");
-    let weft = run(&fx, "t");
-    until_sleeping(&mark, 2).await;
-    signal(&weft, "-TERM");
-    let status = exits_within(weft, 15, "weft after SIGTERM").status;
+    let weft = spawn_run(&fx, "t");
+    let out = stop_weft(weft, &mark, "-TERM", 15, || {}).await;
     assert_eq!(
-        status.code(),
+        out.status.code(),
         Some(130),
         "cancelled, not killed by the signal"
     );
-    until_gone(&mark).await;
 }
 
 /// A hook's command carries the cancel of the tree that caused it: Ctrl-C while an
@@ -162,11 +166,8 @@ async fn a_hooks_command_dies_with_its_trees_cancel() {
     let t = directive("", "Quick.");
     let fx = Fixture::new(&[("t", &t)], "t:\n  - text: done\n", "");
     std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
-    let weft = run(&fx, "t");
-    until_sleeping(&mark, 2).await;
-    signal(&weft, "-INT");
-    exits_within(weft, 15, "weft after Ctrl-C");
-    until_gone(&mark).await;
+    let weft = spawn_run(&fx, "t");
+    stop_weft(weft, &mark, "-INT", 15, || {}).await;
 }
 
 /// A scheduled tool carries the cancel of the tree that scheduled it: the tree's cancel (through

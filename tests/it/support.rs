@@ -312,3 +312,16 @@ pub fn exits_within(mut child: std::process::Child, secs: u64, what: &str) -> st
     }
     child.wait_with_output().unwrap()
 }
+
+/// `weft run <directive> --json --script script.yaml` on the fixture's project, started (output
+/// piped: read it with `exits_within`).
+#[cfg(feature = "cli")]
+pub fn spawn_run(fx: &Fixture, directive: &str) -> std::process::Child {
+    weft_cmd(fx.root())
+        .args(["run", directive, "--json", "--script"])
+        .arg(fx.root().join("script.yaml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

@@ -87,7 +87,7 @@ pub(super) fn return_spec(d: &Directive, has_area: bool) -> ToolSpec {
 }
 
 /// A `spawn_thread` call's request (parent and route set by the caller) and its `wait`.
-fn child_request(input: &Value) -> Result<(SpawnRequest, bool), String> {
+fn child_request(input: &Value, origin: Origin) -> Result<(SpawnRequest, bool), String> {
     let directive = input
         .get("directive")
         .and_then(Value::as_str)
@@ -98,8 +98,7 @@ fn child_request(input: &Value) -> Result<(SpawnRequest, bool), String> {
         Some(Value::Object(m)) => m.clone(),
         Some(other) => return Err(format!("`inputs` must be an object, got {other}")),
     };
-    // The caller (`start_child`) makes it a child of the thread.
-    let mut req = SpawnRequest::new(directive, inputs, Origin::Person);
+    let mut req = SpawnRequest::new(directive, inputs, origin);
     req.overrides = match input.get("limits") {
         None | Some(Value::Null) => LimitSet::default(),
         Some(Value::Object(m)) => LimitSet::from_map(m).map_err(|e| e.to_string())?,
@@ -179,7 +178,7 @@ impl Thread {
     /// `spawn_thread {directive, inputs, limits, reserve, wait, files}`: starts the child as a
     /// task.
     pub(crate) fn spawn_thread(&mut self, call: ToolCall) -> Option<ToolOutcome> {
-        let (mut req, wait) = match child_request(&call.input) {
+        let (mut req, wait) = match child_request(&call.input, self.as_parent()) {
             Ok(r) => r,
             Err(e) => return Some(ToolOutcome::err(e)),
         };

@@ -74,7 +74,11 @@ impl Plan {
                 let inputs = directive.validate_inputs(&req.inputs)?;
                 // An input may carry a secret: the model is never sent it in clear.
                 let prompt = directive.render(&inputs)?;
-                (inputs, ctx.redactor().redact(&prompt).into_owned())
+                let clean = match ctx.redactor().redact(&prompt) {
+                    std::borrow::Cow::Owned(c) => Some(c),
+                    std::borrow::Cow::Borrowed(_) => None,
+                };
+                (inputs, clean.unwrap_or(prompt))
             }
         };
         let (limits, caps, kept_model) =

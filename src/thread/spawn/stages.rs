@@ -88,6 +88,11 @@ impl Drop for Account {
     }
 }
 
+/// The ledger actor did not answer a call.
+fn unanswered(e: impl std::fmt::Display) -> SpawnError {
+    SpawnError::Storage(format!("ledger: {e}"))
+}
+
 /// Output tokens a minimal first call of `plan` costs.
 pub(crate) fn min_first_call(plan: &Plan) -> Nanos {
     plan.price.cost(&Usage {
@@ -108,8 +113,7 @@ async fn open_new(ctx: &Ctx, plan: &Plan, guarantee: Nanos) -> Result<(), SpawnE
         min_first_call: min_first_call(plan),
         reply
     })
-    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
-    .map_err(SpawnError::from)
+    .map_or_else(|e| Err(unanswered(e)), |r| r.map_err(SpawnError::from))
 }
 
 /// A deferred child takes over the account set aside for it; its spend limit is what it holds.
@@ -124,8 +128,7 @@ async fn adopt(ctx: &Ctx, plan: &mut Plan) -> Result<(), SpawnError> {
         parent,
         reply
     })
-    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
-    .map_err(SpawnError::from)?;
+    .map_or_else(|e| Err(unanswered(e)), |r| r.map_err(SpawnError::from))?;
     plan.limits.spend = plan.limits.spend.min(held);
     Ok(())
 }
@@ -146,8 +149,7 @@ pub(crate) async fn set_aside(ctx: &Ctx, plan: &Plan, whole: bool) -> Result<Nan
         min_first_call: min_first_call(plan),
         reply
     })
-    .map_err(|e| SpawnError::Storage(format!("ledger: {e}")))?
-    .map_err(SpawnError::from)
+    .map_or_else(|e| Err(unanswered(e)), |r| r.map_err(SpawnError::from))
 }
 
 /// The closed accounts of a continuation's ancestors, opened again from ledger.db so every
