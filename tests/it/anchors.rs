@@ -200,3 +200,47 @@ async fn a_finished_tree_of_a_live_process_can_be_resumed_elsewhere() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     drop(rt);
 }
+
+/// A scheduled thread (a deferred child: no running parent records it) is anchored in the
+/// project's log: rolled back to its running state, it fails verify (review of #23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_scheduled_thread_fails_verify() {
+    let s = directive(
+        "limits: { spend: 0.01 }\npermissions: [ schedule, \"thread.spawn.x\" ]",
+        "Schedule.",
+    );
+    let x = directive("", "X.");
+    let script = "s:\n  - tool_calls: [ { name: schedule, input: { directive: x, delay: 0, limits: { spend: 0.002 } } } ]\n    usage: { input_tokens: 100, output_tokens: 0 }\n  - text: scheduled\n    usage: { input_tokens: 100, output_tokens: 0 }\nx:\n  - text: thinking\n    delay: 1500ms\n    usage: { input_tokens: 100, output_tokens: 0 }\n  - text: x done\n    usage: { input_tokens: 100, output_tokens: 0 }\n";
+    let fx = Fixture::new(&[("s", &s), ("x", &x)], script, "");
+    let rt = fx.runtime().await;
+    rt.run("s", Default::default(), Default::default())
+        .await
+        .unwrap();
+    crate::support::wait_until("the scheduled thread to run", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "x" && r.status == "running")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let xid = fx.id_of("x");
+    let saved = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(saved.path().join(&xid)).unwrap();
+    std::fs::copy(
+        fx.root()
+            .join(".weft/threads")
+            .join(&xid)
+            .join("thread.json"),
+        saved.path().join(&xid).join("thread.json"),
+    )
+    .unwrap();
+    rt.drain_hooks().await;
+    rt.shutdown();
+    assert!(verify(&fx, &["--all"]).0, "clean before");
+    roll_back(&fx, saved.path(), &xid);
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(
+        !ok && out.contains("rolled back") && out.contains(&xid),
+        "{out}"
+    );
+}
