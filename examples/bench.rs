@@ -10,6 +10,52 @@
 //! in a fresh temporary project. Numbers are printed, never asserted.
 
 use serde_json::{json, Map, Value};
+
+/// The allocator the `weft` binary uses (see src/main.rs), so the figures are what users get;
+/// `WEFT_BENCH_ALLOC=system` uses the system's instead (for valgrind's heap profilers).
+#[global_allocator]
+static GLOBAL: Alloc = Alloc;
+
+struct Alloc;
+
+/// 0: not read yet; 1: reading (the read's own allocations use the system's, and are freed
+/// before it ends); 2: system; 3: mimalloc. The first allocation happens before any other thread.
+static CHOICE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn system() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match CHOICE.load(Relaxed) {
+        0 => {
+            CHOICE.store(1, Relaxed);
+            let sys = std::env::var_os("WEFT_BENCH_ALLOC").is_some_and(|v| v == "system");
+            CHOICE.store(if sys { 2 } else { 3 }, Relaxed);
+            sys
+        }
+        c => c <= 2,
+    }
+}
+
+unsafe impl std::alloc::GlobalAlloc for Alloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        match system() {
+            true => unsafe { std::alloc::System.alloc(l) },
+            false => unsafe { mimalloc::MiMalloc.alloc(l) },
+        }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        match system() {
+            true => unsafe { std::alloc::System.dealloc(p, l) },
+            false => unsafe { mimalloc::MiMalloc.dealloc(p, l) },
+        }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        match system() {
+            true => unsafe { std::alloc::System.realloc(p, l, n) },
+            false => unsafe { mimalloc::MiMalloc.realloc(p, l, n) },
+        }
+    }
+}
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use weft::LimitSet;
@@ -21,6 +67,8 @@ struct Args {
     tiny: bool,
     strict: bool,
     json: PathBuf,
+    /// `--shape W,D`: the tree's width and depth (profiling at a size between tiny and full).
+    shape: Option<(usize, usize)>,
 }
 
 fn args() -> Args {
@@ -29,6 +77,7 @@ fn args() -> Args {
         tiny: false,
         strict: false,
         json: PathBuf::from("target/bench.json"),
+        shape: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -36,6 +85,12 @@ fn args() -> Args {
             "--size" => a.tiny = it.next().as_deref() == Some("tiny"),
             "--durability" => a.strict = it.next().as_deref() == Some("strict"),
             "--json" => a.json = it.next().map(PathBuf::from).unwrap_or(a.json),
+            "--shape" => {
+                a.shape = it.next().and_then(|s| {
+                    let (w, d) = s.split_once(',')?;
+                    Some((w.parse().ok()?, d.parse().ok()?))
+                })
+            }
             other => a.what = other.to_string(),
         }
     }
@@ -848,7 +903,7 @@ fn f(v: &Value, k: &str) -> f64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let a = args();
-    let (w, d) = if a.tiny { (3, 2) } else { (10, 4) };
+    let (w, d) = a.shape.unwrap_or(if a.tiny { (3, 2) } else { (10, 4) });
     let mut out = serde_json::Map::new();
     let machine = format!(
         "{} cores, {}",

@@ -1,6 +1,11 @@
 //! The `weft` binary: parses arguments and hands over to weft's CLI module.
 use clap::Parser;
 
+/// mimalloc, not the system allocator: a tree of 10⁴ threads allocates from every worker at once,
+/// and glibc's arenas spent a third of its CPU in malloc and its locks (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

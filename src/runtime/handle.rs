@@ -108,7 +108,8 @@ impl ThreadHandle {
                         self.id
                     ),
                 };
-                Ok(end_subtree(&self.ctx, &self.id, &end).await)
+                // Boxed: a waiter that never gets here holds only the handle.
+                Ok(Box::pin(end_subtree(&self.ctx, &self.id, &end)).await)
             }
         }
     }

@@ -57,10 +57,12 @@ impl Actor for ThreadActor {
             caps: &a.doc.capabilities,
             has_parent: a.parent.is_some(),
         };
-        let mut tools = super::builtin::offered(&offer, &ctx.commands);
+        let mut tools = super::builtin::offered(&offer, &ctx.commands, &ctx.tool_specs);
         // MCP servers this thread may use start now (first use), so their tools can be offered.
         let (mcp_tools, mcp_problems) = ctx.mcp.offered(&a.doc.capabilities).await;
-        tools.extend(mcp_tools);
+        if !mcp_tools.is_empty() {
+            Arc::make_mut(&mut tools).extend(mcp_tools);
+        }
         let system = super::conversation::system_prompt(&a.directive, &a.doc.id, &a.limits);
         let mut t = Thread {
             me: me.clone(),
@@ -79,7 +81,7 @@ impl Actor for ThreadActor {
             talk: Talk {
                 system: system.into(),
                 messages: Arc::new(a.messages),
-                tools: Arc::new(tools),
+                tools,
                 inbox: Vec::new(),
             },
             calls: Calls::new(a.calls_made),
@@ -116,9 +118,11 @@ impl Actor for ThreadActor {
             }
             return Ok(());
         }
-        route(t, msg).await;
+        // Boxed: an idle actor's task then holds only the thread, not room for the largest
+        // handler's state (several KiB per thread at 10⁵ threads).
+        Box::pin(route(t, msg)).await;
         if let Some(why) = t.record_failure() {
-            t.record_failed(why).await;
+            Box::pin(t.record_failed(why)).await;
         }
         Ok(())
     }
@@ -139,16 +143,10 @@ impl Actor for ThreadActor {
             return Ok(());
         };
         if t.kids.map.get(&id).is_some_and(|c| c.report.is_none()) {
-            let end = DeadEnd {
-                status: Status::Error,
-                kind: DeadKind::Failed,
-                error: format!("thread actor failed: {err}"),
-            };
-            let report = Box::pin(end_subtree(&t.ctx, &id, &end)).await;
-            t.child_finished(report).await;
+            Box::pin(child_failed(t, id, err.to_string())).await;
         }
         if let Some(why) = t.record_failure() {
-            t.record_failed(why).await;
+            Box::pin(t.record_failed(why)).await;
         }
         Ok(())
     }
@@ -162,6 +160,18 @@ impl Actor for ThreadActor {
         t.life.stop_timers();
         Ok(())
     }
+}
+
+/// A child whose actor failed (panicked) is finalized here as `error` and reported like any
+/// other failure.
+async fn child_failed(t: &mut Thread, id: ThreadId, err: String) {
+    let end = DeadEnd {
+        status: Status::Error,
+        kind: DeadKind::Failed,
+        error: format!("thread actor failed: {err}"),
+    };
+    let report = end_subtree(&t.ctx, &id, &end).await;
+    t.child_finished(report).await;
 }
 
 /// One message to the thread method that handles it.

@@ -270,6 +270,8 @@ pub(crate) struct Ctx {
     pub effects_gate: tokio::sync::Mutex<EffectsGate>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
+    /// Tool lists offered to threads, shared between threads offered the same.
+    pub tool_specs: super::specs::SpecCache,
     /// The MCP tool servers (`mcp_servers:`), started on first use.
     pub mcp: crate::tools::McpHub,
     /// Hooks of layers 0, 2 and 3 (a directive's own join per thread).

@@ -37,6 +37,7 @@ mod parts;
 mod report;
 mod spans;
 mod spawn;
+mod specs;
 mod state;
 mod tool_phase;
 mod turn;

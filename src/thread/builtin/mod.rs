@@ -22,9 +22,11 @@ pub(crate) use tool::{Builtin, Needs};
 use crate::core::capability::allowed;
 use crate::directive::Directive;
 use crate::provider::{ToolCall, ToolSpec};
+use crate::thread::specs::SpecCache;
 use crate::thread::state::Thread;
 use crate::tools::{may_manage, CommandTools, ToolOutcome};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// What decides whether a tool is offered to a thread.
 pub(crate) struct Offer<'a> {
@@ -96,31 +98,51 @@ pub(crate) fn reserved_names() -> Vec<&'static str> {
 }
 
 /// The tools offered to a thread: the built-ins it may use, with the project's command tools
-/// it may call after the state and scheduling tools.
-pub(crate) fn offered(o: &Offer, commands: &CommandTools) -> Vec<ToolSpec> {
-    let commands_at = Builtin::ALL
+/// it may call after the state and scheduling tools — one list shared by every thread of
+/// `cache` offered the same.
+pub(crate) fn offered(o: &Offer, commands: &CommandTools, cache: &SpecCache) -> Arc<Vec<ToolSpec>> {
+    let builtins: Vec<Builtin> = Builtin::ALL.into_iter().filter(|b| b.offered(o)).collect();
+    let allowed: Vec<u16> = commands
         .iter()
-        .position(|b| *b == Builtin::ScheduledCancel)
-        .map_or(0, |i| i + 1);
-    let (before, after) = Builtin::ALL.split_at(commands_at);
-    let specs = |list: &[Builtin]| -> Vec<ToolSpec> {
-        list.iter()
-            .filter(|b| b.offered(o))
-            .map(|b| b.spec(o))
-            .collect()
+        .enumerate()
+        .filter(|(_, t)| o.allows(&format!("tool.{}", t.name)))
+        .map(|(i, _)| i as u16)
+        .collect();
+    let mask = builtins.iter().fold(0u32, |m, b| m | 1 << b.index());
+    let outputs = match builtins.contains(&Builtin::DirectiveReturn) {
+        true => serde_json::to_string(&(&o.directive.outputs, o.has_area())).unwrap_or_default(),
+        false => String::new(),
     };
-    let mut out = specs(before);
+    cache.get((mask, allowed.clone(), outputs), || {
+        build(o, &builtins, commands, &allowed)
+    })
+}
+
+/// The list: built-ins up to `scheduled_cancel`, the allowed command tools, the other built-ins.
+fn build(
+    o: &Offer,
+    builtins: &[Builtin],
+    commands: &CommandTools,
+    allowed: &[u16],
+) -> Vec<ToolSpec> {
+    let commands_at = builtins
+        .iter()
+        .position(|b| b.index() > Builtin::ScheduledCancel.index())
+        .unwrap_or(builtins.len());
+    let (before, after) = builtins.split_at(commands_at);
+    let mut out: Vec<ToolSpec> = before.iter().map(|b| b.spec(o)).collect();
     out.extend(
         commands
             .iter()
-            .filter(|t| o.allows(&format!("tool.{}", t.name)))
-            .map(|t| ToolSpec {
+            .enumerate()
+            .filter(|(i, _)| allowed.contains(&(*i as u16)))
+            .map(|(_, t)| ToolSpec {
                 name: t.name.clone(),
                 description: t.description.clone(),
                 input_schema: t.input_schema.clone(),
             }),
     );
-    out.extend(specs(after));
+    out.extend(after.iter().map(|b| b.spec(o)));
     out
 }
 

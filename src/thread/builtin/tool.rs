@@ -76,6 +76,11 @@ impl Builtin {
         Builtin::SetStatus,
     ];
 
+    /// Its place in [`Builtin::ALL`] (the order tools are offered in).
+    pub(crate) fn index(self) -> u32 {
+        Builtin::ALL.iter().position(|b| *b == self).unwrap_or(0) as u32
+    }
+
     /// Its name (what the model calls).
     pub(crate) fn name(self) -> &'static str {
         match self {
