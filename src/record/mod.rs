@@ -9,6 +9,7 @@
 pub(crate) mod anchors;
 pub(crate) mod batch;
 pub(crate) mod disk;
+pub(crate) mod jcs;
 pub(crate) mod line;
 pub(crate) mod render;
 pub(crate) mod signing;

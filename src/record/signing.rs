@@ -166,9 +166,9 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 fn signed_bytes(domain: &str, doc: &serde_json::Value) -> Vec<u8> {
-    let mut msg = domain.as_bytes().to_vec();
-    // JCS of a serde_json::Value cannot fail: no non-string keys, no NaN.
-    msg.extend(serde_json_canonicalizer::to_vec(doc).unwrap_or_default());
+    let mut msg = Vec::with_capacity(domain.len() + 1024);
+    msg.extend_from_slice(domain.as_bytes());
+    super::jcs::write(doc, &mut msg);
     msg
 }
 
