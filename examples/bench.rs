@@ -468,7 +468,11 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
         .collect();
     gaps.sort_by(|a, b| a.total_cmp(b));
     rt.shutdown();
-    let parts = turn_parts(strict).await;
+    // WEFT_BENCH_NO_PARTS=1: the turn loop alone (for profiling it).
+    let parts = match std::env::var_os("WEFT_BENCH_NO_PARTS") {
+        Some(_) => Value::Null,
+        None => turn_parts(strict).await,
+    };
     json!({
         "turns": turns, "durability": if strict { "strict" } else { "normal" },
         "us_per_turn_mean": wall.as_secs_f64() * 1e6 / (turns + 1) as f64,

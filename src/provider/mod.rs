@@ -112,6 +112,9 @@ pub struct LlmRequest {
     pub call_index: u64,
     /// Where streamed text goes as it arrives (live clients' `token` events); None: nowhere.
     pub on_text: Option<TextSink>,
+    /// The text bytes of system, messages and tools when the caller counted them as the
+    /// conversation grew (a thread does); None: counted from the request when needed.
+    pub known_prompt_bytes: Option<u64>,
 }
 
 /// A receiver of streamed text deltas. Called on the provider's task: it must not block.
@@ -271,23 +274,64 @@ pub(crate) const PER_MESSAGE_TOKENS: u64 = 8;
 
 /// The bytes of everything a request sends as text: system prompt, every message block, tool
 /// specs. A byte-level tokenizer emits at most one token per byte of it.
+/// A thread counts them as its conversation grows ([`LlmRequest::known_prompt_bytes`]), so a
+/// turn does not re-serialize every earlier tool input (that was O(conversation) per turn).
 pub(crate) fn prompt_bytes(req: &LlmRequest) -> u64 {
-    let mut bytes = req.system.len();
-    for m in req.messages.iter() {
-        for b in &m.content {
-            bytes += match b {
-                Block::Text { text } => text.len(),
-                Block::ToolUse { id, name, input } => {
-                    id.len() + name.len() + input.to_string().len()
-                }
-                Block::ToolResult { id, content, .. } => id.len() + content.len(),
-            };
+    if let Some(known) = req.known_prompt_bytes {
+        debug_assert_eq!(
+            known,
+            counted_prompt_bytes(req),
+            "a stale prompt byte count"
+        );
+        return known;
+    }
+    counted_prompt_bytes(req)
+}
+
+fn counted_prompt_bytes(req: &LlmRequest) -> u64 {
+    req.system.len() as u64
+        + req.messages.iter().map(message_bytes).sum::<u64>()
+        + tools_bytes(&req.tools)
+}
+
+/// The text bytes of one message (see [`prompt_bytes`]).
+pub(crate) fn message_bytes(m: &Message) -> u64 {
+    let bytes: usize = m
+        .content
+        .iter()
+        .map(|b| match b {
+            Block::Text { text } => text.len(),
+            Block::ToolUse { id, name, input } => id.len() + name.len() + json_len(input),
+            Block::ToolResult { id, content, .. } => id.len() + content.len(),
+        })
+        .sum();
+    bytes as u64
+}
+
+/// The text bytes of the tool specs (see [`prompt_bytes`]).
+pub(crate) fn tools_bytes(tools: &[ToolSpec]) -> u64 {
+    let bytes: usize = tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + json_len(&t.input_schema))
+        .sum();
+    bytes as u64
+}
+
+/// The length of `v`'s compact JSON, counted without building the string.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
-    for t in req.tools.iter() {
-        bytes += t.name.len() + t.description.len() + t.input_schema.to_string().len();
-    }
-    bytes as u64
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The scripted provider's stand-in for a tokenizer (1 token per 3 bytes): what it bills when a

@@ -417,6 +417,7 @@ mod tests {
             thread_id: crate::core::ids::ThreadId::generate("d"),
             call_index: 0,
             on_text: None,
+            known_prompt_bytes: None,
         };
         let b = body(&req, max_tokens_field(&req.model));
         assert_eq!(b["max_completion_tokens"], 77);

@@ -99,13 +99,43 @@ pub(crate) struct RegistryActor;
 
 type HeldReply = crate::record::batch::HeldReply<RegistryError>;
 
+/// How long a running thread's row update (a turn counted, spend so far) may wait in memory
+/// before it is written: the updates of busy threads in that window coalesce into one row write
+/// each. Nobody waits on them (SPEC §11: nothing depends on them; thread.json and the
+/// transcript are the truth, and recovery treats `created` and `running` alike).
+const ROW_LAG: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// State of the registry actor.
 pub(crate) struct RegistryActorState {
     store: Store,
     held: crate::record::batch::GroupCommit<RegistryError>,
+    /// Rows of unfinished threads not yet written, newest per thread (see [`ROW_LAG`]); written
+    /// before any other message is handled, so every read and write sees them in order.
+    pending: std::collections::HashMap<ThreadId, Box<ThreadRow>>,
+    /// A flush for `pending` is scheduled.
+    lagging: bool,
 }
 
 impl RegistryActorState {
+    /// Keeps an unfinished thread's row for the next flush (at most [`ROW_LAG`] away).
+    fn lag(&mut self, me: &ActorRef<RegistryMsg>, row: Box<ThreadRow>) {
+        self.pending.insert(row.id.clone(), row);
+        if !self.lagging {
+            me.send_after(ROW_LAG, || RegistryMsg::Flush);
+            self.lagging = true;
+        }
+    }
+
+    /// Writes the kept rows into the batch (committed with it).
+    fn catch_up(&mut self, me: &ActorRef<RegistryMsg>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        for (_, row) in std::mem::take(&mut self.pending) {
+            self.write(me, |st| st.update(&row), None);
+        }
+    }
+
     /// Runs a write in the batch; its outcome is replied after the commit.
     fn write(
         &mut self,
@@ -151,6 +181,8 @@ impl Actor for RegistryActor {
         Ok(RegistryActorState {
             store,
             held: Default::default(),
+            pending: Default::default(),
+            lagging: false,
         })
     }
 
@@ -160,6 +192,19 @@ impl Actor for RegistryActor {
         msg: RegistryMsg,
         s: &mut RegistryActorState,
     ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Update { row, reply: None } if !row.status.is_terminal() => {
+                s.lag(&me, row);
+                return Ok(());
+            }
+            RegistryMsg::Flush => {
+                s.lagging = false;
+                s.catch_up(&me);
+                s.flush();
+                return Ok(());
+            }
+            _ => s.catch_up(&me),
+        }
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
                 // Refusals are answered at once; only a stored row waits for the commit.
@@ -194,7 +239,7 @@ impl Actor for RegistryActor {
                 |st| st.link_continuation(old.as_str(), new.as_str(), chain_root.as_str()),
                 Some(reply),
             ),
-            RegistryMsg::Flush => s.flush(),
+            RegistryMsg::Flush => {}
             RegistryMsg::Claim { id, from, reply } => {
                 // Its own transaction, committed before the reply: the claim must be visible
                 // to every other process before the claimant touches the thread's files.
@@ -232,6 +277,7 @@ impl Actor for RegistryActor {
         _me: ActorRef<RegistryMsg>,
         s: &mut RegistryActorState,
     ) -> Result<(), ActorProcessingErr> {
+        s.catch_up(&_me);
         s.flush();
         Ok(())
     }

@@ -78,12 +78,7 @@ impl Actor for ThreadActor {
             status_text: None,
             phase: Phase::Idle,
             record: Record::new(a.transcript),
-            talk: Talk {
-                system: system.into(),
-                messages: Arc::new(a.messages),
-                tools,
-                inbox: Vec::new(),
-            },
+            talk: Talk::new(system.into(), a.messages, tools),
             calls: Calls::new(a.calls_made),
             kids: Kids::default(),
             work: ToolWork::default(),

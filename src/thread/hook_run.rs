@@ -127,9 +127,8 @@ impl Thread {
             return;
         }
         let text = injected.join("\n\n");
-        if let Some(m) = Arc::make_mut(&mut self.talk.messages).last_mut() {
-            m.content.insert(0, Block::Text { text });
-        }
+        self.talk
+            .edit_last(|m| m.content.insert(0, Block::Text { text }));
     }
 
     fn inject_text(&self, i: &Inject, ctx: &Value) -> Result<String, String> {

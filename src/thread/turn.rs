@@ -249,6 +249,7 @@ impl Thread {
             thread_id: self.id().clone(),
             call_index: self.calls.made,
             on_text: None,
+            known_prompt_bytes: Some(self.talk.prompt_bytes()),
         }
     }
 
