@@ -203,6 +203,11 @@ impl Actor for RegistryActor {
                 s.flush();
                 return Ok(());
             }
+            RegistryMsg::Update { ref row, .. } => {
+                // A newer row of the thread sets every column: a kept one is superseded.
+                s.pending.remove(&row.id);
+                s.catch_up(&me);
+            }
             _ => s.catch_up(&me),
         }
         match msg {

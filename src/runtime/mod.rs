@@ -43,6 +43,9 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 
+/// How many spawns run their stages at once (see `Ctx::spawn_slots`).
+const SPAWN_SLOTS: usize = 8;
+
 /// How to open a runtime: which provider every thread uses, if not the configured ones.
 #[must_use = "a builder does nothing until `open` is called"]
 pub struct RuntimeBuilder {
@@ -159,6 +162,7 @@ impl RuntimeBuilder {
             _owner_lock: Box::new(owner),
             verified: Default::default(),
             tool_specs: Default::default(),
+            spawn_slots: tokio::sync::Semaphore::new(SPAWN_SLOTS),
         });
         ctx.refresh_secrets();
         let recovered = recovery::recover(&ctx, first_owner).await;

@@ -57,10 +57,12 @@ impl Actor for ThreadActor {
             caps: &a.doc.capabilities,
             has_parent: a.parent.is_some(),
         };
-        let mut tools = super::builtin::offered(&offer, &ctx.commands, &ctx.tool_specs);
+        let (mut tools, mut tools_bytes) =
+            super::builtin::offered(&offer, &ctx.commands, &ctx.tool_specs);
         // MCP servers this thread may use start now (first use), so their tools can be offered.
         let (mcp_tools, mcp_problems) = ctx.mcp.offered(&a.doc.capabilities).await;
         if !mcp_tools.is_empty() {
+            tools_bytes += crate::provider::tools_bytes(&mcp_tools);
             Arc::make_mut(&mut tools).extend(mcp_tools);
         }
         let system = super::conversation::system_prompt(&a.directive, &a.doc.id, &a.limits);
@@ -78,7 +80,7 @@ impl Actor for ThreadActor {
             status_text: None,
             phase: Phase::Idle,
             record: Record::new(a.transcript),
-            talk: Talk::new(system.into(), a.messages, tools),
+            talk: Talk::new(system.into(), a.messages, (tools, tools_bytes)),
             calls: Calls::new(a.calls_made),
             kids: Kids::default(),
             work: ToolWork::default(),

@@ -270,6 +270,11 @@ pub(crate) struct Ctx {
     pub effects_gate: tokio::sync::Mutex<EffectsGate>,
     /// The project's command tools (`tools/*.yaml`).
     pub commands: crate::tools::CommandTools,
+    /// Spawns running their stages at once. A wide tree's parents would otherwise start
+    /// children faster than the children can run and end on the same cores: every started
+    /// thread then waits its turn behind all the others and lives (and holds its memory) for
+    /// seconds. Bounded, new threads start as earlier ones end.
+    pub spawn_slots: tokio::sync::Semaphore,
     /// Tool lists offered to threads, shared between threads offered the same.
     pub tool_specs: super::specs::SpecCache,
     /// The MCP tool servers (`mcp_servers:`), started on first use.

@@ -22,11 +22,10 @@ pub(crate) use tool::{Builtin, Needs};
 use crate::core::capability::allowed;
 use crate::directive::Directive;
 use crate::provider::{ToolCall, ToolSpec};
-use crate::thread::specs::SpecCache;
+use crate::thread::specs::{Offered, SpecCache};
 use crate::thread::state::Thread;
 use crate::tools::{may_manage, CommandTools, ToolOutcome};
 use serde_json::{json, Value};
-use std::sync::Arc;
 
 /// What decides whether a tool is offered to a thread.
 pub(crate) struct Offer<'a> {
@@ -98,22 +97,18 @@ pub(crate) fn reserved_names() -> Vec<&'static str> {
 }
 
 /// The tools offered to a thread: the built-ins it may use, with the project's command tools
-/// it may call after the state and scheduling tools — one list shared by every thread of
-/// `cache` offered the same.
-pub(crate) fn offered(o: &Offer, commands: &CommandTools, cache: &SpecCache) -> Arc<Vec<ToolSpec>> {
-    let builtins: Vec<Builtin> = Builtin::ALL.into_iter().filter(|b| b.offered(o)).collect();
-    let allowed: Vec<u16> = commands
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| o.allows(&format!("tool.{}", t.name)))
-        .map(|(i, _)| i as u16)
-        .collect();
-    let mask = builtins.iter().fold(0u32, |m, b| m | 1 << b.index());
-    let outputs = match builtins.contains(&Builtin::DirectiveReturn) {
-        true => serde_json::to_string(&(&o.directive.outputs, o.has_area())).unwrap_or_default(),
-        false => String::new(),
-    };
-    cache.get((mask, allowed.clone(), outputs), || {
+/// it may call after the state and scheduling tools — one list (and its text bytes) shared by
+/// every thread of `cache` with the same capabilities, parentage and declared outputs.
+pub(crate) fn offered(o: &Offer, commands: &CommandTools, cache: &SpecCache) -> Offered {
+    let outputs = serde_json::to_string(&o.directive.outputs).unwrap_or_default();
+    cache.get((o.caps.to_vec(), o.has_parent, outputs), || {
+        let builtins: Vec<Builtin> = Builtin::ALL.into_iter().filter(|b| b.offered(o)).collect();
+        let allowed: Vec<u16> = commands
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| o.allows(&format!("tool.{}", t.name)))
+            .map(|(i, _)| i as u16)
+            .collect();
         build(o, &builtins, commands, &allowed)
     })
 }

@@ -1,7 +1,7 @@
 //! A thread's conversation: the system prompt, the messages so far (shared with the call in
 //! flight), the tools offered, and the messages waiting for its next turn.
 
-use crate::provider::{message_bytes, tools_bytes, Message, ToolSpec};
+use crate::provider::{message_bytes, Message, ToolSpec};
 use std::sync::Arc;
 
 /// A thread's conversation.
@@ -21,11 +21,14 @@ pub(crate) struct Talk {
 }
 
 impl Talk {
-    /// A conversation of `messages` under `system`, offered `tools`.
-    pub(crate) fn new(system: Arc<str>, messages: Vec<Message>, tools: Arc<Vec<ToolSpec>>) -> Talk {
-        let bytes = system.len() as u64
-            + messages.iter().map(message_bytes).sum::<u64>()
-            + tools_bytes(&tools);
+    /// A conversation of `messages` under `system`, offered `tools` (with their text bytes).
+    pub(crate) fn new(
+        system: Arc<str>,
+        messages: Vec<Message>,
+        (tools, tools_bytes): (Arc<Vec<ToolSpec>>, u64),
+    ) -> Talk {
+        let bytes =
+            system.len() as u64 + messages.iter().map(message_bytes).sum::<u64>() + tools_bytes;
         Talk {
             system,
             messages: Arc::new(messages),

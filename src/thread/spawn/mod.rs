@@ -39,6 +39,9 @@ pub(crate) async fn spawn(
     req: SpawnRequest,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
+    // A bounded number of spawns run their stages at once; the others queue here, holding
+    // nothing yet (see `Ctx::spawn_slots`).
+    let _slot = ctx.spawn_slots.acquire().await;
     let mut plan = Plan::make(ctx, &req)?;
     let account = Account::open(ctx, &mut plan, &req).await?;
     let registered = match Registered::admit(ctx, &plan, &req).await {
