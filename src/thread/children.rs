@@ -36,6 +36,7 @@ impl Thread {
         }
         self.kids.spawning.insert(call_id.clone());
         req.parent_span = self.work.spans.get(&call_id).cloned();
+        req.withdrawn = Some(self.life.cancel.clone());
         let (ctx, me) = (self.ctx.clone(), self.me.clone());
         tokio::spawn(async move {
             match super::spawn::spawn(&ctx, req, None).await {

@@ -722,3 +722,54 @@ async fn a_row_left_by_a_dead_process_with_our_pid_is_repaired() {
     assert_eq!(row.status, "completed", "{row:?}");
     rt.shutdown();
 }
+
+/// A root that asks for 400 children at once and is cancelled while they start: the children
+/// still waiting for a spawn slot are withdrawn, never started only to be cancelled; the cancel
+/// ends everything quickly, with nothing reserved or running and every record verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_withdraws_the_children_still_waiting_to_start() {
+    let perms =
+        "permissions: [\"thread.spawn.**\"]\nlimits: { spawns: 400, concurrency: 400, spend: 5 }";
+    let script = format!(
+        "root:\n  - tool_calls:\n{}\n  - tool_calls: [ {{ name: wait_threads, input: {{}} }} ]\n  - text: root done\nleaf:\n  - text: leaf done\n    delay: 60s\n    usage: {{ input_tokens: 10, output_tokens: 5 }}\n",
+        spawn_calls("leaf", 400)
+    );
+    let fx = Fixture::new(
+        &[
+            ("root", &directive(perms, "Root.")),
+            ("leaf", &directive("", "Leaf.")),
+        ],
+        &script,
+        "",
+    );
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    let done = handle.wait();
+    wait_until("a first child", || fx.rows_so_far().len() > 1).await;
+    let started = Instant::now();
+    assert!(rt.cancel(&id, "test"));
+    let report = done.await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(report.status, Status::Cancelled);
+    let rows = fx.rows();
+    assert!(
+        rows.len() < 401,
+        "all 400 children were started although their parent was cancelled"
+    );
+    assert!(rows.iter().all(|r| r.status == "cancelled"), "{rows:?}");
+    let (violations, open) = rt.audit().await;
+    assert!(
+        violations.is_empty() && open == 0,
+        "open reservations: {open}"
+    );
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    eprintln!(
+        "{} of 400 children had started; cancel took {took:?}",
+        rows.len() - 1
+    );
+    assert!(took < Duration::from_secs(3), "cancel took {took:?}");
+}

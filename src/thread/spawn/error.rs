@@ -32,6 +32,9 @@ pub enum SpawnError {
     /// Storage failed: the thread's files, or a runtime actor that did not answer.
     #[error("{0}")]
     Storage(String),
+    /// Withdrawn before it started: whoever asked for it was cancelled meanwhile.
+    #[error("withdrawn: {0}")]
+    Withdrawn(String),
 }
 
 impl SpawnError {

@@ -41,7 +41,16 @@ pub(crate) async fn spawn(
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     // A bounded number of spawns run their stages at once; the others queue here, holding
     // nothing yet (see `Ctx::spawn_slots`).
-    let _slot = ctx.spawn_slots.acquire().await;
+    let _slot = match req.withdrawn.clone() {
+        Some(token) => tokio::select! {
+            slot = ctx.spawn_slots.acquire() => slot,
+            _ = token.cancelled() => {
+                let why = "its parent was cancelled before it started";
+                return Err(SpawnError::Withdrawn(why.into()));
+            }
+        },
+        None => ctx.spawn_slots.acquire().await,
+    };
     let mut plan = Plan::make(ctx, &req)?;
     let account = Account::open(ctx, &mut plan, &req).await?;
     let registered = match Registered::admit(ctx, &plan, &req).await {

@@ -72,6 +72,9 @@ pub(crate) struct SpawnRequest {
     pub route: Option<Arc<Route>>,
     /// The span the thread's span goes under (the parent's `spawn_thread` call).
     pub parent_span: Option<tracing::Span>,
+    /// Cancelled, it withdraws the request while it waits for a spawn slot (the parent was
+    /// cancelled: the child is not started only to be cancelled).
+    pub withdrawn: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl SpawnRequest {
@@ -91,6 +94,7 @@ impl SpawnRequest {
             attach: Vec::new(),
             route: None,
             parent_span: None,
+            withdrawn: None,
         }
     }
 
