@@ -158,6 +158,7 @@ impl RuntimeBuilder {
             effects_gate: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
+            writers: Default::default(),
             tool_specs: Default::default(),
         });
         ctx.refresh_secrets();
