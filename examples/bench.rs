@@ -56,6 +56,9 @@ unsafe impl std::alloc::GlobalAlloc for Alloc {
     }
 }
 
+#[path = "bench/scale.rs"]
+mod scale;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use weft::LimitSet;
@@ -173,13 +176,23 @@ fn front(w: usize, spawn: Option<&str>) -> String {
 /// A tree of width `w` and depth `d`: each inner thread spawns `w` children (waiting, in one
 /// parallel tool round) then answers; leaves answer at once. 2 turns inner, 1 turn leaf.
 fn tree_project(w: usize, d: usize, strict: bool, leaf_delay: Option<&str>) -> Proj {
+    tree_project_widths(&vec![w; d], strict, leaf_delay)
+}
+
+/// A tree whose level `l` threads each spawn `widths[l]` children (the last level's are the
+/// leaves), as [`tree_project`]; a leaf's call takes `leaf_delay` when given. Every level's
+/// `spawns` and `concurrency` are the widest level's: a child's limits are capped by its parent's.
+fn tree_project_widths(widths: &[usize], strict: bool, leaf_delay: Option<&str>) -> Proj {
+    let most = widths.iter().copied().max().unwrap_or(1);
     let mut dirs = Vec::new();
     let mut script = String::new();
-    for level in 0..=d {
+    // Level `l` spawns `Some(w)` children; the last level (`None`) is the leaves.
+    let levels = widths.iter().map(|w| Some(*w)).chain([None]);
+    for (level, width) in levels.enumerate() {
         let name = format!("l{level}");
-        if level < d {
+        if let Some(w) = width {
             let next = format!("l{}", level + 1);
-            dirs.push((name.clone(), front(w, Some(&next))));
+            dirs.push((name.clone(), front(most, Some(&next))));
             let calls: Vec<String> = (0..w)
                 .map(|_| {
                     format!("      - {{ name: spawn_thread, input: {{ directive: {next} }} }}")
@@ -190,7 +203,7 @@ fn tree_project(w: usize, d: usize, strict: bool, leaf_delay: Option<&str>) -> P
                 calls.join("\n")
             );
         } else {
-            dirs.push((name.clone(), front(w, None)));
+            dirs.push((name.clone(), front(most, None)));
             let delay = leaf_delay
                 .map(|d| format!("    delay: {d}\n"))
                 .unwrap_or_default();
@@ -199,6 +212,30 @@ fn tree_project(w: usize, d: usize, strict: bool, leaf_delay: Option<&str>) -> P
     }
     let dirs: Vec<(&str, String)> = dirs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     project(&dirs, &script, strict)
+}
+
+/// CPU time (user + system, all threads) this process has used so far, in seconds (Linux).
+fn cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
+}
+
+/// `WEFT_BENCH_PERF_CTL=<fifo>`: `enable`/`disable` written to perf's control fifo around the
+/// measured phase (`perf record -D -1 --control fifo:<fifo>`), so a profile holds only it.
+fn perf_ctl(cmd: &str) {
+    if let Some(path) = std::env::var_os("WEFT_BENCH_PERF_CTL") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(path) {
+            let _ = writeln!(f, "{cmd}");
+        }
+    }
 }
 
 fn tree_size(w: usize, d: usize) -> usize {
@@ -596,7 +633,8 @@ async fn bench_memory(n: usize) -> Value {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, after) = rss_kib();
     let per = (after.saturating_sub(before)) as f64 / n as f64;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_s());
+    perf_ctl("enable");
     for (id, _) in &handles {
         rt.cancel(id, "bench done");
     }
@@ -604,9 +642,11 @@ async fn bench_memory(n: usize) -> Value {
         let _ = done.await;
     }
     let cancel_s = t.elapsed().as_secs_f64();
+    perf_ctl("disable");
+    let cancel_cpu_s = cpu_s() - cpu;
     rt.shutdown();
     json!({ "live_threads": n, "rss_before_mib": before as f64 / 1024.0, "rss_after_mib": after as f64 / 1024.0,
-            "kib_per_live_thread": per, "cancel_all_roots_s": cancel_s })
+            "kib_per_live_thread": per, "cancel_all_roots_s": cancel_s, "cancel_cpu_s": cancel_cpu_s })
 }
 
 async fn bench_cancel(w: usize, d: usize) -> Value {
@@ -639,15 +679,18 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let build_s = t0.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_s());
+    perf_ctl("enable");
     rt.cancel(&id, "bench");
     let report = done.await.unwrap();
     let cancel_s = t.elapsed().as_secs_f64();
+    perf_ctl("disable");
+    let cancel_cpu_s = cpu_s() - cpu;
     assert_eq!(report.status, weft::Status::Cancelled);
     let left = store.list(true, 10).unwrap().len();
     let (violations, open) = rt.audit().await;
     rt.shutdown();
-    json!({ "threads": n, "tree_live_after_s": build_s, "cancel_to_all_finalized_s": cancel_s,
+    json!({ "threads": n, "tree_live_after_s": build_s, "cancel_to_all_finalized_s": cancel_s, "cancel_cpu_s": cancel_cpu_s,
             "left_running": left, "ledger_violations": violations.len(), "open_reservations": open })
 }
 
@@ -922,6 +965,7 @@ async fn main() {
         "turns",
         "memory",
         "cancel",
+        "scale",
         "ledger",
         "langgraph",
         "sse",
@@ -965,6 +1009,10 @@ async fn main() {
             "cancel" => {
                 let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };
                 bench_cancel(cw, cd).await
+            }
+            "scale" => {
+                let widths: &[usize] = if a.tiny { &[3, 3, 10] } else { &[10, 10, 1000] };
+                scale::bench_scale(widths).await
             }
             "ledger" => {
                 if a.tiny {
@@ -1059,6 +1107,48 @@ async fn main() {
             &format!("cancel root of {} live threads", c["threads"]),
             format!("{:.3} s", f(c, "cancel_to_all_finalized_s")),
             "≤ 1 s (10k)",
+        );
+    }
+    if let Some(m) = v.get("memory") {
+        row(
+            &format!("cancel {} live roots", m["live_threads"]),
+            format!("{:.3} s", f(m, "cancel_all_roots_s")),
+            "≤ 1 s",
+        );
+    }
+    if let Some(s) = v.get("scale") {
+        row(
+            &format!("scale: {} live threads: all live after", s["threads"]),
+            format!("{:.1} s", f(s, "all_live_after_s")),
+            "",
+        );
+        row(
+            "  spawn rate (sustained 10–90% / overall)",
+            format!(
+                "{:.0} / {:.0} /s",
+                f(s, "sustained_spawn_rate_per_s"),
+                f(s, "spawn_rate_per_s")
+            ),
+            "≥ 5,000/s",
+        );
+        row(
+            "  RSS live / per live thread",
+            format!(
+                "{:.0} MiB / {:.1} KiB",
+                f(s, "rss_live_mib"),
+                f(s, "kib_per_live_thread")
+            ),
+            "",
+        );
+        row(
+            "  cancel root → all finalized",
+            format!("{:.2} s", f(s, "cancel_to_all_finalized_s")),
+            "≤ 1 s",
+        );
+        row(
+            "  left running / open reservations",
+            format!("{} / {}", s["left_running"], s["open_reservations"]),
+            "0 / 0",
         );
     }
     if let Some(l) = v.get("ledger") {

@@ -1,7 +1,8 @@
 //! The durable, signed records of a thread: the user's key and the trust store (`signing`), the
 //! hash-chained transcript (`transcript`) and its lines as types (`line`), thread.json
-//! (`thread_doc`), read-only verification (`verify`), lines as people read them (`render`), and
-//! the group commit shared by the actors that own a database (`batch`).
+//! (`thread_doc`), read-only verification (`verify`), lines as people read them (`render`),
+//! the group commit shared by the actors that own a database (`batch`), and the threads that
+//! do an ending thread's blocking writes (`writers`).
 //!
 //! Owns file formats and their integrity. Must never decide what a thread does next: it writes
 //! what it is given and reads back what is there, naming the file and line of any damage.
@@ -16,3 +17,4 @@ pub(crate) mod signing;
 pub(crate) mod thread_doc;
 pub(crate) mod transcript;
 pub(crate) mod verify;
+pub(crate) mod writers;

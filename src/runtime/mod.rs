@@ -161,6 +161,7 @@ impl RuntimeBuilder {
             effects_gate: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
+            writers: Default::default(),
             tool_specs: Default::default(),
             spawn_slots: tokio::sync::Semaphore::new(SPAWN_SLOTS),
         });

@@ -86,10 +86,13 @@ pub(crate) struct EffectsGate {
 
 impl Ctx {
     /// Keeps work a thread leaves behind (hook commands, scheduled effects) for
-    /// `Runtime::drain_hooks`, dropping what already finished.
+    /// `Runtime::drain_hooks`, dropping what already finished — looked over only when the list
+    /// reaches a power of two, so tracking 10⁴ cancels at once stays linear.
     pub(crate) fn track(&self, task: tokio::task::JoinHandle<()>) {
         if let Ok(mut t) = self.hook_tasks.lock() {
-            t.retain(|h| !h.is_finished());
+            if t.len() >= 64 && t.len().is_power_of_two() {
+                t.retain(|h| !h.is_finished());
+            }
             t.push(task);
         }
     }
@@ -291,6 +294,9 @@ pub(crate) struct Ctx {
     /// This process's owner lock on the project (see `runtime/owner.rs`), held while any thread
     /// of this runtime may run.
     pub _owner_lock: Box<dyn std::any::Any + Send + Sync>,
+    /// The threads that do an ending thread's blocking writes (its terminal fsyncs, signed
+    /// thread.json and anchor line).
+    pub writers: crate::record::writers::Writers,
     /// Verified thread.json documents of running parents (see [`Ctx::verified_doc`]).
     pub verified: std::sync::Mutex<
         std::collections::HashMap<ThreadId, (crate::directive::FileStamp, ThreadDoc)>,

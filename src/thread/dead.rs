@@ -122,6 +122,11 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
         }
     }
+    // A killed actor's last writes (its final thread.json, queued on the writer threads) run
+    // to their end before anything else writes that thread's files.
+    for r in &rows {
+        ctx.writers.idle(&r.id, Duration::from_secs(10)).await;
+    }
     let mut own = None;
     for r in &rows {
         let f = finalize_dead(ctx, r, end).await;

@@ -309,8 +309,8 @@ impl Thread {
         self.log(fin);
     }
 
-    /// The terminal fsyncs (transcript, then thread.json) run on the blocking pool, so many
-    /// threads ending together overlap their fsyncs instead of queueing on the workers.
+    /// The terminal fsyncs (transcript, then thread.json) run on the runtime's writer threads,
+    /// so many threads ending together overlap their fsyncs instead of queueing on the workers.
     async fn write_final_doc(&mut self) {
         if let Err(err) = self.record.transcript.checkpoint_line() {
             tracing::error!(thread = %self.doc.id, "transcript checkpoint failed: {err}");
@@ -322,25 +322,28 @@ impl Thread {
         let path = self.ctx.store.doc_path(self.id());
         let anchors = self.ctx.project.anchors_log();
         let linked = self.parent.is_some();
-        let written = tokio::task::spawn_blocking(move || {
-            file.and_then(|f| f.sync_data())?;
-            doc.write_signed(&path, &signer, true)?;
-            // The final head of a thread no running parent records (a root, a deferred child,
-            // their continuations) goes to the project's anchor log; a child's is in its
-            // parent's `child_finished` line.
-            match linked {
-                false => crate::record::anchors::anchor_root(
-                    &anchors,
-                    &signer,
-                    &doc.id,
-                    doc.status,
-                    &doc.transcript_head,
-                ),
-                true => Ok(()),
-            }
-        })
-        .await;
-        if !matches!(written, Ok(Ok(()))) {
+        let written = self
+            .ctx
+            .writers
+            .run(self.id(), move || {
+                file.and_then(|f| f.sync_data())?;
+                doc.write_signed(&path, &signer, true)?;
+                // The final head of a thread no running parent records (a root, a deferred child,
+                // their continuations) goes to the project's anchor log; a child's is in its
+                // parent's `child_finished` line.
+                match linked {
+                    false => crate::record::anchors::anchor_root(
+                        &anchors,
+                        &signer,
+                        &doc.id,
+                        doc.status,
+                        &doc.transcript_head,
+                    ),
+                    true => Ok(()),
+                }
+            })
+            .await;
+        if !matches!(written, Some(Ok(()))) {
             tracing::error!(thread = %self.doc.id, "final thread.json or transcript sync failed: {written:?}");
         }
     }
