@@ -1275,4 +1275,22 @@ async fn main() {
     std::fs::create_dir_all(a.json.parent().unwrap_or(Path::new("."))).ok();
     std::fs::write(&a.json, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     println!("\nwrote {}", a.json.display());
+    // A scenario that fails fails the run (`.ci/run` runs them all, tiny): a benchmark that
+    // cannot run is a defect, not a number.
+    let failed: Vec<&String> = v
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(_, s)| s.get("error").is_some())
+                .map(|(k, _)| k)
+                .collect()
+        })
+        .unwrap_or_default();
+    if !failed.is_empty() {
+        eprintln!(
+            "bench: scenario(s) failed: {failed:?} (see {})",
+            a.json.display()
+        );
+        std::process::exit(1);
+    }
 }

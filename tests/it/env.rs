@@ -182,8 +182,7 @@ async fn a_secret_reaches_its_tool_and_nothing_else() {
     // No file under .weft/ holds either secret in clear: transcripts, thread.json, the spilled
     // output, the registry, the search index, the env store.
     let mut scanned = 0;
-    for f in all_files(&fx.root().join(".weft")) {
-        let bytes = std::fs::read(&f).unwrap();
+    for (f, bytes) in all_file_bytes(&fx.root().join(".weft")) {
         scanned += 1;
         for s in [SECRET, MODEL_SECRET] {
             assert!(!contains(&bytes, s.as_bytes()), "{} holds {s}", f.display());
@@ -261,6 +260,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Every file under `dir` with its bytes, read now. A file gone between the listing and
+/// the read is left out: SQLite removes a database's -wal and -shm when its last connection
+/// closes, which a runtime's shutdown does on its actors' own time (what they held is in the
+/// database file, also read).
+pub fn all_file_bytes(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    all_files(dir)
+        .into_iter()
+        .filter_map(|f| match std::fs::read(&f) {
+            Ok(bytes) => Some((f, bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!("{}: {e}", f.display()),
+        })
+        .collect()
 }
 
 pub fn all_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

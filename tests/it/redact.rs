@@ -124,8 +124,7 @@ async fn a_secret_is_hidden_in_every_form_a_tool_prints_it_in() {
     }
     assert!(seen[1].body.to_string().contains("[secret:ENC_TOKEN]"));
     // Every file under .weft/, the search index and the export.
-    for f in crate::env::all_files(&fx.root().join(".weft")) {
-        let bytes = std::fs::read(&f).unwrap();
+    for (f, bytes) in crate::env::all_file_bytes(&fx.root().join(".weft")) {
         clean(&f.display().to_string(), &String::from_utf8_lossy(&bytes));
     }
     let found = weft_out(&fx, &["search", "Note", "--json"]);
