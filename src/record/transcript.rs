@@ -177,6 +177,14 @@ impl TranscriptWriter {
         Ok(())
     }
 
+    /// Fsyncs the transcript through a descriptor of its own, opened when this runs: work
+    /// queued off the actor's thread holds no descriptor while it waits (a queue of them ran a
+    /// process with a low descriptor limit out of them).
+    pub fn sync_later(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
+        let path = self.path.clone();
+        move || open_append(&path)?.sync_data()
+    }
+
     /// A handle on the file, to fsync it off the actor's thread.
     pub fn file_handle(&self) -> std::io::Result<File> {
         match &self.file {

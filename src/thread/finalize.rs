@@ -18,7 +18,7 @@ impl Thread {
     /// Whether nothing of the thread is under way any more: no live child, no spawn, no tool
     /// task, no LLM call.
     fn quiet(&self) -> bool {
-        self.kids.live().is_empty()
+        !self.kids.any_live()
             && self.kids.spawning.is_empty()
             && self.work.tasks.is_empty()
             && self.calls.current.is_none()
@@ -316,7 +316,7 @@ impl Thread {
             tracing::error!(thread = %self.doc.id, "transcript checkpoint failed: {err}");
         }
         self.refresh_doc();
-        let file = self.record.transcript.file_handle();
+        let sync_transcript = self.record.transcript.sync_later();
         let doc = self.doc.clone();
         let signer = self.ctx.signer.clone();
         let path = self.ctx.store.doc_path(self.id());
@@ -326,7 +326,7 @@ impl Thread {
             .ctx
             .writers
             .run(self.id(), move || {
-                file.and_then(|f| f.sync_data())?;
+                sync_transcript()?;
                 doc.write_signed(&path, &signer, true)?;
                 // The final head of a thread no running parent records (a root, a deferred child,
                 // their continuations) goes to the project's anchor log; a child's is in its

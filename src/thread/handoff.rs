@@ -17,7 +17,7 @@ impl Thread {
     /// and nothing of its own is under way that would be lost.
     pub(crate) fn can_hand_off(&self) -> bool {
         self.doc.cost.turns > 0
-            && self.kids.live().is_empty()
+            && !self.kids.any_live()
             && self.kids.spawning.is_empty()
             && self.work.tasks.is_empty()
     }

@@ -57,6 +57,15 @@ impl Kids {
             .collect()
     }
 
+    /// Whether any child is started and not yet ended. Allocates nothing and stops at the
+    /// first: a parent asks this at each child's report, and collecting the live ids each time
+    /// cost a parent of 1,000 children half a million id copies while they ended.
+    pub(crate) fn any_live(&self) -> bool {
+        self.map
+            .values()
+            .any(|c| c.report.is_none() && c.actor.is_some())
+    }
+
     /// The entry of `id`, made empty if it has none yet.
     pub(crate) fn entry(&mut self, id: &ThreadId) -> &mut Child {
         self.map.entry(id.clone()).or_default()
