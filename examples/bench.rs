@@ -1041,7 +1041,7 @@ async fn main() {
         row(
             &format!("tree {}×{} ({} threads): wall", w, d, t["threads"]),
             format!("{:.2} s", f(t, "wall_s")),
-            "≤ 5 s (10×4)",
+            "≤ 2 s (10×4)",
         );
         row("  threads/s", format!("{:.0}", f(t, "threads_per_s")), "");
         row(
@@ -1058,7 +1058,11 @@ async fn main() {
             ),
             "",
         );
-        row("  peak RSS", format!("{:.0} MiB", f(t, "peak_rss_mib")), "");
+        row(
+            "  peak RSS",
+            format!("{:.0} MiB", f(t, "peak_rss_mib")),
+            "≤ 150 MiB",
+        );
         if let Some(fl) = v.get("floor") {
             row(
                 "  × bare-ractor floor (threads/s)",
@@ -1066,7 +1070,7 @@ async fn main() {
                     "{:.1}×",
                     f(fl, "bare_actor_threads_per_s") / f(t, "threads_per_s")
                 ),
-                "",
+                "≤ 15×",
             );
         }
     }
@@ -1074,7 +1078,7 @@ async fn main() {
         row(
             &format!("per turn ({} turns): mean", t["turns"]),
             format!("{:.0} µs", f(t, "us_per_turn_mean")),
-            "≤ 100 µs",
+            "≤ 50 µs, p99 ≤ 150",
         );
         row(
             "  p50 / p99",
@@ -1099,7 +1103,7 @@ async fn main() {
         row(
             &format!("memory ({} live idle threads)", m["live_threads"]),
             format!("{:.1} KiB/thread", f(m, "kib_per_live_thread")),
-            "≤ 32 KiB",
+            "≤ 16 KiB",
         );
     }
     if let Some(c) = v.get("cancel") {
@@ -1138,7 +1142,7 @@ async fn main() {
                 f(s, "rss_live_mib"),
                 f(s, "kib_per_live_thread")
             ),
-            "",
+            "≤ 2 GiB",
         );
         row(
             "  cancel root → all finalized",
@@ -1209,7 +1213,7 @@ async fn main() {
         row(
             "  slowdown with clients",
             format!("{:.2}×", f(e, "slowdown")),
-            "",
+            "≤ 1.1×",
         );
         row(
             "  events delivered to all clients",
@@ -1262,7 +1266,7 @@ async fn main() {
                 row(
                     "  weft / langgraph throughput",
                     format!("{:.1}×", f(t, "threads_per_s") / f(lg, "threads_per_s")),
-                    "≥ 10×",
+                    "≥ 25×",
                 );
                 row(
                     "  weft / langgraph peak RSS",
