@@ -41,7 +41,8 @@ pub(crate) fn anchor_root(
         .open(path)?;
     f.lock()?;
     let len = f.seek(SeekFrom::End(0))?;
-    let prev = match known_tail(path, len) {
+    let file = identity(&f)?;
+    let prev = match known_tail(path, file, len) {
         Some(hash) => hash,
         None => {
             set_aside_torn(&mut f, path)?;
@@ -60,30 +61,42 @@ pub(crate) fn anchor_root(
     let written = f.write_all(&bytes).and_then(|_| f.sync_data());
     remember_tail(
         path,
-        written.is_ok().then(|| (len + bytes.len() as u64, hash)),
+        written
+            .is_ok()
+            .then(|| (file, len + bytes.len() as u64, hash)),
     );
     written?;
     f.unlock()
 }
 
 /// The log this process appended to last: its length after that line and the line's hash.
-static TAIL: std::sync::Mutex<Option<(std::path::PathBuf, u64, String)>> =
-    std::sync::Mutex::new(None);
+static TAIL: std::sync::Mutex<Option<Tail>> = std::sync::Mutex::new(None);
+
+/// The log's path, its file (device, inode), its length after the line, the line's hash.
+type Tail = (std::path::PathBuf, (u64, u64), u64, String);
+
+/// The file behind an open log (device, inode): a log replaced or restored under the same name
+/// is another file, even at the same length.
+fn identity(f: &std::fs::File) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
 
 /// The hash of the last line of the log at `path`, if this process wrote it and the log is
-/// still `len` long. Lines are only ever appended, or a torn tail cut off, so an unchanged length
+/// still the same file (`file`) and `len` long. Lines are only ever appended, or a torn tail cut off, so an unchanged length
 /// means an unchanged last line: the tail need not be read again (it was, for every root, a
 /// 64 KiB read under the lock when 10⁴ roots ended together).
-fn known_tail(path: &Path, len: u64) -> Option<String> {
+fn known_tail(path: &Path, file: (u64, u64), len: u64) -> Option<String> {
     let tail = TAIL.lock().ok()?;
-    let (p, l, hash) = tail.as_ref()?;
-    (p == path && *l == len).then(|| hash.clone())
+    let (p, f, l, hash) = tail.as_ref()?;
+    (p == path && *f == file && *l == len).then(|| hash.clone())
 }
 
 /// Remembers the tail this process just wrote (None: forget, the append failed).
-fn remember_tail(path: &Path, tail: Option<(u64, String)>) {
+fn remember_tail(path: &Path, tail: Option<((u64, u64), u64, String)>) {
     if let Ok(mut t) = TAIL.lock() {
-        *t = tail.map(|(len, hash)| (path.to_path_buf(), len, hash));
+        *t = tail.map(|(file, len, hash)| (path.to_path_buf(), file, len, hash));
     }
 }
 

@@ -19,8 +19,13 @@ pub(crate) fn write(doc: &Value, out: &mut Vec<u8>) {
     let start = out.len();
     if !direct(doc, out) {
         out.truncate(start);
-        // JCS of a serde_json::Value cannot fail: no non-string keys, no NaN.
-        out.extend(serde_json_canonicalizer::to_vec(doc).unwrap_or_default());
+        // JCS of a serde_json::Value cannot fail (no non-string keys, no NaN); should it ever,
+        // the compact form is signed, never an empty body every such document would share.
+        out.extend(
+            serde_json_canonicalizer::to_vec(doc)
+                .or_else(|_| serde_json::to_vec(doc))
+                .unwrap_or_default(),
+        );
     }
 }
 

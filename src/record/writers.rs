@@ -36,6 +36,9 @@ pub(crate) struct Writers {
 #[derive(Default)]
 struct Busy {
     jobs: Mutex<HashMap<ThreadId, usize>>,
+    /// Threads ended without their actor ([`Writers::take_over`]): their jobs not yet started
+    /// are skipped (kept until their last job is gone).
+    taken: Mutex<std::collections::HashSet<ThreadId>>,
     done: tokio::sync::Notify,
 }
 
@@ -52,6 +55,9 @@ impl Busy {
                 *n -= 1;
                 if *n == 0 {
                     j.remove(thread);
+                    if let Ok(mut t) = self.taken.lock() {
+                        t.remove(thread);
+                    }
                 }
             }
         }
@@ -60,6 +66,10 @@ impl Busy {
 
     fn has(&self, thread: &ThreadId) -> bool {
         self.jobs.lock().is_ok_and(|j| j.contains_key(thread))
+    }
+
+    fn is_taken(&self, thread: &ThreadId) -> bool {
+        self.taken.lock().is_ok_and(|t| t.contains(thread))
     }
 }
 
@@ -126,7 +136,11 @@ impl Writers {
                     self.0.remove(&self.1);
                 }
             }
-            let _done = Done(busy, id);
+            let done = Done(busy, id);
+            // A thread ended without its actor meanwhile: its stale writes never run.
+            if done.0.is_taken(&done.1) {
+                return;
+            }
             let _ = tx.send(work());
         });
         let left = match self.queue() {
@@ -137,6 +151,16 @@ impl Writers {
             tokio::task::spawn_blocking(job).await.ok()?;
         }
         rx.await.ok()
+    }
+
+    /// `thread` is being ended without its actor: its jobs not yet started are skipped (one
+    /// already running finishes; [`Writers::idle`] waits for it).
+    pub(crate) fn take_over(&self, thread: &ThreadId) {
+        if self.busy.has(thread) {
+            if let Ok(mut t) = self.busy.taken.lock() {
+                t.insert(thread.clone());
+            }
+        }
     }
 
     /// Waits (up to `bound`) until no job of `thread` is queued or running.

@@ -10,7 +10,6 @@ use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx, ThreadMsg};
 use ractor::ActorRef;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A cancel sent to a thread that was handing off (its actor busy starting its continuation)
 /// would die with it: once that actor has stopped, a continuation that took over the chain
@@ -23,8 +22,10 @@ pub(super) async fn follow_handoff(
     sent_to: ActorRef<ThreadMsg>,
     reason: &str,
 ) {
-    let bound = ctx.config.cancel_grace + Duration::from_secs(5);
-    let _ = sent_to.get_cell().wait(Some(bound)).await;
+    // No time limit: the old actor may be starting its continuation for as long as that takes
+    // (a slow MCP server, a queue of spawns); looking before it stops would miss the successor
+    // and lose the cancel. Every actor stops in the end (its grace, then its kill).
+    let _ = sent_to.get_cell().wait(None).await;
     match current_actor(ctx, id) {
         Some(a) if a.get_id() != sent_to.get_id() => {
             let _ = a.cast(ThreadMsg::Cancel {

@@ -154,6 +154,7 @@ impl RuntimeBuilder {
             hooks,
             hook_tasks: Default::default(),
             successors: Default::default(),
+            cancels: Default::default(),
             usage_log: Default::default(),
             events,
             wants_lines: Default::default(),
@@ -372,6 +373,11 @@ impl Runtime {
             return false;
         }
         let sent = actor.as_ref().is_none_or(|a| {
+            if let (Some(name), Ok(mut c)) = (a.get_name(), self.ctx.cancels.lock()) {
+                if let Ok(to) = ThreadId::parse(&name) {
+                    c.insert(to, reason.to_string());
+                }
+            }
             a.cast(ThreadMsg::Cancel {
                 reason: reason.into(),
             })

@@ -155,6 +155,9 @@ impl Actor for ThreadActor {
     ) -> Result<(), ActorProcessingErr> {
         t.life.cancel.cancel();
         t.life.stop_timers();
+        if let Ok(mut c) = t.ctx.cancels.lock() {
+            c.remove(&t.doc.id);
+        }
         Ok(())
     }
 }

@@ -287,6 +287,10 @@ pub(crate) struct Ctx {
     /// Thread → the continuation that took over from it (this process's handoffs), so a cancel
     /// naming the first thread of a chain reaches the one running.
     pub successors: std::sync::Mutex<std::collections::HashMap<ThreadId, ThreadId>>,
+    /// Cancels a person sent to a thread's actor, until that actor takes them or hands off:
+    /// an actor busy starting its continuation passes a cancel queued behind that start on to
+    /// the continuation (its mailbox dies with it).
+    pub cancels: std::sync::Mutex<std::collections::HashMap<ThreadId, String>>,
     /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
     pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).

@@ -122,8 +122,12 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
         }
     }
-    // A killed actor's last writes (its final thread.json, queued on the writer threads) run
-    // to their end before anything else writes that thread's files.
+    // A killed actor's last writes (its final thread.json, queued on the writer threads) never
+    // land after the dead finalization: those not started are skipped, a running one is waited
+    // for.
+    for r in &rows {
+        ctx.writers.take_over(&r.id);
+    }
     for r in &rows {
         ctx.writers.idle(&r.id, Duration::from_secs(10)).await;
     }

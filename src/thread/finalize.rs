@@ -77,6 +77,9 @@ impl Thread {
 
     /// `Cancel`: ends the thread `cancelled` (and its subtree with it).
     pub(crate) async fn cancel(&mut self, reason: String) {
+        if let Ok(mut c) = self.ctx.cancels.lock() {
+            c.remove(&self.doc.id);
+        }
         if matches!(self.phase, Phase::Draining(_)) {
             return;
         }

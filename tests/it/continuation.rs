@@ -268,3 +268,53 @@ async fn a_first_prompt_past_the_window_fails_instead_of_handing_off_forever() {
         .contains("context overflow"));
     assert_eq!(fx.rows().len(), 1, "no continuation started");
 }
+
+/// A cancel sent while a thread is starting its continuation reaches the continuation, however
+/// long that start takes (found by a hostile review: the cancel's follower gave up after the
+/// cancel grace + 5 s, looked before the continuation was known, and the cancel died with the
+/// old actor's mailbox — the continuation then ran and completed, spending). Here the
+/// continuation's start waits 12 s on an MCP server it may use; the grace is 2 s (the follower
+/// used to give up after 7 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_during_a_slow_continuation_start_is_not_lost() {
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("m");
+    let d = directive(
+        "limits: { turns: 1 }\npermissions: [\"mcp.stuck.*\", \"spawn\"]",
+        "Work.",
+    );
+    let script = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: finished despite the cancel\n";
+    // The first start fails at once; every later one hangs 12 s, then fails.
+    let sh = format!(
+        "if [ -e {m} ]; then sleep 12; exit 1; else touch {m}; exit 1; fi",
+        m = mark.display()
+    );
+    let config = format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = Fixture::new(&[("d", &d)], script, &config);
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("d", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let first = handle.id().clone();
+    crate::support::wait_until("the continuation is being started", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.continuation_of.as_deref() == Some(first.as_str()))
+    })
+    .await;
+    assert!(rt.cancel(&first, "stop the chain"));
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), handle.wait())
+        .await
+        .expect("the chain ends")
+        .unwrap();
+    assert_eq!(
+        report.status,
+        Status::Cancelled,
+        "the cancel was lost: {report:?}"
+    );
+}

@@ -41,7 +41,7 @@ pub(crate) async fn spawn(
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     // A bounded number of spawns run their stages at once; the others queue here, holding
     // nothing yet (see `Ctx::spawn_slots`).
-    let _slot = match req.withdrawn.clone() {
+    let slot = match req.withdrawn.clone() {
         Some(token) => tokio::select! {
             slot = ctx.spawn_slots.acquire() => slot,
             _ = token.cancelled() => {
@@ -68,6 +68,9 @@ pub(crate) async fn spawn(
     let id = plan.id.clone();
     let cell = req.parent_link().map(|p| p.actor.get_cell());
     let args = arguments(plan, req, transcript, on_finish);
+    // The actor's start may wait on MCP servers it may use (a slow one, up to its start
+    // timeout): not while holding a slot every other spawn of the runtime needs.
+    drop(slot);
     let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
         Ok(a) => a,
         Err(e) => {
