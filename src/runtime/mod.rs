@@ -166,6 +166,7 @@ impl RuntimeBuilder {
             verified: Default::default(),
             writers: Default::default(),
             tool_specs: Default::default(),
+            deadlines: crate::thread::Deadlines::start(),
             spawn_slots: tokio::sync::Semaphore::new(SPAWN_SLOTS),
         });
         ctx.refresh_secrets();

@@ -89,6 +89,7 @@ impl Actor for ThreadActor {
                 started: Instant::now(),
                 cancel: CancellationToken::new(),
                 timers: Vec::new(),
+                deadline: None,
                 span: a.span,
                 on_finish: a.on_finish,
                 ended: None,
@@ -155,6 +156,9 @@ impl Actor for ThreadActor {
     ) -> Result<(), ActorProcessingErr> {
         t.life.cancel.cancel();
         t.life.stop_timers();
+        if let Some(d) = t.life.deadline.take() {
+            t.ctx.deadlines.clear(d);
+        }
         if let Ok(mut c) = t.ctx.cancels.lock() {
             c.remove(&t.doc.id);
         }

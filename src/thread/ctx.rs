@@ -278,6 +278,8 @@ pub(crate) struct Ctx {
     /// thread then waits its turn behind all the others and lives (and holds its memory) for
     /// seconds. Bounded, new threads start as earlier ones end.
     pub spawn_slots: tokio::sync::Semaphore,
+    /// Every thread's duration limit, on one timer task.
+    pub deadlines: super::deadlines::Deadlines,
     /// Tool lists offered to threads, shared between threads offered the same.
     pub tool_specs: super::specs::SpecCache,
     /// The MCP tool servers (`mcp_servers:`), started on first use.

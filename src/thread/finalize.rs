@@ -206,6 +206,9 @@ impl Thread {
     pub(crate) async fn complete_finalize(&mut self, e: Ending) {
         self.phase = Phase::Done;
         self.life.stop_timers();
+        if let Some(d) = self.life.deadline.take() {
+            self.ctx.deadlines.clear(d);
+        }
         self.abandon_call();
         self.close_account().await;
         let e = self.unless_record_failed(e);

@@ -74,7 +74,11 @@ impl Thread {
         self.log_first_messages();
         self.sign_doc(false);
         self.publish_row();
-        self.after(self.limits.duration(), ThreadMsg::DurationExpired);
+        let deadline = self
+            .ctx
+            .deadlines
+            .set(self.limits.duration(), self.me.clone());
+        self.life.deadline = Some(deadline);
         let _ = self.me.cast(ThreadMsg::NextTurn);
     }
 

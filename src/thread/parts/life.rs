@@ -14,8 +14,10 @@ pub(crate) struct Life {
     pub(crate) started: Instant,
     /// Cancels everything it has under way (its LLM call, tools, MCP calls, code).
     pub(crate) cancel: CancellationToken,
-    /// Its timers (duration limit, retry backoff, wait timeouts, cancel grace), aborted at end.
+    /// Its timers (retry backoff, wait timeouts, cancel grace), aborted at end.
     pub(crate) timers: Vec<JoinHandle<()>>,
+    /// Its duration limit's deadline (on the runtime's timer task), taken back at end.
+    pub(crate) deadline: Option<crate::thread::deadlines::Deadline>,
     /// Its `invoke_agent` span (ended when it finishes).
     pub(crate) span: tracing::Span,
     /// Where a root reports.
