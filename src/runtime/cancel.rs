@@ -8,33 +8,7 @@ use super::handle::current_actor;
 use crate::core::ids::ThreadId;
 use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx, ThreadMsg};
-use ractor::ActorRef;
 use std::sync::Arc;
-
-/// A cancel sent to a thread that was handing off (its actor busy starting its continuation)
-/// would die with it: once that actor has stopped, a continuation that took over the chain
-/// meanwhile is cancelled too. A cancel is never dropped, whatever state the thread is in. (It
-/// waits for the actor's exit rather than looking every few ms: 10⁴ cancels polling at once
-/// kept both cores busy.) The continuation is known before the old actor stops (`successors`).
-pub(super) async fn follow_handoff(
-    ctx: &Arc<Ctx>,
-    id: &ThreadId,
-    sent_to: ActorRef<ThreadMsg>,
-    reason: &str,
-) {
-    // No time limit: the old actor may be starting its continuation for as long as that takes
-    // (a slow MCP server, a queue of spawns); looking before it stops would miss the successor
-    // and lose the cancel. Every actor stops in the end (its grace, then its kill).
-    let _ = sent_to.get_cell().wait(None).await;
-    match current_actor(ctx, id) {
-        Some(a) if a.get_id() != sent_to.get_id() => {
-            let _ = a.cast(ThreadMsg::Cancel {
-                reason: reason.to_string(),
-            });
-        }
-        _ => {}
-    }
-}
 
 /// Stops the work the tree of `id` caused, when `id` is its tree's root.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {

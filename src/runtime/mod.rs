@@ -374,26 +374,12 @@ impl Runtime {
             return false;
         }
         let sent = actor.as_ref().is_none_or(|a| {
-            if let (Some(name), Ok(mut c)) = (a.get_name(), self.ctx.cancels.lock()) {
-                if let Ok(to) = ThreadId::parse(&name) {
-                    c.insert(to, reason.to_string());
-                }
-            }
-            a.cast(ThreadMsg::Cancel {
-                reason: reason.into(),
-            })
-            .is_ok()
+            let to = a.get_name().and_then(|n| ThreadId::parse(&n).ok());
+            to.is_some_and(|to| self.ctx.send_cancel(&to, a, reason))
         });
         let ctx = self.ctx.clone();
         let (id, reason) = (id.clone(), reason.to_string());
-        let task = tokio::spawn(async move {
-            let follow = async {
-                if let Some(a) = actor {
-                    cancel::follow_handoff(&ctx, &id, a, &reason).await;
-                }
-            };
-            tokio::join!(follow, cancel::caused_work(&ctx, &id, &reason));
-        });
+        let task = tokio::spawn(async move { cancel::caused_work(&ctx, &id, &reason).await });
         self.ctx.track(task);
         sent
     }

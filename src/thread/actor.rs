@@ -159,9 +159,7 @@ impl Actor for ThreadActor {
         if let Some(d) = t.life.deadline.take() {
             t.ctx.deadlines.clear(d);
         }
-        if let Ok(mut c) = t.ctx.cancels.lock() {
-            c.remove(&t.doc.id);
-        }
+        t.ctx.hand_on_cancel(&t.doc.id);
         Ok(())
     }
 }

@@ -289,9 +289,8 @@ pub(crate) struct Ctx {
     /// Thread → the continuation that took over from it (this process's handoffs), so a cancel
     /// naming the first thread of a chain reaches the one running.
     pub successors: std::sync::Mutex<std::collections::HashMap<ThreadId, ThreadId>>,
-    /// Cancels a person sent to a thread's actor, until that actor takes them or hands off:
-    /// an actor busy starting its continuation passes a cancel queued behind that start on to
-    /// the continuation (its mailbox dies with it).
+    /// Cancels a person sent to a thread's actor ([`Ctx::send_cancel`]), until that actor takes
+    /// them or stops (then [`Ctx::hand_on_cancel`]).
     pub cancels: std::sync::Mutex<std::collections::HashMap<ThreadId, String>>,
     /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
     pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
@@ -310,6 +309,41 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Sends a cancel to `thread`'s actor, noting it until the actor takes it: an actor that
+    /// stops with it still queued (it was busy starting its continuation) hands it on
+    /// ([`Ctx::hand_on_cancel`]). Whether it was sent.
+    pub(crate) fn send_cancel(
+        &self,
+        thread: &ThreadId,
+        actor: &ractor::ActorRef<super::msg::ThreadMsg>,
+        reason: &str,
+    ) -> bool {
+        if let Ok(mut c) = self.cancels.lock() {
+            c.insert(thread.clone(), reason.to_string());
+        }
+        let reason = reason.to_string();
+        actor.cast(super::msg::ThreadMsg::Cancel { reason }).is_ok()
+    }
+
+    /// `thread`'s actor stopped: a cancel it never took goes on to the continuation that took
+    /// its place (its mailbox died with it), if any. (A continuation that starts while the
+    /// cancel is still noted takes it itself, before its first call: `Thread::start`.)
+    pub(crate) fn hand_on_cancel(&self, thread: &ThreadId) {
+        let Some(reason) = self.cancels.lock().ok().and_then(|mut c| c.remove(thread)) else {
+            return;
+        };
+        let next = self
+            .successors
+            .lock()
+            .ok()
+            .and_then(|m| m.get(thread).cloned());
+        if let Some(next) = next {
+            if let Some(cell) = ractor::registry::where_is(next.to_string()) {
+                self.send_cancel(&next, &cell.into(), &reason);
+            }
+        }
+    }
+
     /// Whether the tree of `root` was told to stop.
     pub(crate) fn stopped(&self, root: &ThreadId) -> bool {
         self.stopped.lock().is_ok_and(|s| s.contains(root))

@@ -77,11 +77,13 @@ impl Thread {
 
     /// `Cancel`: ends the thread `cancelled` (and its subtree with it).
     pub(crate) async fn cancel(&mut self, reason: String) {
-        if let Ok(mut c) = self.ctx.cancels.lock() {
-            c.remove(&self.doc.id);
-        }
+        // Already ending (perhaps handing off): the noted cancel stays, for the actor's stop to
+        // hand on to a continuation (`Ctx::hand_on_cancel`).
         if matches!(self.phase, Phase::Draining(_)) {
             return;
+        }
+        if let Ok(mut c) = self.ctx.cancels.lock() {
+            c.remove(&self.doc.id);
         }
         self.log(Line::CancelRequested {
             reason: reason.clone(),

@@ -6,7 +6,6 @@
 //! remaining budget on the same ledger account chain. A child's continuation takes its place
 //! under the same parent (the parent re-keys the child); a root's hands its waiter over.
 
-use super::msg::ThreadMsg;
 use super::spawn::{Continuation, Origin, ParentLink, SpawnRequest};
 use super::state::Thread;
 use crate::core::ids::ThreadId;
@@ -110,22 +109,13 @@ impl Thread {
         // parent hears of it before its report.
         // Boxed: the spawn's state would otherwise sit inline in every thread actor's task (it
         // is awaited from the actor's own handler), for a rare handoff.
-        let (id, actor) = Box::pin(super::spawn::spawn(&self.ctx, req, on_finish))
+        let (id, _) = Box::pin(super::spawn::spawn(&self.ctx, req, on_finish))
             .await
             .map_err(|e| e.to_string())?;
+        // Known before this actor stops: a cancel still queued here then goes on to the
+        // continuation (`Ctx::hand_on_cancel`).
         if let Ok(mut m) = self.ctx.successors.lock() {
             m.insert(self.doc.id.clone(), id.clone());
-        }
-        // A cancel that arrived while the continuation was starting waits in this actor's
-        // mailbox, which dies with it: the continuation takes it.
-        let queued = self
-            .ctx
-            .cancels
-            .lock()
-            .ok()
-            .and_then(|mut c| c.remove(&self.doc.id));
-        if let Some(reason) = queued {
-            let _ = actor.cast(ThreadMsg::Cancel { reason });
         }
         Ok(id)
     }

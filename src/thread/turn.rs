@@ -50,6 +50,14 @@ impl Thread {
             status: Status::Running,
         });
         let continued = self.doc.continuation_of.clone();
+        // A cancel its predecessor was sent but never took (it was busy starting this thread)
+        // is this thread's, before any call.
+        let inherited = continued
+            .as_ref()
+            .and_then(|old| self.ctx.cancels.lock().ok().and_then(|mut c| c.remove(old)));
+        if let Some(reason) = inherited {
+            self.ctx.send_cancel(&self.doc.id, &self.me, &reason);
+        }
         // A child's continuation tells the parent it takes its predecessor's place before it can
         // report anything (one sender: the parent sees this before this thread's end).
         if let (Some(old), Some((_, parent))) = (&continued, &self.parent) {
