@@ -662,13 +662,13 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
         .unwrap();
     let id = handle.id().clone();
     let done = handle.wait();
+    let db = rusqlite::Connection::open_with_flags(
+        p.root.join(".weft/state/registry.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
     loop {
-        let live = store
-            .list(true, usize::MAX >> 1)
-            .unwrap()
-            .iter()
-            .filter(|r| r.status == "running")
-            .count();
+        let live = scale::count(&db, "'running'");
         if live == n {
             break;
         }

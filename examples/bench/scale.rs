@@ -21,7 +21,7 @@ fn tree_size(widths: &[usize]) -> usize {
 
 /// Rows of registry.db in one of `statuses`, counted by its status index (a full read of 10⁵
 /// rows every poll would cost more than what it measures).
-fn count(db: &rusqlite::Connection, statuses: &str) -> usize {
+pub(super) fn count(db: &rusqlite::Connection, statuses: &str) -> usize {
     let sql = format!("SELECT COUNT(*) FROM threads WHERE status IN ({statuses})");
     db.query_row(&sql, [], |r| r.get::<_, i64>(0)).unwrap_or(0) as usize
 }
