@@ -72,6 +72,7 @@ mod registry;
 mod runtime;
 #[cfg(feature = "cli")]
 mod server;
+mod sql;
 mod store;
 mod thread;
 mod tools;
@@ -101,6 +102,7 @@ pub use crate::runtime::{
     diagnose, Checkup, ControlError, Fork, Health, OpenError, Problem, QueryError, Recovered,
     Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
 };
+pub use crate::sql::{BadDatabaseUrl, DatabaseUrl};
 pub use crate::store::{
     apply_edits, check_event, export, import_deepagents, import_nova, Backfill, Collected, Deleted,
     Effect, EffectKind, EnvValue, FileStore, ImportError, Imported, MemoryStore, NewThread, Scope,
@@ -138,7 +140,7 @@ pub mod internals {
     pub use crate::record::thread_doc::ThreadDoc;
     pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
     pub use crate::record::verify::{verify_thread, Verdict};
-    pub use crate::registry::{Admission, RegistryMsg, Store, ThreadRow};
+    pub use crate::registry::{Admission, RegistryError, RegistryMsg, Store, ThreadRow};
     #[cfg(feature = "server")]
     pub use crate::server::http::serve as serve_http;
     pub use crate::store::messages as search_messages;

@@ -7,6 +7,8 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    let cli = weft::Cli::parse();
+    cli.apply_database();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -18,7 +20,6 @@ fn main() {
         }
     };
     let telemetry = weft::init_telemetry(rt.handle().clone());
-    let cli = weft::Cli::parse();
     let code = rt.block_on(weft::cli_main(cli));
     // The span exporter posts on this runtime: flush before it stops.
     telemetry.shutdown();

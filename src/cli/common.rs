@@ -82,8 +82,14 @@ pub(crate) fn open_threads(project: &Project) -> Result<crate::store::FileStore,
     crate::store::FileStore::open(project).map_err(failed)
 }
 
+/// Whether the project has a registry yet: on its database server, or in registry.db.
+pub(crate) fn has_registry(project: &Project) -> bool {
+    project.config().is_ok_and(|c| c.database.is_some())
+        || project.state_dir().join("registry.db").exists()
+}
+
 pub(crate) fn open_store(project: &Project) -> Result<Store, Exit> {
-    Store::open_read_only(&project.state_dir().join("registry.db")).map_err(failed)
+    Store::read_project(project).map_err(failed)
 }
 
 /// Ctrl-C, or SIGTERM on Unix: both ask a weft process to stop the same way.

@@ -30,9 +30,14 @@ pub(super) fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     let signer = crate::record::signing::Signer::load_or_create(&crate::project::user_dir())
         .map_err(failed)?;
     signer.trust_in(&weft.join("trust")).map_err(failed)?;
-    // Empty databases, so `weft threads` works before the first run.
-    crate::registry::Store::open(&weft.join("state").join("registry.db")).map_err(failed)?;
-    crate::ledger::open_db(&weft.join("state").join("ledger.db")).map_err(failed)?;
+    // Empty databases (their schema on the configured server, if any), so `weft threads` works
+    // before the first run.
+    let project = crate::project::Project { root: root.clone() };
+    let config = project.config().map_err(|e| usage(e.to_string()))?;
+    let url = config.database.as_ref();
+    crate::registry::Store::open_at(url, &project.state_dir().join("registry.db"))
+        .map_err(failed)?;
+    crate::ledger::open_db(url, &project.state_dir().join("ledger.db")).map_err(failed)?;
     out!(
         "signing key {} trusted in {}",
         signer.key_id,

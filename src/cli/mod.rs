@@ -46,9 +46,24 @@ pub struct Cli {
     /// Project folder (default: the nearest folder above holding .weft/).
     #[arg(long, global = true)]
     pub project: Option<PathBuf>,
+    /// The PostgreSQL database that holds the project's state (`postgres://…`), over the
+    /// config's `database:`; the same as `$WEFT_DATABASE_URL`. A password here is visible to
+    /// other users in the process list: prefer the variable or the config file for it.
+    #[arg(long, global = true, value_name = "URL")]
+    pub database: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+impl Cli {
+    /// Makes `--database` the process's `$WEFT_DATABASE_URL`, which every config load reads.
+    /// Call before any other thread starts (the environment is shared).
+    pub fn apply_database(&self) {
+        if let Some(url) = &self.database {
+            std::env::set_var("WEFT_DATABASE_URL", url);
+        }
+    }
 }
 
 /// Runs the CLI; returns the exit code.

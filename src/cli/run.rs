@@ -111,7 +111,7 @@ async fn follow(
     let report = wait_or_cancel(&rt, handle).await?;
     let _ = stop_tx.send(());
     let _ = printer.await;
-    let rows = Store::open_read_only(&project.state_dir().join("registry.db"))
+    let rows = Store::read_project(project)
         .and_then(|s| s.tree(id.as_str()))
         .unwrap_or_default();
     let code = match report.status {

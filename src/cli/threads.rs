@@ -113,7 +113,7 @@ pub(super) fn threads(
     as_json: bool,
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
-    if !project.state_dir().join("registry.db").exists() {
+    if !super::common::has_registry(&project) {
         if as_json {
             out!("[]");
         } else {

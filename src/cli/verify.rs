@@ -82,7 +82,7 @@ fn every_thread(project: &Project) -> Result<Vec<ThreadId>, Exit> {
 
 /// Every thread of the registry, and whether it finished (empty when there is no registry).
 fn registry_finished(project: &Project) -> std::collections::HashMap<ThreadId, bool> {
-    crate::registry::Store::open_read_only(&project.state_dir().join("registry.db"))
+    crate::registry::Store::read_project(project)
         .and_then(|s| s.list(false, usize::MAX))
         .map(|rows| {
             rows.into_iter()
@@ -94,7 +94,7 @@ fn registry_finished(project: &Project) -> std::collections::HashMap<ThreadId, b
 
 /// Every thread the registry lists in `root`'s tree.
 fn tree_rows(project: &Project, root: &ThreadId) -> Result<Vec<ThreadId>, Exit> {
-    let rows = crate::registry::Store::open_read_only(&project.state_dir().join("registry.db"))
+    let rows = crate::registry::Store::read_project(project)
         .and_then(|s| s.tree(root.as_str()))
         .map_err(|e| Exit {
             code: 1,

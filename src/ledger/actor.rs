@@ -1,10 +1,11 @@
 //! The ledger actor: owns the runtime's one [`Book`] and `ledger.db`, with group commit.
 
+use super::db::st;
 use super::{Account, Book, Grant, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Price};
+use crate::sql::{params, Db, Lock};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use rusqlite::{params, Connection};
 
 /// Whether the process with this pid still runs.
 pub(crate) type Alive = std::sync::Arc<dyn Fn(u32) -> bool + Send + Sync>;
@@ -155,11 +156,9 @@ enum Undo {
 /// State of the ledger actor.
 pub(crate) struct LedgerState {
     pub(super) book: Book,
-    pub(super) db: Connection,
+    pub(super) db: Db,
     /// Whether a process (by pid) still runs (its owner lock is held).
     pub(super) alive: Alive,
-    /// Commits fsync (`durability: strict`), so they run off the async workers.
-    fsyncs: bool,
     dirty: std::collections::HashSet<ThreadId>,
     added: Vec<Reservation>,
     removed: Vec<(ThreadId, ReservationId)>,
@@ -195,66 +194,68 @@ impl LedgerState {
         }
     }
 
-    /// Persists every change since the last flush in one IMMEDIATE transaction.
+    /// Persists every change since the last flush in one transaction holding the ledger's
+    /// write lock.
     fn persist(&mut self) -> Result<(), LedgerError> {
-        let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-        crate::record::batch::begin_immediate(&self.db).map_err(st)?;
+        self.db.begin_write(Lock::Ledger).map_err(st)?;
         let written = self.write_batch();
-        let done =
-            written.and_then(|()| crate::record::batch::commit(&self.db, self.fsyncs).map_err(st));
-        if done.is_err() {
-            let _ = self.db.execute_batch("ROLLBACK");
+        match written {
+            Ok(()) => self.db.commit().map_err(st),
+            Err(e) => {
+                self.db.rollback();
+                Err(e)
+            }
         }
-        done
     }
 
     /// The batch's statements, inside the transaction [`Self::persist`] opened.
     fn write_batch(&self) -> Result<(), LedgerError> {
-        let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-        let tx = &self.db;
-        {
-            let mut up = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner)
-                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+        let rows = self
+            .dirty
+            .iter()
+            .filter_map(|id| self.book.get(id))
+            .chain(&self.dropped);
+        for a in rows {
+            self.db
+                .execute(
+                    "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner)
+                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)
+                     ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
+                       spent=excluded.spent, own_spent=excluded.own_spent, inflight=excluded.inflight,
+                       guaranteed=excluded.guaranteed, pool_left=excluded.pool_left,
+                       closed=excluded.closed, owner=excluded.owner",
+                    params![
+                        a.id.as_str(),
+                        a.parent.as_ref().map(ThreadId::as_str),
+                        a.max.0,
+                        a.spent.0,
+                        a.own_spent.0,
+                        a.inflight.0,
+                        a.guaranteed.0,
+                        a.pool_left.0,
+                        a.closed,
+                        a.owner
+                    ],
                 )
                 .map_err(st)?;
-            let rows = self
-                .dirty
-                .iter()
-                .filter_map(|id| self.book.get(id))
-                .chain(&self.dropped);
-            for a in rows {
-                up.execute(params![
-                    a.id.as_str(),
-                    a.parent.as_ref().map(ThreadId::as_str),
-                    a.max.0,
-                    a.spent.0,
-                    a.own_spent.0,
-                    a.inflight.0,
-                    a.guaranteed.0,
-                    a.pool_left.0,
-                    a.closed,
-                    a.owner
-                ])
-                .map_err(st)?;
-            }
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO reservations(id,thread,body) VALUES(?1,?2,?3)",
+        }
+        for r in &self.added {
+            let body = serde_json::to_string(r).unwrap_or_default();
+            self.db
+                .execute(
+                    "INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)
+                     ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
+                    params![r.id.0, r.chain[0].as_str(), body],
                 )
                 .map_err(st)?;
-            for r in &self.added {
-                let body = serde_json::to_string(r).unwrap_or_default();
-                ins.execute(params![r.id.0 as i64, r.chain[0].as_str(), body])
-                    .map_err(st)?;
-            }
-            let mut del = tx
-                .prepare_cached("DELETE FROM reservations WHERE thread=?1 AND id=?2")
+        }
+        for (t, id) in &self.removed {
+            self.db
+                .execute(
+                    "DELETE FROM reservations WHERE thread=?1 AND id=?2",
+                    params![t.as_str(), id.0],
+                )
                 .map_err(st)?;
-            for (t, id) in &self.removed {
-                del.execute(params![t.as_str(), id.0 as i64]).map_err(st)?;
-            }
         }
         Ok(())
     }
@@ -272,7 +273,7 @@ impl LedgerState {
             }
             Err(e) => {
                 tracing::error!(
-                    "ledger.db commit failed: {e}; {} decision(s) undone and refused, settlements and closes kept and retried",
+                    "ledger commit failed: {e}; {} decision(s) undone and refused, settlements and closes kept and retried",
                     self.undo.len()
                 );
                 self.undo_decisions();
@@ -478,18 +479,17 @@ impl LedgerState {
 impl Actor for LedgerActor {
     type Msg = LedgerMsg;
     type State = LedgerState;
-    type Arguments = (Connection, Alive);
+    type Arguments = (Db, Alive);
 
     async fn pre_start(
         &self,
         _me: ActorRef<LedgerMsg>,
-        (db, alive): (Connection, Alive),
+        (db, alive): (Db, Alive),
     ) -> Result<LedgerState, ActorProcessingErr> {
         let book = Book::load(&db)?;
         Ok(LedgerState {
             book,
             alive,
-            fsyncs: crate::record::batch::commits_fsync(&db),
             db,
             dirty: Default::default(),
             added: vec![],

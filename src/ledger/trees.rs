@@ -10,11 +10,12 @@
 //! lives, the others are refused with [`LedgerError::Busy`], naming it.
 
 use super::actor::{LedgerMsg, LedgerState};
+use super::db::st;
 use super::{Book, LedgerError};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
+use crate::sql::{params, Db, Lock};
 use ractor::{ActorRef, RpcReplyPort};
-use rusqlite::{Connection, OptionalExtension};
 
 impl LedgerState {
     /// A deferred child's thread takes over its account (its tree taken over first), loaded
@@ -71,50 +72,52 @@ impl LedgerState {
             return Ok(());
         };
         let me = std::process::id();
-        if take(&self.db, &top, me, &*self.alive)? {
+        if take(&mut self.db, &top, me, &*self.alive)? {
             self.book.forget_tree(&top);
         }
         Ok(())
     }
 }
 
-/// The top of `id`'s account chain in ledger.db (its tree's first account).
-fn top_of(db: &Connection, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
-    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-    let top: Option<String> = db
-        .query_row(
+/// The top of `id`'s account chain in the ledger (its tree's first account).
+fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
+    let top = db
+        .row(
             "WITH RECURSIVE up(id, parent, n) AS (
                SELECT id, parent, 0 FROM accounts WHERE id=?1
                UNION ALL SELECT a.id, a.parent, u.n + 1 FROM accounts a JOIN up u ON a.id=u.parent
                WHERE u.n < 10000)
              SELECT id FROM up WHERE parent IS NULL OR parent NOT IN (SELECT id FROM accounts)
              ORDER BY n DESC LIMIT 1",
-            [id.as_str()],
-            |r| r.get(0),
+            params![id.as_str()],
         )
-        .optional()
         .map_err(st)?;
-    Ok(top.and_then(|t| ThreadId::parse(&t).ok()))
+    Ok(top
+        .and_then(|r| r.text(0).ok())
+        .and_then(|t| ThreadId::parse(&t).ok()))
 }
 
 /// Sets `me` as the holder of tree `top` unless a live other process holds it; true when the
-/// tree changed hands (this book's copies of it are stale).
+/// tree changed hands (this book's copies of it are stale). Under the ledger's write lock, so
+/// two processes taking one tree at once take turns.
 fn take(
-    db: &Connection,
+    db: &mut Db,
     top: &ThreadId,
     me: u32,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
 ) -> Result<bool, LedgerError> {
-    let st = |e: rusqlite::Error| LedgerError::Storage(e.to_string());
-    crate::record::batch::begin_immediate(db).map_err(st)?;
+    db.begin_write(Lock::Ledger).map_err(st)?;
     let decided = (|| {
-        let owner: u32 = db
-            .query_row(
+        let owner = db
+            .row(
                 "SELECT owner FROM accounts WHERE id=?1",
-                [top.as_str()],
-                |r| r.get(0),
+                params![top.as_str()],
             )
+            .map_err(st)?
+            .ok_or_else(|| LedgerError::Unknown(top.clone()))?
+            .int(0)
             .map_err(st)?;
+        let owner = u32::try_from(owner).unwrap_or(0);
         if owner == me {
             return Ok(false);
         }
@@ -126,35 +129,34 @@ fn take(
         }
         db.execute(
             "UPDATE accounts SET owner=?1 WHERE id=?2",
-            rusqlite::params![me, top.as_str()],
+            params![me, top.as_str()],
         )
         .map_err(st)?;
         Ok(true)
     })();
     match &decided {
-        Ok(true) => crate::record::batch::commit(db, false).map_err(st)?,
-        _ => {
-            let _ = db.execute_batch("ROLLBACK");
-        }
+        Ok(true) => db.commit().map_err(st)?,
+        _ => db.rollback(),
     }
     decided
 }
 
-/// Whether an account of tree `top` is still open in ledger.db (a finished tree, every account
+/// Whether an account of tree `top` is still open in the ledger (a finished tree, every account
 /// closed and stored, is held by no one, whoever last held it). A scan per tree level (no index
 /// on `parent`: every settlement rewrites account rows, and this runs only when a tree changes
 /// hands).
-fn tree_open(db: &Connection, top: &ThreadId) -> Result<bool, LedgerError> {
-    db.query_row(
+fn tree_open(db: &Db, top: &ThreadId) -> Result<bool, LedgerError> {
+    db.row(
         "WITH RECURSIVE down(id, n) AS (
-           SELECT ?1, 0
+           SELECT CAST(?1 AS TEXT), 0
            UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
            WHERE d.n < 10000)
          SELECT EXISTS(SELECT 1 FROM accounts WHERE closed=0 AND id IN (SELECT id FROM down))",
-        [top.as_str()],
-        |r| r.get(0),
+        params![top.as_str()],
     )
-    .map_err(|e| LedgerError::Storage(e.to_string()))
+    .map_err(st)?
+    .map_or(Ok(false), |r| r.flag(0))
+    .map_err(st)
 }
 
 impl Book {

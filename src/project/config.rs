@@ -99,6 +99,8 @@ struct RawConfig {
     builtin_hooks: Option<BuiltinHooks>,
     #[serde(default)]
     continuation_threshold: Option<f64>,
+    #[serde(default)]
+    database: Option<String>,
 }
 
 /// The YAML text being overlaid, so an error can name the line of the key it is about.
@@ -154,6 +156,9 @@ pub struct Config {
     pub builtin_hooks: BuiltinHooks,
     /// Share of the context window past which a thread continues in a new thread.
     pub continuation_threshold: f64,
+    /// `database:` (or `$WEFT_DATABASE_URL`, which wins): the Postgres server that holds the
+    /// registry, the ledger and the store; None keeps them in SQLite under `.weft/state/`.
+    pub database: Option<crate::sql::DatabaseUrl>,
 }
 
 pub use super::providers::{MaxTokensField, ProviderConfig, ProviderKind};
@@ -219,6 +224,9 @@ retries: 3
 cancel_grace: 5s
 # A signed checkpoint line every N transcript lines (and always at the end).
 checkpoint_every: 64
+# Where the registry, the ledger and the thread store live: the embedded SQLite under
+# .weft/state/ (no key), or a PostgreSQL server ($WEFT_DATABASE_URL and `--database` win):
+# database: postgres://weft:PASSWORD@127.0.0.1:5432/weft
 "#;
 
 impl Default for Config {
@@ -257,6 +265,7 @@ impl Default for Config {
             mcp_servers: BTreeMap::new(),
             builtin_hooks: BuiltinHooks::default(),
             continuation_threshold: 0.9,
+            database: None,
         }
     }
 }
@@ -273,7 +282,26 @@ impl Config {
                 cfg.overlay_file(file)?;
             }
         }
+        cfg.database_from_env()?;
         Ok(cfg)
+    }
+
+    /// `$WEFT_DATABASE_URL` (also set by `weft --database URL`), when set, names the database
+    /// whatever the files say; an empty value keeps the files' choice.
+    fn database_from_env(&mut self) -> Result<(), ConfigError> {
+        let Some(url) = std::env::var("WEFT_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+        else {
+            return Ok(());
+        };
+        let url = crate::sql::DatabaseUrl::parse(&url).map_err(|e| ConfigError {
+            file: "$WEFT_DATABASE_URL".into(),
+            line: None,
+            message: e.to_string(),
+        })?;
+        self.database = Some(url);
+        Ok(())
     }
 
     /// Overlays one YAML file's keys.
@@ -309,6 +337,11 @@ impl Config {
         }
         if let Some(d) = raw.durability.take() {
             self.durability = d;
+        }
+        if let Some(url) = raw.database.take() {
+            let url = crate::sql::DatabaseUrl::parse(&url)
+                .map_err(|e| src.at("database", e.to_string()))?;
+            self.database = Some(url);
         }
         self.overlay_run_settings(&src, &mut raw)?;
         for (name, server) in raw.mcp_servers {

@@ -1,7 +1,7 @@
 //! Durability on disk: fsyncing the folder of a file just created or renamed. Below the
 //! transcript and thread.json writers, which both need it.
 
-use crate::record::batch::off_workers;
+use crate::sql::off_workers;
 use std::path::Path;
 
 /// Fsyncs the directory holding `path`, so a create or rename in it survives a power loss.

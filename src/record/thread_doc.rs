@@ -6,9 +6,9 @@
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::status::Status;
-use crate::record::batch::off_workers;
 use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
 use crate::record::transcript::Head;
+use crate::sql::off_workers;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;

@@ -163,7 +163,7 @@ impl TranscriptWriter {
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
         self.checkpoint_line()?;
         let file = self.file_handle()?;
-        crate::record::batch::off_workers(|| file.sync_data())
+        crate::sql::off_workers(|| file.sync_data())
     }
 
     /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::file_handle`]).
@@ -221,7 +221,7 @@ impl TranscriptWriter {
         };
         (&*file).write_all(&line)?;
         if self.durability == Durability::Strict {
-            crate::record::batch::off_workers(|| file.sync_data())?;
+            crate::sql::off_workers(|| file.sync_data())?;
         }
         self.head = Head { seq, hash };
         Ok(())

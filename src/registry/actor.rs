@@ -2,7 +2,7 @@
 
 use super::{Admission, RegistryError, Store, ThreadRow};
 use crate::core::ids::ThreadId;
-use crate::record::batch::off_workers;
+use crate::sql::off_workers;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 /// Messages of the registry actor.

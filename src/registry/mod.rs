@@ -69,8 +69,14 @@ pub enum RegistryError {
     },
 }
 
-fn st(e: rusqlite::Error) -> RegistryError {
+fn st(e: crate::sql::SqlError) -> RegistryError {
     RegistryError::Storage(e.to_string())
+}
+
+impl From<crate::sql::SqlError> for RegistryError {
+    fn from(e: crate::sql::SqlError) -> RegistryError {
+        st(e)
+    }
 }
 
 /// One registry row.

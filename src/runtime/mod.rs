@@ -193,15 +193,14 @@ async fn start_actors(
     std::fs::create_dir_all(project.state_dir())
         .map_err(|e| st(format!("{}: {e}", project.state_dir().display())))?;
     std::fs::create_dir_all(project.weft().join("threads")).map_err(|e| st(e.to_string()))?;
-    let mut store =
-        Store::open(&project.state_dir().join("registry.db")).map_err(|e| st(e.to_string()))?;
-    let ledger_db = crate::ledger::open_db(&project.state_dir().join("ledger.db"))
+    let url = config.database.as_ref();
+    let mut store = Store::open_at(url, &project.state_dir().join("registry.db"))
+        .map_err(|e| st(e.to_string()))?;
+    let mut ledger_db = crate::ledger::open_db(url, &project.state_dir().join("ledger.db"))
         .map_err(|e| st(e.to_string()))?;
     if config.durability == crate::project::config::Durability::Strict {
         store.set_strict().map_err(|e| st(e.to_string()))?;
-        ledger_db
-            .execute_batch("PRAGMA synchronous=FULL")
-            .map_err(|e| st(e.to_string()))?;
+        ledger_db.set_strict().map_err(|e| st(e.to_string()))?;
     }
     let (registry, _) = Actor::spawn(None, RegistryActor, store)
         .await

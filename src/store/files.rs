@@ -116,8 +116,7 @@ impl FileStore {
             .lock()
             .map_err(|_| storage("the registry connection failed earlier"))?;
         if guard.is_none() {
-            let path = self.project.state_dir().join("registry.db");
-            *guard = Some(Store::open(&path)?);
+            *guard = Some(Store::of_project(&self.project)?);
         }
         match guard.as_mut() {
             Some(s) => Ok(f(s)?),

@@ -13,7 +13,7 @@ use std::path::Path;
 /// Opens (creating) store.db.
 pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
     let db = Connection::open(path).map_err(|e| storage(format!("{}: {e}", path.display())))?;
-    crate::record::batch::setup_with_retry(&db, |db| {
+    crate::sql::setup_with_retry(&db, |db| {
         db.execute_batch(
             "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
              CREATE TABLE IF NOT EXISTS msgs(

@@ -9,6 +9,7 @@ use std::path::Path;
 /// The layers, lowest first. A room may import rooms of a strictly lower layer only.
 const LAYERS: &[&[&str]] = &[
     &["core"],
+    &["sql"],
     &["project"],
     &["directive", "record"],
     &["ledger", "registry", "provider"],

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "cli")]
 mod anchors;
+mod backends;
 mod budget;
 #[cfg(feature = "cli")]
 mod cli;
@@ -36,6 +37,7 @@ mod mcp;
 mod messages;
 #[cfg(feature = "otel")]
 mod otel;
+mod pg;
 #[cfg(feature = "cli")]
 mod procs;
 mod providers;

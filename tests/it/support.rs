@@ -26,7 +26,21 @@ pub const OUT_NANOS: i64 = 4000;
 
 pub struct Fixture {
     pub dir: tempfile::TempDir,
+    /// The Postgres database its config names (`database:`), if it is not on SQLite.
+    pub database: Option<String>,
 }
+
+/// Which backend a test's project keeps its state in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded SQLite under `.weft/state/`.
+    Sqlite,
+    /// A fresh database on the test's PostgreSQL server (`tests/it/pg.rs`).
+    Postgres,
+}
+
+/// Both backends, for tests that must hold on each.
+pub const BACKENDS: [Backend; 2] = [Backend::Sqlite, Backend::Postgres];
 
 impl Fixture {
     /// A project with `directives` (name → text), `script` and optional extra config lines.
@@ -45,7 +59,43 @@ impl Fixture {
             "pricing:\n  scripted: {{ input: 1.00, output: 4.00 }}\ncancel_grace: 2s\n{extra_config}"
         );
         std::fs::write(root.join(".weft/config.yaml"), config).unwrap();
-        Fixture { dir }
+        Fixture {
+            dir,
+            database: None,
+        }
+    }
+
+    /// As [`Fixture::new`], its state on `backend`; None (after a loud skip) when that is
+    /// Postgres and no test server can start.
+    pub fn on(
+        backend: Backend,
+        directives: &[(&str, &str)],
+        script: &str,
+        extra_config: &str,
+    ) -> Option<Fixture> {
+        let database = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(crate::pg::fresh_database()?),
+        };
+        let extra = match &database {
+            Some(url) => format!("database: \"{url}\"\n{extra_config}"),
+            None => extra_config.to_string(),
+        };
+        let mut fx = Fixture::new(directives, script, &extra);
+        fx.database = database;
+        Some(fx)
+    }
+
+    /// The registry, read-only, wherever this project keeps it.
+    pub fn registry(&self) -> Result<weft::internals::Store, weft::internals::RegistryError> {
+        let url = self
+            .database
+            .as_deref()
+            .map(|u| weft::DatabaseUrl::parse(u).unwrap());
+        weft::internals::Store::open_read_only_at(
+            url.as_ref(),
+            &self.root().join(".weft/state/registry.db"),
+        )
     }
 
     /// A project whose config.yaml is exactly `config`.
@@ -101,16 +151,13 @@ impl Fixture {
 
     /// Every registry row of the project.
     pub fn rows(&self) -> Vec<weft::internals::ThreadRow> {
-        weft::internals::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
-            .unwrap()
-            .list(false, 100_000)
-            .unwrap()
+        self.registry().unwrap().list(false, 100_000).unwrap()
     }
 
     /// Every registry row of the project, or none while the registry is not made yet (a
     /// process that just started), for polling.
     pub fn rows_so_far(&self) -> Vec<weft::internals::ThreadRow> {
-        weft::internals::Store::open_read_only(&self.root().join(".weft/state/registry.db"))
+        self.registry()
             .and_then(|s| s.list(false, 100_000))
             .unwrap_or_default()
     }
@@ -209,6 +256,7 @@ pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 pub fn weft_cmd(project: &Path) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
     c.env("WEFT_HOME", weft_home())
+        .env_remove("WEFT_DATABASE_URL")
         .arg("--project")
         .arg(project);
     c

@@ -1,10 +1,10 @@
 //! Trees of threads: completion, exact spend, inheritance, depth, spawn admission, waiting.
 
-use crate::support::{directive, expected_spend, Fixture};
+use crate::support::{directive, expected_spend, Backend, Fixture, BACKENDS};
 use serde_json::json;
 use weft::Status;
 
-fn three_level() -> Fixture {
+fn three_level_on(backend: Backend) -> Option<Fixture> {
     let root = directive(
         "limits: { turns: 5, spend: 0.50, depth: 3, spawns: 5, concurrency: 5 }\npermissions: [\"thread.spawn.**\"]\noutputs:\n  n: { type: integer, required: true }",
         "Fan out.",
@@ -34,35 +34,45 @@ leaf:
     delay: 20ms
     usage: { input_tokens: 123, output_tokens: 45 }
 "#;
-    Fixture::new(
+    Fixture::on(
+        backend,
         &[("root", &root), ("mid", &mid), ("leaf", &leaf)],
         script,
         "",
     )
 }
 
+fn three_level() -> Fixture {
+    three_level_on(Backend::Sqlite).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_level_tree_completes_verified_with_exact_spend() {
-    let fx = three_level();
-    let (report, rt) = fx.run("root", json!({})).await;
-    assert_eq!(report.status, Status::Completed, "{report:?}");
-    assert_eq!(report.outputs, Some(json!({ "n": 2 })));
-    let rows = fx.rows();
-    assert_eq!(rows.len(), 5, "root + 2 mid + 2 leaves");
-    assert!(rows.iter().all(|r| r.status == "completed"), "{rows:?}");
-    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
-    let expected = expected_spend(&fx);
-    assert_eq!(
-        report.spend_nanos.0, expected,
-        "root spend = Σ usage × price"
-    );
-    // Hand check of the same sum: root 4500 in/170 out, each mid 800/70, each leaf 123/45.
-    assert_eq!(
-        expected,
-        (4500 + 2 * 800 + 2 * 123) * 1000 + (170 + 2 * 70 + 2 * 45) * 4000
-    );
-    let (violations, open) = rt.audit().await;
-    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    for backend in BACKENDS {
+        let Some(fx) = three_level_on(backend) else {
+            return;
+        };
+        let (report, rt) = fx.run("root", json!({})).await;
+        assert_eq!(report.status, Status::Completed, "{report:?}");
+        assert_eq!(report.outputs, Some(json!({ "n": 2 })));
+        let rows = fx.rows();
+        assert_eq!(rows.len(), 5, "root + 2 mid + 2 leaves");
+        assert!(rows.iter().all(|r| r.status == "completed"), "{rows:?}");
+        assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+        let expected = expected_spend(&fx);
+        assert_eq!(
+            report.spend_nanos.0, expected,
+            "root spend = Σ usage × price"
+        );
+        // Hand check of the same sum: root 4500 in/170 out, each mid 800/70, each leaf 123/45.
+        assert_eq!(
+            expected,
+            (4500 + 2 * 800 + 2 * 123) * 1000 + (170 + 2 * 70 + 2 * 45) * 4000
+        );
+        let (violations, open) = rt.audit().await;
+        assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+        rt.shutdown();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,53 +170,63 @@ fn refusals(fx: &Fixture, parent: &str, needle: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawns_limit_holds_under_concurrent_spawn_calls() {
-    let parent = directive(
-        "limits: { spawns: 3, concurrency: 20 }\npermissions: [\"thread.spawn.kid\"]",
-        "Fan.",
-    );
-    let kid = directive("", "Kid.");
-    let fx = Fixture::new(
-        &[("parent", &parent), ("kid", &kid)],
-        &fan(12, false, "1ms"),
-        "",
-    );
-    let (report, _rt) = fx.run("parent", json!({})).await;
-    assert_eq!(
-        report.status,
-        Status::Completed,
-        "the parent goes on after refusals: {report:?}"
-    );
-    let kids = fx.rows().iter().filter(|r| r.directive == "kid").count();
-    assert_eq!(kids, 3);
-    assert_eq!(
-        refusals(&fx, report.thread_id.as_str(), "limit exceeded: spawns"),
-        9
-    );
+    for backend in BACKENDS {
+        let parent = directive(
+            "limits: { spawns: 3, concurrency: 20 }\npermissions: [\"thread.spawn.kid\"]",
+            "Fan.",
+        );
+        let kid = directive("", "Kid.");
+        let Some(fx) = Fixture::on(
+            backend,
+            &[("parent", &parent), ("kid", &kid)],
+            &fan(12, false, "1ms"),
+            "",
+        ) else {
+            return;
+        };
+        let (report, _rt) = fx.run("parent", json!({})).await;
+        assert_eq!(
+            report.status,
+            Status::Completed,
+            "the parent goes on after refusals: {report:?}"
+        );
+        let kids = fx.rows().iter().filter(|r| r.directive == "kid").count();
+        assert_eq!(kids, 3);
+        assert_eq!(
+            refusals(&fx, report.thread_id.as_str(), "limit exceeded: spawns"),
+            9
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_limit_holds_under_concurrent_spawn_calls() {
-    let parent = directive(
-        "limits: { spawns: 50, concurrency: 2 }\npermissions: [\"thread.spawn.kid\"]",
-        "Fan.",
-    );
-    let kid = directive("", "Kid.");
-    let fx = Fixture::new(
-        &[("parent", &parent), ("kid", &kid)],
-        &fan(10, false, "300ms"),
-        "",
-    );
-    let (report, _rt) = fx.run("parent", json!({})).await;
-    assert_eq!(report.status, Status::Completed);
-    assert_eq!(fx.rows().iter().filter(|r| r.directive == "kid").count(), 2);
-    assert_eq!(
-        refusals(
-            &fx,
-            report.thread_id.as_str(),
-            "limit exceeded: concurrency"
-        ),
-        8
-    );
+    for backend in BACKENDS {
+        let parent = directive(
+            "limits: { spawns: 50, concurrency: 2 }\npermissions: [\"thread.spawn.kid\"]",
+            "Fan.",
+        );
+        let kid = directive("", "Kid.");
+        let Some(fx) = Fixture::on(
+            backend,
+            &[("parent", &parent), ("kid", &kid)],
+            &fan(10, false, "300ms"),
+            "",
+        ) else {
+            return;
+        };
+        let (report, _rt) = fx.run("parent", json!({})).await;
+        assert_eq!(report.status, Status::Completed);
+        assert_eq!(fx.rows().iter().filter(|r| r.directive == "kid").count(), 2);
+        assert_eq!(
+            refusals(
+                &fx,
+                report.thread_id.as_str(),
+                "limit exceeded: concurrency"
+            ),
+            8
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

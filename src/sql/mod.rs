@@ -1,0 +1,274 @@
+//! One SQL connection over SQLite or PostgreSQL: the seam under the registry, the ledger and the
+//! store's database. Their SQL is written once, in the dialect both engines share (numbered
+//! `?N` parameters, `ON CONFLICT` upserts, recursive CTEs, `CAST(… AS INTEGER)`), and run by
+//! [`Db`], which differs per engine in exactly these: how it connects, how a parameter is
+//! marked (`$N` on Postgres), the types a column is declared with, and how a writer takes the
+//! write lock ([`Db::begin_write`]: SQLite's `BEGIN IMMEDIATE`, or a Postgres transaction that
+//! first takes an advisory lock per concern — the same one-writer-at-a-time rule across
+//! processes, so the admission and ledger checks that rely on it hold on both). Schema versions
+//! and forward migrations are in `migrate.rs`; the URL (whose password is never shown) in
+//! `url.rs`. Never decides anything about threads or money.
+
+mod migrate;
+#[cfg(feature = "postgres")]
+mod pg;
+mod sqlite;
+mod url;
+mod value;
+mod workers;
+
+pub(crate) use migrate::{migrate, Step};
+pub(crate) use sqlite::setup_with_retry;
+pub(crate) use value::{Row, SqlError, Value};
+pub(crate) use workers::off_workers;
+pub use url::{BadDatabaseUrl, DatabaseUrl};
+
+/// Parameters for a statement: `params![a, b]`.
+macro_rules! params {
+    ($($v:expr),* $(,)?) => { &[$($crate::sql::Value::from($v)),*][..] };
+}
+pub(crate) use params;
+
+/// Which engine a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// SQLite, embedded (a file under `.weft/state/`).
+    Sqlite,
+    /// A PostgreSQL server.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+}
+
+/// What a connection is.
+enum Conn {
+    Sqlite(rusqlite::Connection),
+    #[cfg(feature = "postgres")]
+    Postgres(pg::Client),
+}
+
+/// A connection, owned by one actor or one reader, with at most one open write transaction.
+pub(crate) struct Db {
+    conn: Conn,
+    /// A transaction is open ([`Db::begin_write`]).
+    in_tx: bool,
+    /// Commits reach the disk before they return (`durability: strict`).
+    fsyncs: bool,
+    /// Savepoints open inside the transaction (their names are numbered).
+    depth: u32,
+}
+
+/// Write locks, one per concern: writers of one concern take turns; different concerns never
+/// wait for each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// The thread registry.
+    Registry,
+    /// The budget ledger.
+    Ledger,
+    /// Schema migrations.
+    Schema,
+}
+
+impl Lock {
+    /// The Postgres advisory lock key (a constant per concern, "weft" in its high bytes).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn key(self) -> i64 {
+        0x7765_6674_0000_0000
+            + match self {
+                Lock::Registry => 1,
+                Lock::Ledger => 2,
+                Lock::Schema => 3,
+            }
+    }
+}
+
+impl Db {
+    /// An open SQLite connection (its pragmas already set).
+    pub(crate) fn sqlite(conn: rusqlite::Connection) -> Db {
+        Db {
+            conn: Conn::Sqlite(conn),
+            in_tx: false,
+            fsyncs: false,
+            depth: 0,
+        }
+    }
+
+    /// Connects to the Postgres server at `url`.
+    pub(crate) fn postgres(url: &DatabaseUrl) -> Result<Db, SqlError> {
+        #[cfg(feature = "postgres")]
+        {
+            Ok(Db {
+                conn: Conn::Postgres(pg::Client::connect(url)?),
+                in_tx: false,
+                fsyncs: false,
+                depth: 0,
+            })
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            Err(SqlError(format!(
+                "{url}: this weft was built without the `postgres` feature; rebuild with it or remove `database:` from the config"
+            )))
+        }
+    }
+
+    /// Opens the database `url` names, or the SQLite file `file` when it names none.
+    pub(crate) fn open(
+        url: Option<&DatabaseUrl>,
+        file: &std::path::Path,
+        read_only: bool,
+    ) -> Result<Db, SqlError> {
+        match url {
+            Some(url) => Db::postgres(url),
+            None => sqlite::open(file, read_only).map(Db::sqlite),
+        }
+    }
+
+    /// The engine.
+    pub(crate) fn engine(&self) -> Engine {
+        match &self.conn {
+            Conn::Sqlite(_) => Engine::Sqlite,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// The SQLite connection, for what only SQLite has (FTS5, pragmas, VACUUM).
+    #[cfg(test)]
+    pub(crate) fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
+        match &self.conn {
+            Conn::Sqlite(c) => Some(c),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(_) => None,
+        }
+    }
+
+    /// `durability: strict`: every commit reaches the disk before it returns.
+    pub(crate) fn set_strict(&mut self) -> Result<(), SqlError> {
+        match &self.conn {
+            Conn::Sqlite(c) => c
+                .execute_batch("PRAGMA synchronous=FULL")
+                .map_err(SqlError::new)?,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.batch("SET synchronous_commit = on")?,
+        }
+        self.fsyncs = true;
+        Ok(())
+    }
+
+    /// Runs one statement; returns the rows it changed.
+    pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, SqlError> {
+        match &self.conn {
+            Conn::Sqlite(c) => sqlite::execute(c, sql, params),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.execute(sql, params),
+        }
+    }
+
+    /// Runs a query; returns every row.
+    pub(crate) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, SqlError> {
+        match &self.conn {
+            Conn::Sqlite(c) => sqlite::query(c, sql, params),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.query(sql, params),
+        }
+    }
+
+    /// Runs a query; returns its first row, if any.
+    pub(crate) fn row(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, SqlError> {
+        Ok(self.query(sql, params)?.into_iter().next())
+    }
+
+    /// Runs statements without parameters (DDL), separated by `;`.
+    pub(crate) fn batch(&self, sql: &str) -> Result<(), SqlError> {
+        match &self.conn {
+            Conn::Sqlite(c) => c.execute_batch(sql).map_err(SqlError::new),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.batch(sql),
+        }
+    }
+
+    /// Whether a write transaction is open.
+    pub(crate) fn in_tx(&self) -> bool {
+        self.in_tx
+    }
+
+    /// Opens a write transaction holding `lock` (a no-op if one is open): only one writer of a
+    /// concern at a time, across every process on the database.
+    pub(crate) fn begin_write(&mut self, lock: Lock) -> Result<(), SqlError> {
+        if self.in_tx {
+            return Ok(());
+        }
+        match &self.conn {
+            Conn::Sqlite(c) => sqlite::begin_immediate(c).map_err(SqlError::new)?,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.begin_locked(lock.key())?,
+        }
+        let _ = lock;
+        self.in_tx = true;
+        Ok(())
+    }
+
+    /// Commits the open transaction (a no-op if none); on failure it is rolled back.
+    pub(crate) fn commit(&mut self) -> Result<(), SqlError> {
+        if !self.in_tx {
+            return Ok(());
+        }
+        self.in_tx = false;
+        self.depth = 0;
+        let done = match &self.conn {
+            Conn::Sqlite(c) => sqlite::commit(c, self.fsyncs).map_err(SqlError::new),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.batch("COMMIT"),
+        };
+        if done.is_err() {
+            let _ = self.batch("ROLLBACK");
+        }
+        done
+    }
+
+    /// Rolls the open transaction back (a no-op if none).
+    pub(crate) fn rollback(&mut self) {
+        if self.in_tx {
+            self.in_tx = false;
+            self.depth = 0;
+            let _ = self.batch("ROLLBACK");
+        }
+    }
+
+    /// Runs `f` atomically: inside the open transaction as a savepoint (undone alone if `f`
+    /// fails), or in a write transaction of its own holding `lock`.
+    pub(crate) fn atomic<T, E: From<SqlError>>(
+        &mut self,
+        lock: Lock,
+        f: impl FnOnce(&mut Db) -> Result<T, E>,
+    ) -> Result<T, E> {
+        if self.in_tx {
+            self.depth += 1;
+            let name = format!("weft_sp{}", self.depth);
+            self.batch(&format!("SAVEPOINT {name}"))?;
+            let out = f(self);
+            let end = match &out {
+                Ok(_) => format!("RELEASE SAVEPOINT {name}"),
+                Err(_) => format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"),
+            };
+            let ended = self.batch(&end);
+            self.depth -= 1;
+            let out = out?;
+            ended?;
+            Ok(out)
+        } else {
+            self.begin_write(lock)?;
+            match f(self) {
+                Ok(v) => {
+                    self.commit()?;
+                    Ok(v)
+                }
+                Err(e) => {
+                    self.rollback();
+                    Err(e)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The same state on SQLite and on PostgreSQL: the registry's contract on both, schema
+//! versions, a project whose config names a Postgres database (nothing of its state in files,
+//! `weft` commands answering from the server, the URL's password never shown), and two
+//! processes against one tree on one database.
+
+use crate::support::{directive, exits_within, spawn_run, weft_cmd, Backend, Fixture, BACKENDS};
+use weft::internals::{Admission, RegistryError, Store, ThreadRow};
+use weft::{DatabaseUrl, Status, ThreadId};
+
+fn id(s: &str) -> ThreadId {
+    ThreadId::parse(s).unwrap()
+}
+
+/// A writable registry on `backend` (a fresh database, or a file in `dir`).
+fn registry(backend: Backend, dir: &std::path::Path) -> Option<Store> {
+    let url = match backend {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some(DatabaseUrl::parse(&crate::pg::fresh_database()?).unwrap()),
+    };
+    Some(Store::open_at(url.as_ref(), &dir.join("registry.db")).unwrap())
+}
+
+fn row(i: &str, parent: Option<&str>, root: &str, status: Status, at: &str) -> ThreadRow {
+    ThreadRow {
+        directive: "d".into(),
+        parent_id: parent.map(id),
+        created_at: at.into(),
+        updated_at: at.into(),
+        model: "m".into(),
+        owner_pid: 7,
+        ..ThreadRow::new(id(i), id(root), status)
+    }
+}
+
+#[test]
+fn the_registry_keeps_its_contract_on_both_backends() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut s) = registry(backend, dir.path()) else {
+            return;
+        };
+        let at = |n: u32| format!("2026-11-25T00:00:{n:02}Z");
+        s.register(&row("r", None, "r", Status::Running, &at(1)), None)
+            .unwrap();
+        let admit = Admission {
+            parent: id("r"),
+            spawns: 3,
+            concurrency: 2,
+        };
+        for (n, kid) in ["a", "b"].iter().enumerate() {
+            let r = row(kid, Some("r"), "r", Status::Running, &at(2 + n as u32));
+            s.register(&r, Some(&admit)).unwrap();
+        }
+        let third = row("c", Some("r"), "r", Status::Running, &at(5));
+        assert!(
+            matches!(
+                s.register(&third, Some(&admit)),
+                Err(RegistryError::Concurrency {
+                    live: 2,
+                    max: 2,
+                    ..
+                })
+            ),
+            "{backend:?}: the concurrency limit"
+        );
+        let mut done = s.get("a").unwrap().unwrap();
+        done.status = Status::Completed;
+        done.own_spend_nanos = 1_234_567_890_123;
+        done.outputs = Some(serde_json::json!({"n": 1}));
+        s.update(&done).unwrap();
+        s.register(&third, Some(&admit)).unwrap();
+        let fourth = row("d", Some("r"), "r", Status::Running, &at(6));
+        assert!(
+            matches!(
+                s.register(&fourth, Some(&admit)),
+                Err(RegistryError::Spawns {
+                    used: 3,
+                    max: 3,
+                    ..
+                })
+            ),
+            "{backend:?}: the spawns limit"
+        );
+        // A terminal row never changes again.
+        let mut back = done.clone();
+        back.status = Status::Running;
+        s.update(&back).unwrap();
+        assert_eq!(s.get("a").unwrap().unwrap(), done, "{backend:?}");
+        let ids = |rows: Vec<ThreadRow>| {
+            rows.into_iter()
+                .map(|r| r.id.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(s.tree("r").unwrap()),
+            ["r", "a", "b", "c"],
+            "{backend:?}"
+        );
+        assert_eq!(
+            ids(s.list(true, 10).unwrap()),
+            ["c", "b", "r"],
+            "{backend:?}"
+        );
+        assert_eq!(ids(s.subtree("r").unwrap()).len(), 4);
+        assert_eq!(
+            ids(s.unfinished_subtree("r").unwrap()),
+            ["b", "c", "r"],
+            "{backend:?}"
+        );
+        let f = weft::ThreadFilter {
+            status: vec!["completed".into()],
+            limit: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(ids(s.query(&f).unwrap()), ["a"], "{backend:?}");
+        assert!(s.is_descendant("r", "c").unwrap() && !s.is_descendant("c", "r").unwrap());
+        assert_eq!(s.count(Status::Running).unwrap(), 3, "{backend:?}");
+        assert!(s.claim("b", 7, 9).unwrap(), "{backend:?}: one claimer");
+        assert!(!s.claim("b", 7, 10).unwrap(), "{backend:?}: not twice");
+        assert!(s.set_meta("a", &serde_json::json!({"title": "t"})).unwrap());
+        // A continuation of a finished root's thread: linked, and only once.
+        let mut cont = row("a2", Some("r"), "r", Status::Running, &at(7));
+        cont.continuation_of = Some(id("a"));
+        s.register(&cont, None).unwrap();
+        s.link_continuation("a", "a2", "a").unwrap();
+        assert_eq!(ids(s.chain("a2").unwrap()), ["a", "a2"], "{backend:?}");
+        cont.id = id("a3");
+        assert!(matches!(
+            s.register(&cont, None),
+            Err(RegistryError::Continued { .. })
+        ));
+        assert_eq!(
+            s.delete_finished(&["a", "b"]).unwrap(),
+            1,
+            "{backend:?}: finished only"
+        );
+        assert!(s.get("a").unwrap().is_none());
+        s.vacuum().unwrap();
+    }
+}
+
+/// A database whose schema a newer weft wrote is refused, naming both versions, and left as
+/// it is.
+#[test]
+fn a_database_newer_than_this_weft_is_refused_naming_both_versions() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().unwrap();
+        let url = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => match crate::pg::fresh_database() {
+                Some(u) => Some(DatabaseUrl::parse(&u).unwrap()),
+                None => return,
+            },
+        };
+        let file = dir.path().join("registry.db");
+        drop(Store::open_at(url.as_ref(), &file).unwrap());
+        let bump = "UPDATE weft_schema SET version = 99 WHERE concern = 'registry'";
+        match &url {
+            None => {
+                rusqlite::Connection::open(&file)
+                    .unwrap()
+                    .execute_batch(bump)
+                    .unwrap();
+            }
+            Some(u) => {
+                let name = u.to_string().rsplit("dbname=").next().unwrap().to_string();
+                crate::pg::server().unwrap().psql(&name, bump);
+            }
+        }
+        let err = Store::open_at(url.as_ref(), &file)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("version 99") && err.contains("(1)") && err.contains("upgrade weft"),
+            "{backend:?}: {err}"
+        );
+    }
+}
+
+/// Two rows of one tree, one root's chain running.
+fn small_tree() -> (String, String, String) {
+    let r = directive(
+        "limits: { spend: 0.01 }\npermissions: [\"thread.spawn.**\"]",
+        "Root.",
+    );
+    let k = directive("", "Kid.");
+    let script = r#"r:
+  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
+    usage: { input_tokens: 100, output_tokens: 10 }
+  - text: done
+    usage: { input_tokens: 200, output_tokens: 20 }
+k:
+  - text: kid
+    usage: { input_tokens: 50, output_tokens: 5 }
+"#;
+    (r, k, script.to_string())
+}
+
+/// A project whose config names a Postgres database keeps its registry and ledger there: no
+/// registry.db or ledger.db appears, `weft threads` and `weft verify` answer from the server,
+/// the spend is exact, and the password in the URL is never printed or written.
+#[cfg(feature = "cli")]
+#[test]
+fn a_project_on_postgres_keeps_its_registry_and_ledger_on_the_server() {
+    let Some(server) = crate::pg::server() else {
+        return;
+    };
+    let db = server.database();
+    let name = db.rsplit("dbname=").next().unwrap().to_string();
+    // Trust authentication ignores the password, so a made-up one connects and must still
+    // never be shown.
+    let url = format!(
+        "postgres://weft:Hunter2Secret@127.0.0.1:{}/{name}",
+        server.port
+    );
+    let (r, k, script) = small_tree();
+    let fx = Fixture::new(
+        &[("r", &r), ("k", &k)],
+        &script,
+        &format!("database: \"{url}\"\n"),
+    );
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = fx.root().join(".weft/state");
+    for f in ["registry.db", "ledger.db"] {
+        assert!(
+            !state.join(f).exists(),
+            "{f} was made beside a Postgres database"
+        );
+    }
+    assert_eq!(
+        server.psql(
+            &name,
+            "SELECT COUNT(*) FROM threads WHERE status='completed'"
+        ),
+        "2"
+    );
+    assert_eq!(
+        server.psql(&name, "SELECT COUNT(*) FROM accounts WHERE closed=0"),
+        "0"
+    );
+    assert_eq!(server.psql(&name, "SELECT COUNT(*) FROM reservations"), "0");
+    let spent: i64 = server
+        .psql(&name, "SELECT spend FROM threads WHERE parent IS NULL")
+        .parse()
+        .unwrap();
+    assert_eq!(
+        spent,
+        (100 + 200 + 50) * 1000 + (10 + 20 + 5) * 4000,
+        "exact spend"
+    );
+    let listed = crate::support::rows_json(fx.root());
+    assert_eq!(
+        listed.len(),
+        2,
+        "weft threads answers from the server: {listed:?}"
+    );
+    let verify = weft_cmd(fx.root())
+        .args(["verify", "--all"])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    // A wrong port: the error names the database, never its password.
+    let bad = format!("postgres://weft:Hunter2Secret@127.0.0.1:1/{name}");
+    let refused = weft_cmd(fx.root())
+        .args(["--database", &bad, "threads"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("127.0.0.1:1"),
+        "{said}"
+    );
+    let mut seen = vec![
+        out.stdout,
+        out.stderr,
+        verify.stdout,
+        verify.stderr,
+        refused.stderr,
+    ];
+    // Everything weft wrote (the config is the user's own file).
+    for f in walk(&fx.root().join(".weft"))
+        .into_iter()
+        .filter(|f| !f.ends_with("config.yaml"))
+    {
+        seen.push(std::fs::read(&f).unwrap_or_default());
+    }
+    for bytes in seen {
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains("Hunter2Secret"),
+            "the password was shown: {text}"
+        );
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
