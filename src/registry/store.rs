@@ -383,13 +383,7 @@ impl Store {
     /// Rewrites the database compactly (after deletes); on SQLite it also empties its
     /// write-ahead log.
     pub fn vacuum(&mut self) -> Result<(), RegistryError> {
-        match self.db.engine() {
-            Engine::Sqlite => self
-                .db
-                .batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
-                .map_err(st),
-            Engine::Postgres => self.db.batch("VACUUM threads").map_err(st),
-        }
+        self.db.vacuum().map_err(st)
     }
 
     /// Replaces a row's metadata (a JSON object).

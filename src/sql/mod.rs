@@ -18,10 +18,9 @@ mod value;
 mod workers;
 
 pub(crate) use migrate::{migrate, Step};
-pub(crate) use sqlite::setup_with_retry;
+pub use url::{BadDatabaseUrl, DatabaseUrl};
 pub(crate) use value::{Row, SqlError, Value};
 pub(crate) use workers::off_workers;
-pub use url::{BadDatabaseUrl, DatabaseUrl};
 
 /// Parameters for a statement: `params![a, b]`.
 macro_rules! params {
@@ -63,6 +62,8 @@ pub(crate) struct Db {
 pub(crate) enum Lock {
     /// The thread registry.
     Registry,
+    /// The thread store's own tables (index, KV, env values, scheduled effects, tombstones).
+    Store,
     /// The budget ledger.
     Ledger,
     /// Schema migrations.
@@ -77,7 +78,8 @@ impl Lock {
             + match self {
                 Lock::Registry => 1,
                 Lock::Ledger => 2,
-                Lock::Schema => 3,
+                Lock::Store => 3,
+                Lock::Schema => 4,
             }
     }
 }
@@ -185,6 +187,15 @@ impl Db {
             Conn::Sqlite(c) => c.execute_batch(sql).map_err(SqlError::new),
             #[cfg(feature = "postgres")]
             Conn::Postgres(c) => c.batch(sql),
+        }
+    }
+
+    /// Rewrites the database compactly (after deletes); on SQLite it also empties the
+    /// write-ahead log. Never inside a transaction.
+    pub(crate) fn vacuum(&self) -> Result<(), SqlError> {
+        match self.engine() {
+            Engine::Sqlite => self.batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);"),
+            Engine::Postgres => self.batch("VACUUM"),
         }
     }
 

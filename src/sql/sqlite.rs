@@ -113,7 +113,7 @@ pub(super) fn commit(db: &Connection, fsyncs: bool) -> rusqlite::Result<()> {
 /// Runs `setup` (a new connection's pragmas and schema), again while another process holds the
 /// database (up to 10 s): switching a fresh database to WAL can answer "locked" at once, without
 /// waiting out the busy timeout, when another process is creating it at the same moment.
-pub(crate) fn setup_with_retry(
+fn setup_with_retry(
     db: &Connection,
     setup: impl Fn(&Connection) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {

@@ -110,6 +110,17 @@ impl Row {
         u64::try_from(v).map_err(|_| SqlError(format!("column {i} holds {v}, not a count")))
     }
 
+    /// Column `i` as a float.
+    pub(crate) fn real(&self, i: usize) -> Result<f64, SqlError> {
+        match self.at(i)? {
+            Value::Real(v) => Ok(*v),
+            Value::Int(v) => Ok(*v as f64),
+            other => Err(SqlError(format!(
+                "column {i} holds {other:?}, not a number"
+            ))),
+        }
+    }
+
     /// Column `i` as text (NULL is an error).
     pub(crate) fn text(&self, i: usize) -> Result<String, SqlError> {
         self.opt_text(i)?
@@ -134,4 +145,3 @@ impl Row {
         Ok(self.int(i)? != 0)
     }
 }
-

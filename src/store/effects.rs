@@ -7,7 +7,7 @@
 
 use super::{storage, FileStore, StoreError};
 use crate::core::ids::{now_ts, ThreadId};
-use rusqlite::{params, OptionalExtension};
+use crate::sql::{params, Db, Lock, Row, SqlError};
 use serde_json::Value;
 
 /// What an effect does.
@@ -47,7 +47,8 @@ pub struct Effect {
     pub child: Option<String>,
 }
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, thread TEXT NOT NULL,
+pub(super) const SCHEMA: &str =
+    "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, thread TEXT NOT NULL,
     kind TEXT NOT NULL, target TEXT NOT NULL, inputs TEXT NOT NULL, due_at TEXT NOT NULL,
     created_at TEXT NOT NULL, status TEXT NOT NULL, result TEXT, claimed_by INTEGER,
     limits TEXT NOT NULL);
@@ -55,42 +56,43 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, th
 
 const COLS: &str = "id, thread, kind, target, inputs, due_at, status, result, claimed_by, limits";
 
-fn effect_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Effect> {
-    let kind: String = r.get(2)?;
-    let text = |i: usize| -> rusqlite::Result<Value> {
-        Ok(serde_json::from_str(&r.get::<_, String>(i)?).unwrap_or(Value::Null))
+fn effect_of(r: &Row) -> Result<Effect, SqlError> {
+    let kind = r.text(2)?;
+    let json = |i: usize| -> Result<Value, SqlError> {
+        Ok(serde_json::from_str(&r.text(i)?).unwrap_or(Value::Null))
     };
     Ok(Effect {
-        id: r.get(0)?,
-        thread: r.get(1)?,
+        id: r.text(0)?,
+        thread: r.text(1)?,
         kind: if kind == "tool" {
             EffectKind::Tool
         } else {
             EffectKind::Directive
         },
-        target: r.get(3)?,
-        inputs: text(4)?,
-        due_at: r.get(5)?,
-        status: r.get(6)?,
-        result: r.get(7)?,
-        claimed_by: r.get(8)?,
+        target: r.text(3)?,
+        inputs: json(4)?,
+        due_at: r.text(5)?,
+        status: r.text(6)?,
+        result: r.opt_text(7)?,
+        claimed_by: r.opt_int(8)?.and_then(|p| u32::try_from(p).ok()),
         // The `limits` column holds `{"child": id}` (it once held the scheduler's limits).
-        child: text(9)?["child"].as_str().map(str::to_string),
+        child: json(9)?["child"].as_str().map(str::to_string),
     })
+}
+
+fn effects_of(rows: Vec<Row>) -> Result<Vec<Effect>, StoreError> {
+    rows.iter()
+        .map(effect_of)
+        .collect::<Result<_, _>>()
+        .map_err(storage)
 }
 
 /// Most effects one thread may have pending.
 pub(crate) const MAX_PENDING: usize = 16;
 
 impl FileStore {
-    fn effects<T>(
-        &self,
-        f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.idx(|c| {
-            c.execute_batch(SCHEMA).map_err(storage)?;
-            f(c)
-        })
+    fn effects<T>(&self, f: impl FnOnce(&Db) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.idx(|c| f(c))
     }
 
     /// Schedules an effect of `thread`; returns it.
@@ -112,30 +114,29 @@ impl FileStore {
         // The count and the insert are one IMMEDIATE transaction: schedulers on other
         // connections (another process of the project) wait, so the limit holds for all.
         self.idx(|c| {
-            c.execute_batch(SCHEMA).map_err(storage)?;
-            let tx = c
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(storage)?;
-            let pending: i64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM effects WHERE thread=?1 AND status='pending'",
-                    [thread.as_str()],
-                    |r| r.get(0),
+            c.atomic(Lock::Store, |tx| {
+                let pending = tx
+                    .row(
+                        "SELECT COUNT(*) FROM effects WHERE thread=?1 AND status='pending'",
+                        params![thread.as_str()],
+                    )
+                    .map_err(storage)?
+                    .map_or(Ok(0), |r| r.int(0))
+                    .map_err(storage)?;
+                if pending >= MAX_PENDING as i64 {
+                    return Err(StoreError::Invalid {
+                        rule: "schedule.pending",
+                        detail: format!("thread {thread} already has {pending} effects pending (at most {MAX_PENDING}); cancel one first"),
+                    });
+                }
+                tx.execute(
+                    "INSERT INTO effects(id, thread, kind, target, inputs, due_at, created_at, status, limits)
+                     VALUES(?1,?2,?3,?4,?5,?6,?7,'pending',?8)",
+                    params![id.as_str(), thread.as_str(), kind_s, target, inputs.to_string(), due_at, now_ts(), limits.to_string()],
                 )
                 .map_err(storage)?;
-            if pending >= MAX_PENDING as i64 {
-                return Err(StoreError::Invalid {
-                    rule: "schedule.pending",
-                    detail: format!("thread {thread} already has {pending} effects pending (at most {MAX_PENDING}); cancel one first"),
-                });
-            }
-            tx.execute(
-                "INSERT INTO effects(id, thread, kind, target, inputs, due_at, created_at, status, limits)
-                 VALUES(?1,?2,?3,?4,?5,?6,?7,'pending',?8)",
-                params![id, thread.as_str(), kind_s, target, inputs.to_string(), due_at, now_ts(), limits.to_string()],
-            )
-            .map_err(storage)?;
-            tx.commit().map_err(storage)
+                Ok(())
+            })
         })?;
         self.one_effect(&id)?
             .ok_or_else(|| storage("the effect just written is gone"))
@@ -143,28 +144,28 @@ impl FileStore {
 
     fn one_effect(&self, id: &str) -> Result<Option<Effect>, StoreError> {
         self.effects(|c| {
-            c.query_row(
-                &format!("SELECT {COLS} FROM effects WHERE id=?1"),
-                [id],
-                effect_of,
-            )
-            .optional()
-            .map_err(storage)
+            let rows = c
+                .query(
+                    &format!("SELECT {COLS} FROM effects WHERE id=?1"),
+                    params![id],
+                )
+                .map_err(storage)?;
+            Ok(effects_of(rows)?.pop())
         })
     }
 
     /// The effects of `thread` (all when None), soonest first.
     pub fn scheduled(&self, thread: Option<&ThreadId>) -> Result<Vec<Effect>, StoreError> {
         self.effects(|c| {
-            let mut stmt = c
-                .prepare(&format!(
-                    "SELECT {COLS} FROM effects WHERE ?1 IS NULL OR thread=?1 ORDER BY due_at, id"
-                ))
-                .map_err(storage)?;
-            let rows = stmt
-                .query_map([thread.map(ThreadId::as_str)], effect_of)
-                .map_err(storage)?;
-            rows.collect::<Result<_, _>>().map_err(storage)
+            effects_of(
+                c.query(
+                    &format!(
+                        "SELECT {COLS} FROM effects WHERE CAST(?1 AS TEXT) IS NULL OR thread=?1 ORDER BY due_at, id"
+                    ),
+                    params![thread.map(ThreadId::as_str)],
+                )
+                .map_err(storage)?,
+            )
         })
     }
 
@@ -187,7 +188,7 @@ impl FileStore {
         let n = self.effects(|c| {
             c.execute(
                 "UPDATE effects SET status='cancelled' WHERE id=?1 AND status='pending'",
-                [id],
+                params![id],
             )
             .map_err(storage)
         })?;
@@ -237,7 +238,7 @@ impl FileStore {
             let won = self.effects(|c| {
                 c.execute(
                     "UPDATE effects SET status='running', claimed_by=?2 WHERE id=?1 AND status='pending'",
-                    params![e.id, pid],
+                    params![e.id.as_str(), pid],
                 )
                 .map_err(storage)
             })?;
@@ -265,13 +266,15 @@ impl FileStore {
     /// read: a project's done and failed effects only grow.
     pub(crate) fn pending_effects(&self, due_by: Option<&str>) -> Result<Vec<Effect>, StoreError> {
         self.effects(|c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {COLS} FROM effects WHERE status='pending' AND (?1 IS NULL OR due_at<=?1) ORDER BY due_at"
-                ))
-                .map_err(storage)?;
-            let rows = stmt.query_map([due_by], effect_of).map_err(storage)?;
-            rows.collect::<Result<_, _>>().map_err(storage)
+            effects_of(
+                c.query(
+                    &format!(
+                        "SELECT {COLS} FROM effects WHERE status='pending' AND (CAST(?1 AS TEXT) IS NULL OR due_at<=?1) ORDER BY due_at"
+                    ),
+                    params![due_by],
+                )
+                .map_err(storage)?,
+            )
         })
     }
 
@@ -280,7 +283,8 @@ impl FileStore {
     pub(crate) fn release_effect(&self, id: &str, retry_at: &str) -> Result<(), StoreError> {
         self.effects(|c| {
             c.execute(
-                "UPDATE effects SET status='pending', claimed_by=NULL, due_at=MAX(due_at, ?2)
+                "UPDATE effects SET status='pending', claimed_by=NULL,
+                   due_at=CASE WHEN due_at > ?2 THEN due_at ELSE ?2 END
                  WHERE id=?1 AND status='running'",
                 params![id, retry_at],
             )

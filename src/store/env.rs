@@ -7,9 +7,9 @@
 use super::{storage, FileStore, StoreError};
 use crate::core::ids::ThreadId;
 use crate::core::redact::{Redactor, MIN_SECRET_LEN};
+use crate::sql::{params, Db};
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
-use rusqlite::{params, Connection};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -57,7 +57,7 @@ pub struct EnvValue {
     pub value: Option<String>,
 }
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS env(scope TEXT NOT NULL, name TEXT NOT NULL,
+pub(super) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS env(scope TEXT NOT NULL, name TEXT NOT NULL,
     value TEXT NOT NULL, secret INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY(scope, name));";
 
 fn check_name(name: &str) -> Result<(), StoreError> {
@@ -152,22 +152,19 @@ fn open_sealed(key: &ChaCha20Poly1305, slot: &str, text: &str) -> Option<String>
 }
 
 /// Every row of `scopes` in `db`: (scope, name, stored value, secret).
-fn rows(
-    db: &Connection,
-    scopes: &[String],
-) -> Result<Vec<(String, String, String, bool)>, StoreError> {
+fn rows(db: &Db, scopes: &[String]) -> Result<Vec<(String, String, String, bool)>, StoreError> {
     let mut out = Vec::new();
     for scope in scopes {
-        let mut stmt = db
-            .prepare_cached("SELECT name, value, secret FROM env WHERE scope=?1 ORDER BY name")
+        let found = db
+            .query(
+                "SELECT name, value, secret FROM env WHERE scope=?1 ORDER BY name",
+                params![scope.as_str()],
+            )
             .map_err(storage)?;
-        let found = stmt
-            .query_map([scope], |r| {
-                Ok((scope.clone(), r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .map_err(storage)?;
-        for f in found {
-            out.push(f.map_err(storage)?);
+        for r in found {
+            let row = (|| Ok((scope.clone(), r.text(0)?, r.text(1)?, r.flag(2)?)))()
+                .map_err(|e: crate::sql::SqlError| storage(e))?;
+            out.push(row);
         }
     }
     Ok(out)
@@ -210,24 +207,23 @@ fn resolve(
 }
 
 impl FileStore {
+    /// The database of `scope`'s values: the user's own env.db in their config folder, or the
+    /// project's store (store.db, or its Postgres database).
     fn with_env_db<T>(
         &self,
         scope: &Scope,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+        f: impl FnOnce(&Db) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         match scope {
             Scope::User => {
                 let dir = crate::project::user_dir();
                 std::fs::create_dir_all(&dir).map_err(storage)?;
-                let db = Connection::open(dir.join("env.db")).map_err(storage)?;
+                let db = rusqlite::Connection::open(dir.join("env.db")).map_err(storage)?;
                 db.execute_batch(&format!("PRAGMA busy_timeout=5000; {SCHEMA}"))
                     .map_err(storage)?;
-                f(&db)
+                f(&Db::sqlite(db))
             }
-            _ => self.idx(|c| {
-                c.execute_batch(SCHEMA).map_err(storage)?;
-                f(c)
-            }),
+            _ => self.idx(|c| f(c)),
         }
     }
 
@@ -257,8 +253,16 @@ impl FileStore {
         };
         self.with_env_db(scope, |db| {
             db.execute(
-                "INSERT OR REPLACE INTO env(scope, name, value, secret, updated_at) VALUES(?1,?2,?3,?4,?5)",
-                params![scope.key(), name, stored, secret, crate::core::ids::now_ts()],
+                "INSERT INTO env(scope, name, value, secret, updated_at) VALUES(?1,?2,?3,?4,?5)
+                 ON CONFLICT(scope, name) DO UPDATE SET value=excluded.value,
+                   secret=excluded.secret, updated_at=excluded.updated_at",
+                params![
+                    scope.key(),
+                    name,
+                    stored,
+                    secret,
+                    crate::core::ids::now_ts()
+                ],
             )
             .map(|_| ())
             .map_err(storage)
@@ -350,33 +354,38 @@ impl FileStore {
     pub(crate) fn redactor(&self) -> Redactor {
         let read = |scope: &Scope| {
             self.with_env_db(scope, |db| {
-                let mut stmt = db
-                    .prepare_cached("SELECT scope, name, value FROM env WHERE secret=1")
-                    .map_err(storage)?;
-                let found = stmt
-                    .query_map([], |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                        ))
-                    })
-                    .map_err(storage)?;
-                found.collect::<Result<Vec<_>, _>>().map_err(storage)
+                db.query("SELECT scope, name, value FROM env WHERE secret=1", &[])
+                    .map_err(storage)?
+                    .iter()
+                    .map(|r| Ok((r.text(0)?, r.text(1)?, r.text(2)?)))
+                    .collect::<Result<Vec<_>, crate::sql::SqlError>>()
+                    .map_err(storage)
             })
             .unwrap_or_default()
         };
         let mut sealed = read(&Scope::Project);
         sealed.extend(read(&Scope::User));
-        if sealed.is_empty() {
+        // The database's password is a secret too: never in a transcript, a log or an event.
+        let database = self
+            .project()
+            .config()
+            .ok()
+            .and_then(|c| c.database)
+            .and_then(|url| url.password())
+            .map(|pw| ("WEFT_DATABASE_PASSWORD".to_string(), pw));
+        let key = match sealed.is_empty() {
+            true => None,
+            false => secrets_key(&crate::project::user_dir()).ok(),
+        };
+        let opened = sealed.into_iter().filter_map(|(scope, name, stored)| {
+            let key = key.as_ref()?;
+            open_sealed(key, &format!("{scope}/{name}"), &stored).map(|v| (name, v))
+        });
+        let all: Vec<(String, String)> = opened.chain(database).collect();
+        if all.is_empty() {
             return Redactor::default();
         }
-        let Ok(key) = secrets_key(&crate::project::user_dir()) else {
-            return Redactor::default();
-        };
-        Redactor::new(sealed.into_iter().filter_map(|(scope, name, stored)| {
-            open_sealed(&key, &format!("{scope}/{name}"), &stored).map(|v| (name, v))
-        }))
+        Redactor::new(all)
     }
 
     /// When the values of the project (its threads included) and of the user last changed:

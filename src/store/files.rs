@@ -16,7 +16,7 @@ use crate::record::signing::{Signer, Trust};
 use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
 use crate::record::transcript::{self, TranscriptWriter};
 use crate::registry::{Store, ThreadFilter, ThreadRow};
-use rusqlite::Connection;
+use crate::sql::Db;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -35,8 +35,9 @@ pub struct FileStore {
     checkpoint_every: u64,
     /// A registry connection of the store's own (std Mutex: no await while held).
     registry: Mutex<Option<Store>>,
-    /// store.db, opened on first use.
-    index: Mutex<Option<Connection>>,
+    /// The store's own tables (store.db, or the project's Postgres database), opened on first
+    /// use.
+    index: Mutex<Option<Db>>,
     /// Environment changes made through this store (see `env.rs`).
     pub(super) env_changes: std::sync::atomic::AtomicU64,
     /// Threads waiting to be indexed (see `later.rs`).
@@ -126,18 +127,20 @@ impl FileStore {
 
     pub(super) fn idx<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut Db) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut guard = self
             .index
             .lock()
-            .map_err(|_| storage("the store.db connection failed earlier"))?;
+            .map_err(|_| storage("the store's database connection failed earlier"))?;
         if guard.is_none() {
-            *guard = Some(index::open(&self.project.state_dir().join("store.db"))?);
+            let config = self.project.config().map_err(storage)?;
+            let file = self.project.state_dir().join("store.db");
+            *guard = Some(index::open(config.database.as_ref(), &file)?);
         }
         match guard.as_mut() {
             Some(c) => f(c),
-            None => Err(storage("store.db cannot be opened")),
+            None => Err(storage("the store's database cannot be opened")),
         }
     }
 

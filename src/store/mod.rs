@@ -72,6 +72,12 @@ pub enum StoreError {
     Registry(#[from] crate::registry::RegistryError),
 }
 
+impl From<crate::sql::SqlError> for StoreError {
+    fn from(e: crate::sql::SqlError) -> StoreError {
+        storage(e)
+    }
+}
+
 pub(crate) fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }

@@ -5,7 +5,7 @@
 //! every account balanced, every thread.json verifying and agreeing with its row, and every
 //! status that was already terminal unchanged.
 
-use crate::support::{directive, weft_home, Fixture};
+use crate::support::{directive, weft_home, Backend, Fixture};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +13,7 @@ use std::process::Command;
 
 /// root → 2 mids (not waited, then `wait_threads`) → 2 leaves each (waited): 7 threads, each
 /// step met 7 to 11 times.
-fn tree() -> Fixture {
+fn tree_on(backend: Backend) -> Option<Fixture> {
     let perms =
         "permissions: [\"thread.spawn.**\"]\nlimits: { spawns: 5, concurrency: 5, spend: 5 }";
     let script = r#"
@@ -37,7 +37,8 @@ leaf:
   - text: leaf done
     usage: { input_tokens: 10, output_tokens: 5 }
 "#;
-    Fixture::new(
+    Fixture::on(
+        backend,
         &[
             ("root", &directive(perms, "Root.")),
             ("mid", &directive(perms, "Mid.")),
@@ -66,15 +67,11 @@ fn weft(project: &Path, args: &[&str], failpoint: Option<&str>) -> std::process:
 }
 
 /// Registry rows: id → status.
-fn row_statuses(project: &Path) -> BTreeMap<String, String> {
-    let db = rusqlite::Connection::open(project.join(".weft/state/registry.db")).unwrap();
-    let mut stmt = db.prepare("SELECT id, status FROM threads").unwrap();
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    rows
+fn row_statuses(fx: &Fixture) -> BTreeMap<String, String> {
+    fx.query("registry.db", "SELECT id, status FROM threads")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect()
 }
 
 /// thread.json statuses as written (read, not verified: a torn one reads as absent).
@@ -99,8 +96,8 @@ fn terminal(status: &str) -> bool {
 }
 
 /// One trial; returns whether the failpoint fired. Panics naming the trial on a broken promise.
-fn trial(step: &str, n: u32) -> bool {
-    let fx = tree();
+fn trial(backend: Backend, step: &str, n: u32) -> bool {
+    let fx = tree_on(backend).unwrap();
     let p = fx.root();
     let script = p.join("script.yaml");
     let fp = format!("{step}:{n}");
@@ -121,7 +118,7 @@ fn trial(step: &str, n: u32) -> bool {
         "{fp}: the run neither crashed nor succeeded: {}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let rows_before = row_statuses(p);
+    let rows_before = row_statuses(&fx);
     let docs_before = doc_statuses(p);
     let rec = weft(p, &["recover", "--json"], None);
     assert!(
@@ -129,7 +126,7 @@ fn trial(step: &str, n: u32) -> bool {
         "{fp}: recovery failed: {}",
         String::from_utf8_lossy(&rec.stderr)
     );
-    let rows = row_statuses(p);
+    let rows = row_statuses(&fx);
     let docs = doc_statuses(p);
     for (id, status) in &rows {
         assert!(terminal(status), "{fp}: {id} left {status} after recovery");
@@ -159,18 +156,14 @@ fn trial(step: &str, n: u32) -> bool {
         "{fp}: {}",
         String::from_utf8_lossy(&verify.stdout)
     );
-    let db = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
-    let (open_res, open_acct, unbalanced): (i64, i64, i64) = db
-        .query_row(
-            "SELECT (SELECT COUNT(*) FROM reservations), (SELECT COUNT(*) FROM accounts WHERE closed=0),
-                    (SELECT COUNT(*) FROM accounts WHERE inflight<>0 OR guaranteed<>0 OR pool_left<>0 OR spent>max)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .unwrap();
+    let counts = fx.query(
+        "ledger.db",
+        "SELECT (SELECT COUNT(*) FROM reservations), (SELECT COUNT(*) FROM accounts WHERE closed=0),
+                (SELECT COUNT(*) FROM accounts WHERE inflight<>0 OR guaranteed<>0 OR pool_left<>0 OR spent>max)",
+    );
     assert_eq!(
-        (open_res, open_acct, unbalanced),
-        (0, 0, 0),
+        counts,
+        [["0", "0", "0"]],
         "{fp}: open reservations, open accounts, unbalanced accounts"
     );
     crashed
@@ -178,6 +171,19 @@ fn trial(step: &str, n: u32) -> bool {
 
 #[test]
 fn a_crash_at_any_step_is_repaired_by_the_next_start() {
+    crash_anywhere(Backend::Sqlite);
+}
+
+/// The same on a Postgres database: its registry, ledger and store tables.
+#[test]
+fn a_crash_at_any_step_is_repaired_by_the_next_start_on_postgres() {
+    if crate::pg::server().is_none() {
+        return;
+    }
+    crash_anywhere(Backend::Postgres);
+}
+
+fn crash_anywhere(backend: Backend) {
     let steps = weft::internals::FAILPOINTS;
     let trials: Vec<(&str, u32)> = steps
         .iter()
@@ -192,7 +198,7 @@ fn a_crash_at_any_step_is_repaired_by_the_next_start() {
                 let Some((step, n)) = queue.lock().unwrap().pop() else {
                     return;
                 };
-                if trial(step, n) {
+                if trial(backend, step, n) {
                     fired.lock().unwrap().push(step);
                 }
             });

@@ -393,37 +393,48 @@ root:
     let config = format!(
         "defaults:\n  provider: local\n  max_output_tokens: 400\nproviders:\n  local: {{ kind: openai, base_url: \"{url}/v1\", tiers: {{ fast: smollm2 }}, read_timeout: 60s }}\n  script: {{ kind: scripted, script: script.yaml }}\npricing:\n  smollm2: {{ input: 1.00, output: 2.00 }}\n  scripted: {{ input: 1.00, output: 2.00 }}\n"
     );
-    let fx = Fixture::raw(&[("root", &root), ("leaf", &leaf)], script, &config);
-    let rt = fx.runtime_configured().await;
-    let report = rt
-        .run("root", Map::new(), LimitSet::default())
-        .await
-        .unwrap();
-    let cap = 4_000_000;
-    let mut real_calls = 0;
-    for r in fx.rows() {
-        for e in fx.events(&r.id) {
-            assert_ne!(e["type"], "spend_overrun", "{}: {e}", r.id);
-            if e["type"] == "llm_call" && r.directive == "leaf" {
-                real_calls += 1;
+    // The same promise with the ledger on either backend.
+    for backend in crate::support::BACKENDS {
+        let Some(fx) = Fixture::raw_on(
+            backend,
+            &[("root", &root), ("leaf", &leaf)],
+            script,
+            &config,
+        ) else {
+            return;
+        };
+        let rt = fx.runtime_configured().await;
+        let report = rt
+            .run("root", Map::new(), LimitSet::default())
+            .await
+            .unwrap();
+        let cap = 4_000_000;
+        let mut real_calls = 0;
+        for r in fx.rows() {
+            for e in fx.events(&r.id) {
+                assert_ne!(e["type"], "spend_overrun", "{}: {e}", r.id);
+                if e["type"] == "llm_call" && r.directive == "leaf" {
+                    real_calls += 1;
+                }
             }
+            assert!(r.status.is_terminal(), "{} {}", r.id, r.status);
+            eprintln!("e2e_llm cap: {} {} {:?}", r.directive, r.status, r.error);
         }
-        assert!(r.status.is_terminal(), "{} {}", r.id, r.status);
-        eprintln!("e2e_llm cap: {} {} {:?}", r.directive, r.status, r.error);
-    }
-    eprintln!(
-        "e2e_llm cap: root {:?}, tree spent {} of {cap} nanos in {real_calls} real calls",
+        eprintln!(
+        "e2e_llm cap ({backend:?}): root {:?}, tree spent {} of {cap} nanos in {real_calls} real calls",
         report.status, report.spend_nanos.0
     );
-    assert!(real_calls > 0, "at least one leaf called the real model");
-    assert!(
-        report.spend_nanos.0 <= cap,
-        "the tree spent {} > its cap {cap}",
-        report.spend_nanos.0
-    );
-    assert_eq!(report.overrun_nanos.0, 0);
-    let (violations, open) = rt.audit().await;
-    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+        assert!(real_calls > 0, "at least one leaf called the real model");
+        assert!(
+            report.spend_nanos.0 <= cap,
+            "the tree spent {} > its cap {cap}",
+            report.spend_nanos.0
+        );
+        assert_eq!(report.overrun_nanos.0, 0);
+        let (violations, open) = rt.audit().await;
+        assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+        rt.shutdown();
+    }
 }
 
 /// The built-in `openai` and `anthropic` providers of a project made by `weft init`, configured

@@ -313,18 +313,29 @@ fn the_store_contract_holds_in_memory() {
     );
 }
 
+/// The file store, its registry, index, KV and tombstones in SQLite files and on Postgres.
 #[test]
 fn the_store_contract_holds_on_files() {
-    let fx = Fixture::new(&[], "", "");
-    let store = FileStore::open(&fx.project()).unwrap();
-    contract(&store, "files");
-    // The appended edits are chained and signed like every line: the project still verifies.
-    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
-    // Nothing of the deleted thread is left on disk.
-    let dirs = std::fs::read_dir(fx.root().join(".weft/threads"))
-        .unwrap()
-        .count();
-    assert_eq!(dirs, 1, "only the garden thread's folder is left");
+    for backend in crate::support::BACKENDS {
+        let Some(fx) = Fixture::on(backend, &[], "", "") else {
+            return;
+        };
+        let store = FileStore::open(&fx.project()).unwrap();
+        contract(&store, &format!("files on {backend:?}"));
+        // The appended edits are chained and signed like every line: the project still verifies.
+        assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+        // Nothing of the deleted thread is left on disk.
+        let dirs = std::fs::read_dir(fx.root().join(".weft/threads"))
+            .unwrap()
+            .count();
+        assert_eq!(dirs, 1, "only the garden thread's folder is left");
+        if backend == crate::support::Backend::Postgres {
+            let state = fx.root().join(".weft/state");
+            for f in ["registry.db", "store.db", "ledger.db"] {
+                assert!(!state.join(f).exists(), "{f} beside a Postgres database");
+            }
+        }
+    }
 }
 
 const SCRIPT: &str = "chat:\n  - text: The capital of Norway is Oslo.\n  - text: Bergen is on the west coast.\n  - text: Trondheim was the old capital.\n";

@@ -86,6 +86,46 @@ impl Fixture {
         Some(fx)
     }
 
+    /// Runs `sql` on the project's state — on the SQLite file `.weft/state/<file>`, or on its
+    /// Postgres database (where every concern's tables are) — and returns every row's columns
+    /// as text (NULL as "").
+    pub fn query(&self, file: &str, sql: &str) -> Vec<Vec<String>> {
+        match &self.database {
+            Some(url) => {
+                let name = url.rsplit("dbname=").next().unwrap();
+                let out = crate::pg::server().unwrap().psql(name, sql);
+                out.lines()
+                    .filter(|l| !l.is_empty())
+                    .map(|l| l.split('|').map(str::to_string).collect())
+                    .collect()
+            }
+            None => {
+                let db =
+                    rusqlite::Connection::open(self.root().join(".weft/state").join(file)).unwrap();
+                let mut stmt = db.prepare(sql).unwrap();
+                let n = stmt.column_count();
+                stmt.query_map([], |r| {
+                    (0..n)
+                        .map(|i| {
+                            Ok(match r.get_ref(i)? {
+                                rusqlite::types::ValueRef::Null => String::new(),
+                                rusqlite::types::ValueRef::Integer(v) => v.to_string(),
+                                rusqlite::types::ValueRef::Real(v) => v.to_string(),
+                                rusqlite::types::ValueRef::Text(t)
+                                | rusqlite::types::ValueRef::Blob(t) => {
+                                    String::from_utf8_lossy(t).into_owned()
+                                }
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+            }
+        }
+    }
+
     /// The registry, read-only, wherever this project keeps it.
     pub fn registry(&self) -> Result<weft::internals::Store, weft::internals::RegistryError> {
         let url = self
@@ -103,6 +143,26 @@ impl Fixture {
         let fx = Fixture::new(directives, script, "");
         std::fs::write(fx.root().join(".weft/config.yaml"), config).unwrap();
         fx
+    }
+
+    /// As [`Fixture::raw`], its state on `backend` (the `database:` line added to `config`).
+    pub fn raw_on(
+        backend: Backend,
+        directives: &[(&str, &str)],
+        script: &str,
+        config: &str,
+    ) -> Option<Fixture> {
+        let fx = Fixture::on(backend, directives, script, "")?;
+        let database = match &fx.database {
+            Some(url) => format!("database: \"{url}\"\n"),
+            None => String::new(),
+        };
+        std::fs::write(
+            fx.root().join(".weft/config.yaml"),
+            format!("{config}\n{database}"),
+        )
+        .unwrap();
+        Some(fx)
     }
 
     /// A runtime on the project's configured providers (no script forced).
