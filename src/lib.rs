@@ -104,10 +104,10 @@ pub use crate::runtime::{
 };
 pub use crate::sql::{BadDatabaseUrl, DatabaseUrl};
 pub use crate::store::{
-    apply_edits, check_event, export, import_deepagents, import_nova, Backfill, Collected, Deleted,
-    Effect, EffectKind, EnvValue, FileStore, ImportError, Imported, MemoryStore, NewThread, Scope,
-    SearchHit, SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView, TranscriptPage,
-    APPENDABLE,
+    apply_edits, check_event, copy_to, export, import_deepagents, import_nova, Backfill, Collected,
+    Copied, Deleted, Effect, EffectKind, EnvValue, FileStore, ImportError, Imported, MemoryStore,
+    NewThread, Scope, SearchHit, SearchMessage, SearchQuery, StoreError, ThreadStore, ThreadView,
+    TranscriptPage, APPENDABLE,
 };
 pub use crate::thread::{Event, SpawnError, ThreadReport};
 pub use crate::tools::{kill_all_live as kill_tool_processes, ToolFileError};

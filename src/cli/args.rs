@@ -166,6 +166,16 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Copy the project's registry, ledger and store from its SQLite files into an empty
+    /// PostgreSQL database (then name it in the config's `database:` to run there).
+    Copy {
+        /// The target, `postgres://USER:PASSWORD@HOST:PORT/DB`.
+        #[arg(long)]
+        to: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove finished trees nothing changed for a while (subtrees together), then VACUUM.
     Gc {
         /// Only trees unchanged for this long (e.g. 30d, 12h, 0s).

@@ -126,6 +126,7 @@ pub async fn main(cli: Cli) -> i32 {
             json,
         ),
         Cmd::Fork(fork) => run::fork(cli.project, fork).await,
+        Cmd::Copy { to, json } => upkeep::copy(cli.project, &to, json),
         Cmd::Gc {
             older_than,
             status,

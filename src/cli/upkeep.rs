@@ -7,6 +7,31 @@ use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `weft copy --to URL`.
+pub(super) fn copy(explicit: Option<PathBuf>, to: &str, as_json: bool) -> Result<i32, Exit> {
+    let project = find_project(explicit)?;
+    let url = crate::sql::DatabaseUrl::parse(to).map_err(|e| usage(e.to_string()))?;
+    if project.config().is_ok_and(|c| c.database.is_some()) {
+        return Err(usage(
+            "this project's state is already on a database server (`database:` or $WEFT_DATABASE_URL); `weft copy` moves the embedded SQLite state",
+        ));
+    }
+    let copied = crate::store::copy_to(&project, &url).map_err(failed)?;
+    if as_json {
+        out!("{}", json!(copied));
+        return Ok(0);
+    }
+    for (table, n) in &copied.tables {
+        out!("{table:>12}  {n} row(s)");
+    }
+    out!(
+        "copied into {}; to run there, add to .weft/config.yaml:\n  database: {}",
+        copied.to,
+        copied.to
+    );
+    Ok(0)
+}
+
 pub(super) fn gc(
     explicit: Option<PathBuf>,
     older_than: &str,

@@ -16,6 +16,7 @@ use crate::registry::{ThreadFilter, ThreadRow};
 use serde_json::{Map, Value};
 
 mod check;
+mod copy;
 mod effects;
 mod env;
 mod files;
@@ -27,6 +28,7 @@ mod memory;
 mod queue;
 
 pub use check::{apply_edits, check_event, messages, APPENDABLE};
+pub use copy::{copy_to, Copied};
 pub use effects::{Effect, EffectKind};
 pub use env::{EnvValue, Scope};
 pub use files::FileStore;

@@ -315,3 +315,115 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `weft copy --to` moves a project's history from its SQLite files into an empty Postgres
+/// database: the same rows, `weft verify --all` passes on the copy, search finds what it found,
+/// and the copied ledger carries the tree on (a resume there is within the tree's cap); a
+/// second copy into the same database is refused.
+#[cfg(feature = "cli")]
+#[test]
+fn weft_copy_moves_a_projects_history_into_postgres() {
+    let Some(server) = crate::pg::server() else {
+        return;
+    };
+    let (r, k, script) = small_tree();
+    // The root's third turn is its resume's.
+    let script = script.replace(
+        "k:\n",
+        "  - text: resumed\n    usage: { input_tokens: 300, output_tokens: 30 }\nk:\n",
+    );
+    let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = crate::support::rows_json(fx.root());
+    let url = server.database();
+    let copy = weft_cmd(fx.root())
+        .args(["copy", "--to", &url, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        copy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    let copied: serde_json::Value = serde_json::from_slice(&copy.stdout).unwrap();
+    let count = |table: &str| {
+        copied["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t[0] == table)
+            .map(|t| t[1].as_u64().unwrap())
+    };
+    assert_eq!(count("threads"), Some(2), "{copied}");
+    assert_eq!(count("accounts"), Some(2), "{copied}");
+    assert!(
+        count("msgs").unwrap() > 0,
+        "the search index is copied: {copied}"
+    );
+    let on_pg = |args: &[&str]| {
+        weft_cmd(fx.root())
+            .arg("--database")
+            .arg(&url)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_slice(&on_pg(&["threads", "--json"]).stdout).unwrap();
+    assert_eq!(listed, before, "the same rows, field for field");
+    let verify = on_pg(&["verify", "--all"]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let found = on_pg(&["search", "kid", "--json"]);
+    assert!(
+        String::from_utf8_lossy(&found.stdout).contains("kid"),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+    let root = before.iter().find(|r| r["directive"] == "r").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let resumed = on_pg(&[
+        "resume",
+        &root,
+        "--json",
+        "--script",
+        fx.root().join("script.yaml").to_str().unwrap(),
+    ]);
+    assert!(
+        resumed.status.success(),
+        "{} {}",
+        String::from_utf8_lossy(&resumed.stdout),
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let name = url.rsplit("dbname=").next().unwrap();
+    let spent: i64 = server
+        .psql(name, "SELECT SUM(own_spend) FROM threads")
+        .parse()
+        .unwrap();
+    let first = (100 + 200 + 50) * 1000 + (10 + 20 + 5) * 4000;
+    assert_eq!(
+        spent,
+        first + 300 * 1000 + 30 * 4000,
+        "the resume ran on the copied ledger"
+    );
+    assert!(spent <= 10_000_000, "within the tree's cap");
+    let again = weft_cmd(fx.root())
+        .args(["copy", "--to", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && said.contains("already holds threads"),
+        "{said}"
+    );
+}
