@@ -56,6 +56,8 @@ unsafe impl std::alloc::GlobalAlloc for Alloc {
     }
 }
 
+#[path = "bench/pg.rs"]
+mod pg;
 #[path = "bench/scale.rs"]
 mod scale;
 
@@ -248,16 +250,34 @@ fn parse_ts(s: &str) -> Option<std::time::SystemTime> {
 
 async fn bench_tree(w: usize, d: usize, strict: bool) -> Value {
     let p = tree_project(w, d, strict, None);
-    let rt = open(&p).await;
+    tree_on(&p, w, d).await
+}
+
+/// Adds `lines` to the project's config.
+fn add_config(p: &Proj, lines: &str) {
+    let path = p.root.join(".weft/config.yaml");
+    let mut config = std::fs::read_to_string(&path).unwrap();
+    config.push_str(lines);
+    std::fs::write(path, config).unwrap();
+}
+
+/// Runs the `w`×`d` tree of project `p` (made by [`tree_project`]) and measures it.
+async fn tree_on(p: &Proj, w: usize, d: usize) -> Value {
+    let strict = std::fs::read_to_string(p.root.join(".weft/config.yaml"))
+        .unwrap_or_default()
+        .contains("durability: strict");
+    let rt = open(p).await;
     let n = tree_size(w, d);
     let t0 = Instant::now();
     let report = rt.run("l0", Map::new(), LimitSet::default()).await.unwrap();
     let wall = t0.elapsed();
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
-    let rows = weft::internals::Store::open_read_only(&p.root.join(".weft/state/registry.db"))
-        .unwrap()
-        .list(false, usize::MAX >> 1)
-        .unwrap();
+    let rows = weft::internals::Store::read_project(&Project {
+        root: p.root.clone(),
+    })
+    .unwrap()
+    .list(false, usize::MAX >> 1)
+    .unwrap();
     assert_eq!(rows.len(), n, "every thread ran");
     let mut lat: Vec<f64> = rows
         .iter()
@@ -970,6 +990,7 @@ async fn main() {
         "langgraph",
         "sse",
         "search",
+        "postgres",
     ];
     if a.what == "all" {
         // Each scenario in a fresh process, so memory figures are not polluted by the others.
@@ -1024,6 +1045,7 @@ async fn main() {
             "langgraph" => bench_langgraph(w, d),
             "sse" => bench_sse(w, d, if a.tiny { 10 } else { 100 }).await,
             "search" => bench_search(if a.tiny { 300 } else { 10_000 }),
+            "postgres" => pg::bench_postgres(w, d, if a.tiny { 50 } else { 1000 }).await,
             other => {
                 eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
                 std::process::exit(2);
@@ -1243,6 +1265,27 @@ async fn main() {
                 "{:.1} / {:.1} ms",
                 f(s, "query_p50_ms"),
                 f(s, "query_p95_ms")
+            ),
+            "",
+        );
+    }
+    if let Some(pg) = v.get("postgres").filter(|p| p.get("skipped").is_none()) {
+        row(
+            &format!("tree on Postgres ({} threads) vs SQLite", pg["threads"]),
+            format!(
+                "{:.2} / {:.2} s = {:.2}x",
+                f(pg, "postgres_wall_s"),
+                f(pg, "sqlite_wall_s"),
+                f(pg, "ratio")
+            ),
+            "within 3x of SQLite",
+        );
+        row(
+            "  reserve+settle round trip, Postgres / SQLite",
+            format!(
+                "{:.0} / {:.0} µs",
+                f(pg, "postgres_reserve_settle_us"),
+                f(pg, "sqlite_reserve_settle_us")
             ),
             "",
         );

@@ -158,6 +158,11 @@ pub async fn main(cli: Cli) -> i32 {
         } => serve::serve(cli.project, addr, public, choice.into()).await,
         Cmd::Verify(v) => verify::verify(cli.project, v),
     };
+    exit_code(res)
+}
+
+/// The process's exit code for a command's outcome; an error's message goes to stderr.
+fn exit_code(res: Result<i32, Exit>) -> i32 {
     match res {
         Ok(code) => code,
         Err(e) => {

@@ -25,8 +25,7 @@ pub(super) fn copy(explicit: Option<PathBuf>, to: &str, as_json: bool) -> Result
         out!("{table:>12}  {n} row(s)");
     }
     out!(
-        "copied into {}; to run there, add to .weft/config.yaml:\n  database: {}",
-        copied.to,
+        "copied into {}; to run there, add `database: <the URL you gave --to>` to .weft/config.yaml (or set $WEFT_DATABASE_URL)",
         copied.to
     );
     Ok(0)

@@ -217,7 +217,7 @@ impl LedgerState {
             .chain(&self.dropped);
         for a in rows {
             self.db
-                .execute(
+                .execute_later(
                     "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner)
                      VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)
                      ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
@@ -242,7 +242,7 @@ impl LedgerState {
         for r in &self.added {
             let body = serde_json::to_string(r).unwrap_or_default();
             self.db
-                .execute(
+                .execute_later(
                     "INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)
                      ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
                     params![r.id.0, r.chain[0].as_str(), body],
@@ -251,7 +251,7 @@ impl LedgerState {
         }
         for (t, id) in &self.removed {
             self.db
-                .execute(
+                .execute_later(
                     "DELETE FROM reservations WHERE thread=?1 AND id=?2",
                     params![t.as_str(), id.0],
                 )

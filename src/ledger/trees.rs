@@ -148,7 +148,7 @@ fn take(
 fn tree_open(db: &Db, top: &ThreadId) -> Result<bool, LedgerError> {
     db.row(
         "WITH RECURSIVE down(id, n) AS (
-           SELECT CAST(?1 AS TEXT), 0
+           SELECT id, 0 FROM accounts WHERE id=?1
            UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
            WHERE d.n < 10000)
          SELECT EXISTS(SELECT 1 FROM accounts WHERE closed=0 AND id IN (SELECT id FROM down))",

@@ -86,6 +86,8 @@ impl Store {
         path: &Path,
     ) -> Result<Store, RegistryError> {
         let db = Db::open(url, path, true).map_err(st)?;
+        // An older weft never reads a newer schema as if it knew it.
+        crate::sql::check(&db, "registry", SCHEMA).map_err(st)?;
         Ok(Store { db })
     }
 
@@ -100,41 +102,27 @@ impl Store {
     }
 
     /// Inserts a new row; with `admit`, first checks and counts the parent's spawn slots.
+    /// Atomic on its own, and inside the actor's batch transaction, which holds the registry's
+    /// write lock: two concurrent spawns, even from two processes, take turns. Every check
+    /// reads before anything is written, so a refusal writes nothing; the two writes ride with
+    /// the batch's commit.
     pub fn register(
         &mut self,
         row: &ThreadRow,
         admit: Option<&Admission>,
     ) -> Result<(), RegistryError> {
-        // Atomic on its own, and a savepoint inside the actor's batch transaction, which holds
-        // the registry's write lock: two concurrent spawns, even from two processes, take turns.
-        self.db.atomic(Lock::Registry, |db| {
-            if let Some(a) = admit {
-                admit_child(db, a)?;
-            }
-            if let Some(old) = &row.continuation_of {
-                may_continue(db, row, old)?;
-            }
-            db.execute(
-                &format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24)"),
-                params![
-                    row.id.as_str(), row.directive.as_str(), row.parent_id.as_deref(), row.root_id.as_str(),
-                    row.status.as_str(), row.created_at.as_str(), row.updated_at.as_str(), row.model.as_str(),
-                    row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
-                    row.spawn_count, row.result.as_deref(), row.outputs.as_ref().map(|o| o.to_string()),
-                    row.error.as_deref(), row.owner_pid, row.continuation_of.as_deref(),
-                    row.chain_root.as_deref(), row.waiting.as_deref(), row.status_text.as_deref(),
-                    row.forked_from.as_deref(), row.meta.as_ref().map(|m| m.to_string())
-                ],
-            )
-            .map_err(st)?;
-            Ok(())
-        })
+        if self.db.in_tx() {
+            return register_in(&self.db, row, admit);
+        }
+        self.db
+            .atomic(Lock::Registry, |db| register_in(db, row, admit))
     }
 
     /// Writes status, cost and result fields of an existing row (never leaves a terminal state).
     pub fn update(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
+        // Nothing reads its count: inside the actor's batch it rides with the commit.
         self.db
-            .execute(
+            .execute_later(
                 "UPDATE threads SET status=?2, updated_at=?3, turns=?4, tokens_in=?5, tokens_out=?6, own_spend=?7,
                  spend=?8, result=?9, outputs=?10, error=?11, waiting=?12, status_text=?13
                  WHERE id=?1 AND status NOT IN ('completed','error','cancelled','continued')",
@@ -257,7 +245,7 @@ impl Store {
             .join(",");
         self.rows(
             &format!(
-                "WITH RECURSIVE sub(id, depth) AS (SELECT CAST(?1 AS TEXT), 0
+                "WITH RECURSIVE sub(id, depth) AS (SELECT id, 0 FROM threads WHERE id=?1
                    UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
                  SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id {filter} ORDER BY {order}"
             ),
@@ -383,7 +371,7 @@ impl Store {
     /// Rewrites the database compactly (after deletes); on SQLite it also empties its
     /// write-ahead log.
     pub fn vacuum(&mut self) -> Result<(), RegistryError> {
-        self.db.vacuum().map_err(st)
+        self.db.vacuum(&["threads"]).map_err(st)
     }
 
     /// Replaces a row's metadata (a JSON object).
@@ -433,17 +421,49 @@ impl Store {
     }
 }
 
-/// Spawn admission: the parent's `spawns` and `concurrency` limits, checked and counted.
+/// [`Store::register`] inside an open transaction.
+fn register_in(db: &Db, row: &ThreadRow, admit: Option<&Admission>) -> Result<(), RegistryError> {
+    if let Some(a) = admit {
+        admit_child(db, a)?;
+    }
+    if let Some(old) = &row.continuation_of {
+        may_continue(db, row, old)?;
+    }
+    db.execute_later(
+        &format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24)"),
+        params![
+            row.id.as_str(), row.directive.as_str(), row.parent_id.as_deref(), row.root_id.as_str(),
+            row.status.as_str(), row.created_at.as_str(), row.updated_at.as_str(), row.model.as_str(),
+            row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
+            row.spawn_count, row.result.as_deref(), row.outputs.as_ref().map(|o| o.to_string()),
+            row.error.as_deref(), row.owner_pid, row.continuation_of.as_deref(),
+            row.chain_root.as_deref(), row.waiting.as_deref(), row.status_text.as_deref(),
+            row.forked_from.as_deref(), row.meta.as_ref().map(|m| m.to_string())
+        ],
+    )
+    .map_err(st)?;
+    if let Some(a) = admit {
+        db.execute_later(
+            "UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1",
+            params![a.parent.as_str()],
+        )
+        .map_err(st)?;
+    }
+    Ok(())
+}
+
+/// Spawn admission: the parent's `spawns` and `concurrency` limits, checked (one query).
 fn admit_child(db: &Db, a: &Admission) -> Result<(), RegistryError> {
-    let used = db
+    let found = db
         .row(
-            "SELECT spawn_count FROM threads WHERE id=?1",
+            "SELECT t.spawn_count, (SELECT COUNT(*) FROM threads c
+               WHERE c.parent=t.id AND c.status IN ('created','running'))
+             FROM threads t WHERE t.id=?1",
             params![a.parent.as_str()],
         )
         .map_err(st)?
-        .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?
-        .uint(0)
-        .map_err(st)?;
+        .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
+    let (used, live) = (found.uint(0).map_err(st)?, found.uint(1).map_err(st)?);
     if used >= a.spawns {
         return Err(RegistryError::Spawns {
             parent: a.parent.clone(),
@@ -451,14 +471,6 @@ fn admit_child(db: &Db, a: &Admission) -> Result<(), RegistryError> {
             max: a.spawns,
         });
     }
-    let live = db
-        .row(
-            "SELECT COUNT(*) FROM threads WHERE parent=?1 AND status IN ('created','running')",
-            params![a.parent.as_str()],
-        )
-        .map_err(st)?
-        .map_or(Ok(0), |r| r.uint(0))
-        .map_err(st)?;
     if live >= a.concurrency {
         return Err(RegistryError::Concurrency {
             parent: a.parent.clone(),
@@ -466,11 +478,6 @@ fn admit_child(db: &Db, a: &Admission) -> Result<(), RegistryError> {
             max: a.concurrency,
         });
     }
-    db.execute(
-        "UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1",
-        params![a.parent.as_str()],
-    )
-    .map_err(st)?;
     Ok(())
 }
 

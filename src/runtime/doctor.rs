@@ -95,26 +95,39 @@ fn checked(path: &std::path::Path) -> Result<rusqlite::Connection, String> {
 pub fn diagnose(project: &Project) -> Checkup {
     let state = project.state_dir();
     let mut up = Checkup::default();
-    let ledger = check_databases(&state, &mut up.broken);
+    let database = project.config().ok().and_then(|c| c.database);
+    let ledger = match &database {
+        // On a server: its own integrity is the server's; weft reads its ledger rows.
+        Some(url) => match crate::sql::Db::postgres(url) {
+            Ok(db) => Some(db),
+            Err(e) => {
+                up.broken.push(e.to_string());
+                return up;
+            }
+        },
+        None => check_databases(&state, &mut up.broken),
+    };
     if up.broken.iter().any(|b| b.contains("registry.db")) {
         return up;
     }
-    let Some(rows) = registry_rows(&state, &mut up.broken) else {
+    let Some(rows) = registry_rows(project, &mut up.broken) else {
         return up;
     };
     let (trust, _) = Trust::load(&project.trust_dir());
     let mut health = thread_health(project, &trust, &rows, &mut up.problems);
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
-    let damaged = damaged_rows(&state, &mut up.problems);
+    let damaged = damaged_rows(project, &mut up.problems);
     folders_without_rows(project, &trust, &by_id, &damaged, &mut up.problems);
     if let Some(db) = ledger {
         ledger_leftovers(&db, &by_id, &mut up.problems);
     }
     health.thread_bytes = crate::store::size_of(&project.weft().join("threads"));
-    for name in ["registry.db", "ledger.db", "store.db"] {
-        health
-            .databases
-            .insert(name.into(), crate::store::db_size(&state.join(name)));
+    if database.is_none() {
+        for name in ["registry.db", "ledger.db", "store.db"] {
+            health
+                .databases
+                .insert(name.into(), crate::store::db_size(&state.join(name)));
+        }
     }
     up.health = Some(health);
     up
@@ -122,10 +135,7 @@ pub fn diagnose(project: &Project) -> Checkup {
 
 /// Runs SQLite's integrity check on each database of `state` there is, adding the broken ones
 /// to `broken`; returns ledger.db, opened read-only, when it is sound.
-fn check_databases(
-    state: &std::path::Path,
-    broken: &mut Vec<String>,
-) -> Option<rusqlite::Connection> {
+fn check_databases(state: &std::path::Path, broken: &mut Vec<String>) -> Option<crate::sql::Db> {
     let mut ledger = None;
     for name in ["registry.db", "ledger.db", "store.db"] {
         let path = state.join(name);
@@ -133,7 +143,7 @@ fn check_databases(
             continue;
         }
         match checked(&path) {
-            Ok(db) if name == "ledger.db" => ledger = Some(db),
+            Ok(db) if name == "ledger.db" => ledger = Some(crate::sql::Db::sqlite(db)),
             Ok(_) => {}
             Err(e) => broken.push(format!(
                 "{}: {e} — restore it from a backup (thread.json files stay the truth)",
@@ -146,11 +156,12 @@ fn check_databases(
 
 /// Every row of the registry (none when there is no registry yet); None, with the reason
 /// added to `broken`, when it cannot be read.
-fn registry_rows(state: &std::path::Path, broken: &mut Vec<String>) -> Option<Vec<ThreadRow>> {
-    let path = state.join("registry.db");
-    match Store::open_read_only(&path).and_then(|s| s.list(false, usize::MAX >> 1)) {
+fn registry_rows(project: &Project, broken: &mut Vec<String>) -> Option<Vec<ThreadRow>> {
+    let path = project.state_dir().join("registry.db");
+    let on_server = project.config().is_ok_and(|c| c.database.is_some());
+    match Store::read_project(project).and_then(|s| s.list(false, usize::MAX >> 1)) {
         Ok(rows) => Some(rows),
-        Err(e) if !path.exists() => {
+        Err(e) if !on_server && !path.exists() => {
             tracing::debug!("no registry yet: {e}");
             Some(Vec::new())
         }
@@ -278,8 +289,8 @@ fn transcript_figures(path: &std::path::Path) -> (u64, u64) {
 
 /// Rows weft never wrote (a bad id or status): reported, never fixed by `--fix` (a person
 /// decides what the row should say). Returns their ids.
-fn damaged_rows(state: &std::path::Path, out: &mut Vec<Problem>) -> Vec<String> {
-    let found = Store::open_read_only(&state.join("registry.db")).and_then(|s| s.damaged());
+fn damaged_rows(project: &Project, out: &mut Vec<Problem>) -> Vec<String> {
+    let found = Store::read_project(project).and_then(|s| s.damaged());
     let mut ids = Vec::new();
     for (id, e) in found.unwrap_or_default() {
         let detail = format!("{e}; it is left out of every list and of recovery until it is corrected or deleted in registry.db");
@@ -315,22 +326,20 @@ fn folders_without_rows(
     }
 }
 
-fn ledger_leftovers(
-    db: &rusqlite::Connection,
-    rows: &HashMap<&str, &ThreadRow>,
-    out: &mut Vec<Problem>,
-) {
+fn ledger_leftovers(db: &crate::sql::Db, rows: &HashMap<&str, &ThreadRow>, out: &mut Vec<Problem>) {
     let finished = |id: &str| rows.get(id).is_some_and(|r| r.status.is_terminal());
     let query = |sql: &str| -> Vec<(String, i64)> {
-        db.prepare(sql)
-            .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        db.query(sql, &[])
             .unwrap_or_default()
+            .iter()
+            .filter_map(|r| Some((r.text(0).ok()?, r.int(1).ok()?)))
+            .collect()
     };
     let mut seen = HashSet::new();
     for (id, n) in query("SELECT thread, COUNT(*) FROM reservations GROUP BY thread") {
         if finished(&id) {
             seen.insert(id.clone());
-            out.push(problem("open_reservations", &id, format!("{n} reservation(s) still open in ledger.db for a finished thread; --fix releases them"), true));
+            out.push(problem("open_reservations", &id, format!("{n} reservation(s) still open in the ledger for a finished thread; --fix releases them"), true));
         }
     }
     for (id, inflight) in query("SELECT id, inflight FROM accounts WHERE closed=0") {

@@ -17,7 +17,7 @@ mod url;
 mod value;
 mod workers;
 
-pub(crate) use migrate::{migrate, Step};
+pub(crate) use migrate::{check, migrate, Step};
 pub use url::{BadDatabaseUrl, DatabaseUrl};
 pub(crate) use value::{Row, SqlError, Value};
 pub(crate) use workers::off_workers;
@@ -54,6 +54,10 @@ pub(crate) struct Db {
     fsyncs: bool,
     /// Savepoints open inside the transaction (their names are numbered).
     depth: u32,
+    /// The first statement of the open transaction that failed on Postgres: the server has
+    /// aborted the transaction, and its `COMMIT` would quietly roll back, so [`Db::commit`]
+    /// fails instead (SQLite undoes only the failed statement).
+    poisoned: std::cell::RefCell<Option<SqlError>>,
 }
 
 /// Write locks, one per concern: writers of one concern take turns; different concerns never
@@ -92,6 +96,7 @@ impl Db {
             in_tx: false,
             fsyncs: false,
             depth: 0,
+            poisoned: Default::default(),
         }
     }
 
@@ -104,6 +109,7 @@ impl Db {
                 in_tx: false,
                 fsyncs: false,
                 depth: 0,
+                poisoned: Default::default(),
             })
         }
         #[cfg(not(feature = "postgres"))]
@@ -163,7 +169,31 @@ impl Db {
         match &self.conn {
             Conn::Sqlite(c) => sqlite::execute(c, sql, params),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => c.execute(sql, params),
+            Conn::Postgres(c) => self.noted(c.execute(sql, params)),
+        }
+    }
+
+    /// `r`, remembered when it is the first failure of an open Postgres transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn noted<T>(&self, r: Result<T, SqlError>) -> Result<T, SqlError> {
+        if let Err(e) = &r {
+            let mut p = self.poisoned.borrow_mut();
+            if self.in_tx && p.is_none() {
+                *p = Some(e.clone());
+            }
+        }
+        r
+    }
+
+    /// Runs a statement of the open write transaction whose result nobody reads: at once on
+    /// SQLite; on Postgres queued and sent with the next statement or the commit, pipelined
+    /// (a batch of N statements costs one round trip, not N). Outside a transaction it runs
+    /// at once.
+    pub(crate) fn execute_later(&self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
+        match &self.conn {
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) if self.in_tx => self.noted(c.defer(sql, params)),
+            _ => self.execute(sql, params).map(|_| ()),
         }
     }
 
@@ -172,7 +202,7 @@ impl Db {
         match &self.conn {
             Conn::Sqlite(c) => sqlite::query(c, sql, params),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => c.query(sql, params),
+            Conn::Postgres(c) => self.noted(c.query(sql, params)),
         }
     }
 
@@ -186,16 +216,17 @@ impl Db {
         match &self.conn {
             Conn::Sqlite(c) => c.execute_batch(sql).map_err(SqlError::new),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => c.batch(sql),
+            Conn::Postgres(c) => self.noted(c.batch(sql)),
         }
     }
 
-    /// Rewrites the database compactly (after deletes); on SQLite it also empties the
-    /// write-ahead log. Never inside a transaction.
-    pub(crate) fn vacuum(&self) -> Result<(), SqlError> {
+    /// Rewrites `tables` compactly (after deletes): the whole file on SQLite, which also
+    /// empties its write-ahead log; only weft's `tables` on Postgres (a shared server's other
+    /// tables are not weft's to vacuum). Never inside a transaction.
+    pub(crate) fn vacuum(&self, tables: &[&str]) -> Result<(), SqlError> {
         match self.engine() {
             Engine::Sqlite => self.batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);"),
-            Engine::Postgres => self.batch("VACUUM"),
+            Engine::Postgres => self.batch(&format!("VACUUM {}", tables.join(", "))),
         }
     }
 
@@ -227,13 +258,19 @@ impl Db {
         }
         self.in_tx = false;
         self.depth = 0;
+        if let Some(e) = self.poisoned.borrow_mut().take() {
+            self.abandon();
+            return Err(SqlError(format!(
+                "not committed: a statement of the transaction failed: {e}"
+            )));
+        }
         let done = match &self.conn {
             Conn::Sqlite(c) => sqlite::commit(c, self.fsyncs).map_err(SqlError::new),
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => c.batch("COMMIT"),
+            Conn::Postgres(c) => c.commit(),
         };
         if done.is_err() {
-            let _ = self.batch("ROLLBACK");
+            self.abandon();
         }
         done
     }
@@ -243,7 +280,19 @@ impl Db {
         if self.in_tx {
             self.in_tx = false;
             self.depth = 0;
-            let _ = self.batch("ROLLBACK");
+            self.poisoned.borrow_mut().take();
+            self.abandon();
+        }
+    }
+
+    /// `ROLLBACK`, dropping what was queued (errors ignored: no transaction may be open).
+    fn abandon(&self) {
+        match &self.conn {
+            Conn::Sqlite(c) => {
+                let _ = c.execute_batch("ROLLBACK");
+            }
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.rollback(),
         }
     }
 
@@ -255,15 +304,20 @@ impl Db {
         f: impl FnOnce(&mut Db) -> Result<T, E>,
     ) -> Result<T, E> {
         if self.in_tx {
+            let before = self.poisoned.borrow().clone();
+            self.batch(&format!("SAVEPOINT weft_sp{}", self.depth + 1))?;
             self.depth += 1;
             let name = format!("weft_sp{}", self.depth);
-            self.batch(&format!("SAVEPOINT {name}"))?;
             let out = f(self);
             let end = match &out {
                 Ok(_) => format!("RELEASE SAVEPOINT {name}"),
                 Err(_) => format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"),
             };
             let ended = self.batch(&end);
+            if out.is_err() && ended.is_ok() {
+                // Undone to the savepoint: the transaction is whole again.
+                *self.poisoned.borrow_mut() = before;
+            }
             self.depth -= 1;
             let out = out?;
             ended?;

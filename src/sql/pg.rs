@@ -63,10 +63,17 @@ fn wait<F: Future>(f: F) -> F::Output {
     super::workers::off_workers(|| block_on(f))
 }
 
-/// One connection and its prepared statements.
+/// One connection (made again when the server dropped it) and its prepared statements.
 pub(super) struct Client {
-    client: tokio_postgres::Client,
+    url: DatabaseUrl,
+    client: RefCell<tokio_postgres::Client>,
     prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// Statements of the open transaction not sent yet ([`Client::defer`]): sent together,
+    /// pipelined, before the next statement that reads or at the commit.
+    deferred: RefCell<Vec<(tokio_postgres::Statement, Vec<Value>)>>,
+    /// A transaction is open on this connection (a lost connection then fails it; outside one
+    /// the next call connects again).
+    in_tx: std::cell::Cell<bool>,
 }
 
 fn pg_error(e: tokio_postgres::Error) -> SqlError {
@@ -81,43 +88,80 @@ fn pg_error(e: tokio_postgres::Error) -> SqlError {
     }
 }
 
+/// Every session's settings: waits bounded like SQLite's busy timeout (a lock another process
+/// holds for more than 5 s fails the commit, which its actor retries; a process that stops
+/// mid-transaction releases its locks after 60 s; no statement runs past 5 minutes).
+const SESSION: &str = "SET client_min_messages = warning; SET lock_timeout = '5s';
+    SET idle_in_transaction_session_timeout = '60s'; SET statement_timeout = '300s'";
+
+/// Connects (at most 10 s; TCP keepalives so a vanished server is noticed).
+fn connect(url: &DatabaseUrl) -> Result<tokio_postgres::Client, SqlError> {
+    let mut config: tokio_postgres::Config =
+        url.secret().parse().map_err(|e: tokio_postgres::Error| {
+            SqlError(format!(
+                "{url}: not a Postgres connection string: {}",
+                url.scrub(&e.to_string())
+            ))
+        })?;
+    config
+        .connect_timeout(Duration::from_secs(10))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .application_name("weft");
+    let handle = driver()?;
+    let connecting = handle.spawn(async move { config.connect(tokio_postgres::NoTls).await });
+    let (client, connection) = block_on(connecting)
+        .map_err(|e| SqlError(format!("{url}: {e}")))?
+        .map_err(|e| {
+            SqlError(format!(
+                "{url}: cannot connect: {}",
+                url.scrub(&pg_error(e).0)
+            ))
+        })?;
+    let shown = url.to_string();
+    handle.spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!("postgres connection to {shown} ended: {e}");
+        }
+    });
+    block_on(client.batch_execute(SESSION)).map_err(pg_error)?;
+    Ok(client)
+}
+
 impl Client {
-    /// Connects (at most 10 s; TCP keepalives so a vanished server is noticed).
+    /// Connects to `url`.
     pub(super) fn connect(url: &DatabaseUrl) -> Result<Client, SqlError> {
-        let mut config: tokio_postgres::Config = url
-            .secret()
-            .parse()
-            .map_err(|e| SqlError(format!("{url}: not a Postgres connection string: {e}")))?;
-        config
-            .connect_timeout(Duration::from_secs(10))
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10))
-            .application_name("weft");
-        let handle = driver()?;
-        let connecting = handle.spawn(async move { config.connect(tokio_postgres::NoTls).await });
-        let (client, connection) = block_on(connecting)
-            .map_err(|e| SqlError(format!("{url}: {e}")))?
-            .map_err(|e| SqlError(format!("{url}: cannot connect: {}", pg_error(e))))?;
-        let shown = url.to_string();
-        handle.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("postgres connection to {shown} ended: {e}");
-            }
-        });
-        let c = Client {
-            client,
+        Ok(Client {
+            client: RefCell::new(connect(url)?),
+            url: url.clone(),
             prepared: RefCell::new(HashMap::new()),
-        };
-        // weft's SQL compares and orders text byte-wise, as SQLite does.
-        c.batch("SET client_min_messages = warning")?;
-        Ok(c)
+            deferred: RefCell::new(Vec::new()),
+            in_tx: std::cell::Cell::new(false),
+        })
+    }
+
+    /// The connection; made again (its statements prepared again) when the server dropped it
+    /// outside a transaction. Inside one, the transaction is lost: the error says so.
+    fn live(&self) -> Result<std::cell::Ref<'_, tokio_postgres::Client>, SqlError> {
+        if self.client.borrow().is_closed() {
+            if self.in_tx.get() {
+                return Err(SqlError(format!(
+                    "{}: the connection was lost during a transaction; it was not committed",
+                    self.url
+                )));
+            }
+            *self.client.borrow_mut() = connect(&self.url)?;
+            self.prepared.borrow_mut().clear();
+        }
+        Ok(self.client.borrow())
     }
 
     fn statement(&self, sql: &str) -> Result<tokio_postgres::Statement, SqlError> {
+        let client = self.live()?;
         if let Some(s) = self.prepared.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let st = block_on(self.client.prepare(&numbered(sql))).map_err(pg_error)?;
+        let st = block_on(client.prepare(&numbered(sql))).map_err(pg_error)?;
         self.prepared
             .borrow_mut()
             .insert(sql.to_string(), st.clone());
@@ -125,15 +169,75 @@ impl Client {
     }
 
     pub(super) fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, SqlError> {
+        self.flush()?;
         let st = self.statement(sql)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        block_on(self.client.execute(&st, &refs)).map_err(pg_error)
+        block_on(self.live()?.execute(&st, &refs)).map_err(pg_error)
+    }
+
+    /// Queues a statement of the open transaction whose result nobody reads: the queue goes
+    /// out in one pipelined burst (one round trip, not one per statement), in order, before
+    /// anything else on this connection.
+    pub(super) fn defer(&self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
+        let st = self.statement(sql)?;
+        self.deferred.borrow_mut().push((st, params.to_vec()));
+        Ok(())
+    }
+
+    /// Sends the queued statements (and `then`, a simple query such as `COMMIT`, in the same
+    /// burst); the first failure is the result (Postgres then ignores the rest of the
+    /// transaction, and a `COMMIT` of it rolls back — the caller, `Db`, fails it).
+    fn send(&self, then: Option<&str>) -> Result<(), SqlError> {
+        let queued = std::mem::take(&mut *self.deferred.borrow_mut());
+        if queued.is_empty() && then.is_none() {
+            return Ok(());
+        }
+        let client = self.live()?;
+        let sent = queued.iter().map(|(st, params)| {
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+            let client = &*client;
+            async move { client.execute(st, &refs).await.map(|_| ()) }
+        });
+        let all = futures_util::future::join_all(sent);
+        let last = async {
+            match then {
+                Some(sql) => client.batch_execute(sql).await,
+                None => Ok(()),
+            }
+        };
+        let (results, last) = block_on(futures_util::future::join(all, last));
+        for r in results {
+            r.map_err(pg_error)?;
+        }
+        last.map_err(pg_error)
+    }
+
+    /// Sends what is queued.
+    fn flush(&self) -> Result<(), SqlError> {
+        self.send(None)
+    }
+
+    /// Sends what is queued and commits, in one burst.
+    pub(super) fn commit(&self) -> Result<(), SqlError> {
+        let done = self.send(Some("COMMIT"));
+        self.in_tx.set(false);
+        done
+    }
+
+    /// Drops what is queued and rolls back.
+    pub(super) fn rollback(&self) {
+        self.deferred.borrow_mut().clear();
+        self.in_tx.set(false);
+        if let Ok(c) = self.live() {
+            let _ = block_on(c.batch_execute("ROLLBACK"));
+        }
     }
 
     pub(super) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, SqlError> {
+        self.flush()?;
         let st = self.statement(sql)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        let rows = block_on(self.client.query(&st, &refs)).map_err(pg_error)?;
+        let rows = block_on(self.live()?.query(&st, &refs)).map_err(pg_error)?;
         rows.iter()
             .map(|r| {
                 (0..r.len())
@@ -145,31 +249,36 @@ impl Client {
     }
 
     pub(super) fn batch(&self, sql: &str) -> Result<(), SqlError> {
-        block_on(self.client.batch_execute(sql)).map_err(pg_error)
+        self.flush()?;
+        block_on(self.live()?.batch_execute(sql)).map_err(pg_error)
     }
 
     /// `BEGIN`, then the concern's advisory lock (held until the transaction ends): taken at
-    /// once when free; when another process holds it, the wait leaves the async workers free.
+    /// once when free; when another process holds it, the wait (at most `lock_timeout`) leaves
+    /// the async workers free.
     pub(super) fn begin_locked(&self, key: i64) -> Result<(), SqlError> {
-        self.batch("BEGIN")?;
-        let got = self
-            .query("SELECT pg_try_advisory_xact_lock(?1)", &[Value::Int(key)])
-            .and_then(|rows| match rows.first() {
-                Some(r) => r.flag(0),
-                None => Ok(false),
-            });
-        let locked = match got {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let st = self.statement("SELECT pg_advisory_xact_lock(?1)")?;
-                wait(self.client.query(&st, &[&key]))
-                    .map(|_| ())
-                    .map_err(pg_error)
+        let st = self.statement("SELECT pg_try_advisory_xact_lock(?1)")?;
+        let client = self.live()?;
+        // BEGIN and the try-lock in one burst.
+        let (begun, got) = block_on(futures_util::future::join(
+            client.batch_execute("BEGIN"),
+            client.query_one(&st, &[&key]),
+        ));
+        let locked = begun.map_err(pg_error).and_then(|()| {
+            let got: bool = got.map_err(pg_error)?.try_get(0).map_err(pg_error)?;
+            if got {
+                return Ok(());
             }
-            Err(e) => Err(e),
-        };
-        if locked.is_err() {
-            let _ = self.batch("ROLLBACK");
+            let st = self.statement("SELECT pg_advisory_xact_lock(?1)")?;
+            wait(client.query(&st, &[&key]))
+                .map(|_| ())
+                .map_err(pg_error)
+        });
+        match &locked {
+            Ok(()) => self.in_tx.set(true),
+            Err(_) => {
+                let _ = block_on(client.batch_execute("ROLLBACK"));
+            }
         }
         locked
     }
@@ -210,6 +319,12 @@ impl ToSql for Value {
                     int_to_sql(v, ty, out)
                 }
                 Type::BYTEA => t.as_bytes().to_sql(ty, out),
+                // Postgres text cannot hold NUL (SQLite's can): stored as U+FFFD, so a model's
+                // output with a NUL never fails a whole batch.
+                _ if t.contains('\0') => t
+                    .replace('\0', "\u{FFFD}")
+                    .as_str()
+                    .to_sql(&Type::TEXT, out),
                 _ => t.as_str().to_sql(&Type::TEXT, out),
             },
             Value::Blob(b) => b.as_slice().to_sql(ty, out),

@@ -46,32 +46,166 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The password in the string, if it has one (so the redactor can hide it anywhere).
-    pub fn password(&self) -> Option<String> {
+    /// The byte ranges of the string that hold a password (in the URL's user part, a
+    /// `password=` query parameter, or a `password` key of the `key=value` form), as the
+    /// connector reads them; over-wide rather than short.
+    fn secret_spans(&self) -> Vec<std::ops::Range<usize>> {
         let s = &self.0;
-        if let Some((_, rest)) = s.split_once("://") {
-            let rest = rest.split(['/', '?']).next().unwrap_or_default();
-            let auth = rest.split('@').collect::<Vec<_>>();
-            if auth.len() > 1 {
-                let user_part = auth[..auth.len() - 1].join("@");
-                if let Some((_, pw)) = user_part.split_once(':') {
-                    return Some(pw.to_string()).filter(|p| !p.is_empty());
+        let mut spans = Vec::new();
+        if let Some(start) = s.find("://").map(|i| i + 3) {
+            let rest = &s[start..];
+            // The user part ends at an `@` (the connector takes the first; masking to the
+            // last one hides a raw `@` in a password too).
+            if let Some(at) = rest.rfind('@') {
+                if let Some(colon) = rest[..at].find(':') {
+                    spans.push(start + colon + 1..start + at);
+                }
+            }
+            if let Some(q) = rest.find('?') {
+                let mut i = start + q + 1;
+                for pair in s[i..].split('&') {
+                    if let Some(v) = pair.strip_prefix("password=") {
+                        spans.push(i + 9..i + 9 + v.len());
+                    }
+                    i += pair.len() + 1;
+                }
+            }
+            return spans;
+        }
+        key_value_passwords(s)
+    }
+
+    /// The password in the string, if it has one, as the server receives it (so the redactor
+    /// can hide it anywhere).
+    pub fn password(&self) -> Option<String> {
+        let span = self.secret_spans().into_iter().next()?;
+        let raw = &self.0[span];
+        let value = if self.0.contains("://") {
+            percent_decode(raw)
+        } else {
+            unquote(raw)
+        };
+        Some(value).filter(|p| !p.is_empty())
+    }
+
+    /// `text` with this URL's password (raw or decoded) replaced by `***`: for messages that
+    /// might quote the connection string.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for span in self.secret_spans() {
+            let raw = &self.0[span];
+            for form in [raw.to_string(), percent_decode(raw), unquote(raw)] {
+                if !form.is_empty() {
+                    out = out.replace(&form, "***");
                 }
             }
         }
-        s.split(['?', '&', ' '])
-            .find_map(|kv| kv.strip_prefix("password="))
-            .map(|p| p.trim_matches('\'').to_string())
-            .filter(|p| !p.is_empty())
+        out
     }
+}
+
+/// The value spans of `password` keys in a libpq `key = value` string: a value is quoted
+/// (`'…'`, with `\'` and `\\`) or runs to the next space.
+fn key_value_passwords(s: &str) -> Vec<std::ops::Range<usize>> {
+    let b = s.as_bytes();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    let skip_space = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    while i < b.len() {
+        skip_space(&mut i);
+        let key_start = i;
+        while i < b.len() && b[i] != b'=' && !b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let key = &s[key_start..i];
+        skip_space(&mut i);
+        if i >= b.len() || b[i] != b'=' {
+            continue;
+        }
+        i += 1;
+        skip_space(&mut i);
+        let value_start = i;
+        let quoted = i < b.len() && b[i] == b'\'';
+        if quoted {
+            i += 1;
+        }
+        while i < b.len()
+            && !(if quoted {
+                b[i] == b'\''
+            } else {
+                b[i].is_ascii_whitespace()
+            })
+        {
+            i += if b[i] == b'\\' { 2 } else { 1 };
+        }
+        if quoted && i < b.len() {
+            i += 1;
+        }
+        i = i.min(b.len());
+        if key == "password" {
+            spans.push(value_start..i);
+        }
+    }
+    spans
+}
+
+/// A `key=value` value as libpq reads it: quotes removed, backslash escapes resolved.
+fn unquote(raw: &str) -> String {
+    let inner = raw
+        .strip_prefix('\'')
+        .and_then(|r| r.strip_suffix('\''))
+        .unwrap_or(raw);
+    let mut out = String::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            out.extend(chars.next());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `%XX` sequences decoded (invalid ones kept as they are).
+fn percent_decode(raw: &str) -> String {
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let hex = |c: u8| (c as char).to_digit(16);
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl std::fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.password() {
-            Some(pw) => f.write_str(&self.0.replace(&pw, "***")),
-            None => f.write_str(&self.0),
+        let mut spans = self.secret_spans();
+        spans.sort_by_key(|r| r.start);
+        let mut at = 0;
+        for span in spans {
+            if span.start < at {
+                continue;
+            }
+            f.write_str(&self.0[at..span.start])?;
+            f.write_str("***")?;
+            at = span.end;
         }
+        f.write_str(&self.0[at..])
     }
 }
 
@@ -94,25 +228,50 @@ mod tests {
 
     #[test]
     fn the_password_is_never_shown() {
-        for (given, shown) in [
+        for (given, shown, password) in [
             (
                 "postgres://weft:s3cr%t@db:5432/weft",
                 "postgres://weft:***@db:5432/weft",
+                "s3cr%t",
             ),
+            (
+                "postgres://weft:ab/cd+ef@db/weft",
+                "postgres://weft:***@db/weft",
+                "ab/cd+ef",
+            ),
+            ("postgres://u:p?q=1@h/d", "postgres://u:***@h/d", "p?q=1"),
+            ("postgres://u:p%40ss@h/d", "postgres://u:***@h/d", "p@ss"),
             (
                 "postgresql://u@h/d?password=hunter2&x=1",
                 "postgresql://u@h/d?password=***&x=1",
+                "hunter2",
             ),
             (
-                "host=/tmp dbname=w password='pw9' user=u",
-                "host=/tmp dbname=w password='***' user=u",
+                "host=/tmp dbname=w password='pw 9' user=u",
+                "host=/tmp dbname=w password=*** user=u",
+                "pw 9",
             ),
-            ("postgres://u@h/d", "postgres://u@h/d"),
+            (
+                "host=/tmp password = xyzzy1 user=u",
+                "host=/tmp password = *** user=u",
+                "xyzzy1",
+            ),
+            (
+                r"host=/tmp password=pass\ word user=u",
+                "host=/tmp password=*** user=u",
+                "pass word",
+            ),
         ] {
             let u = DatabaseUrl::parse(given).unwrap();
-            assert_eq!(u.to_string(), shown);
-            assert!(!format!("{u:?}").contains("s3cr") && !format!("{u:?}").contains("hunter2"));
+            assert_eq!(u.to_string(), shown, "{given}");
+            assert_eq!(u.password().as_deref(), Some(password), "{given}");
+            assert!(!format!("{u:?}").contains(password), "{given}");
+            let quoted = format!("error connecting to {given}: refused ({password})");
+            assert!(!u.scrub(&quoted).contains(password), "{}", u.scrub(&quoted));
         }
+        let plain = DatabaseUrl::parse("postgres://u@h/d").unwrap();
+        assert_eq!(plain.to_string(), "postgres://u@h/d");
+        assert_eq!(plain.password(), None);
         let e = DatabaseUrl::parse("mysql://u:topsecret@h/d").unwrap_err();
         assert!(!e.to_string().contains("topsecret"), "{e}");
         assert!(e.to_string().contains("postgres://"), "{e}");

@@ -48,12 +48,14 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
     crate::ledger::open_db(None, &state.join("ledger.db")).map_err(storage)?;
     super::index::open(None, &state.join("store.db"))?;
     let mut target = Db::postgres(to)?;
-    let held = target.row("SELECT COUNT(*) FROM threads", &[])?;
-    if held.map_or(Ok(0), |r| r.int(0))? > 0 {
-        return Err(StoreError::Invalid {
-            rule: "copy.target",
-            detail: format!("{to} already holds threads; copy into an empty database (nothing is merged or overwritten)"),
-        });
+    for (_, table, _) in TABLES {
+        let held = target.row(&format!("SELECT COUNT(*) FROM {table}"), &[])?;
+        if held.map_or(Ok(0), |r| r.int(0))? > 0 {
+            return Err(StoreError::Invalid {
+                rule: "copy.target",
+                detail: format!("{to} already holds rows of weft's `{table}`; copy into an empty database (nothing is merged or overwritten)"),
+            });
+        }
     }
     let mut tables = Vec::new();
     target.atomic(Lock::Schema, |target| {
@@ -70,17 +72,31 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
     })
 }
 
-/// Every row of `table` from `source` into `target`; returns how many.
+/// Every row of `table` from `source` into `target` (sent pipelined with the commit); returns
+/// how many.
 fn copy_table(source: &Db, target: &Db, table: &str, cols: &str) -> Result<u64, StoreError> {
     let rows = source.query(&format!("SELECT {cols} FROM {table}"), &[])?;
-    let marks: Vec<String> = (1..=cols.split(',').count())
+    // The search index's folded text is made again as the store makes it.
+    let folded = table == "msgs";
+    let all = match folded {
+        true => format!("{cols},folded"),
+        false => cols.to_string(),
+    };
+    let marks: Vec<String> = (1..=all.split(',').count())
         .map(|i| format!("?{i}"))
         .collect();
-    let insert = format!("INSERT INTO {table}({cols}) VALUES({})", marks.join(","));
+    let insert = format!("INSERT INTO {table}({all}) VALUES({})", marks.join(","));
     for row in &rows {
-        let values: Vec<Value> = row.0.clone();
+        let mut values: Vec<Value> = row.0.clone();
+        if folded {
+            let text = row.text(5)?;
+            values.push(Value::Text(super::index::fold(
+                &text,
+                super::index::FOLDED_MAX,
+            )));
+        }
         target
-            .execute(&insert, &values)
+            .execute_later(&insert, &values)
             .map_err(|e| storage(format!("{table}: {e}")))?;
     }
     Ok(rows.len() as u64)

@@ -47,13 +47,6 @@ pub struct Effect {
     pub child: Option<String>,
 }
 
-pub(super) const SCHEMA: &str =
-    "CREATE TABLE IF NOT EXISTS effects(id TEXT PRIMARY KEY, thread TEXT NOT NULL,
-    kind TEXT NOT NULL, target TEXT NOT NULL, inputs TEXT NOT NULL, due_at TEXT NOT NULL,
-    created_at TEXT NOT NULL, status TEXT NOT NULL, result TEXT, claimed_by INTEGER,
-    limits TEXT NOT NULL);
-    CREATE INDEX IF NOT EXISTS effects_due ON effects(status, due_at);";
-
 const COLS: &str = "id, thread, kind, target, inputs, due_at, status, result, claimed_by, limits";
 
 fn effect_of(r: &Row) -> Result<Effect, SqlError> {

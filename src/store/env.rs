@@ -57,9 +57,6 @@ pub struct EnvValue {
     pub value: Option<String>,
 }
 
-pub(super) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS env(scope TEXT NOT NULL, name TEXT NOT NULL,
-    value TEXT NOT NULL, secret INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY(scope, name));";
-
 fn check_name(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= 128
@@ -219,7 +216,7 @@ impl FileStore {
                 let dir = crate::project::user_dir();
                 std::fs::create_dir_all(&dir).map_err(storage)?;
                 let db = rusqlite::Connection::open(dir.join("env.db")).map_err(storage)?;
-                db.execute_batch(&format!("PRAGMA busy_timeout=5000; {SCHEMA}"))
+                db.execute_batch(&format!("PRAGMA busy_timeout=5000; {}", super::schema::ENV))
                     .map_err(storage)?;
                 f(&Db::sqlite(db))
             }

@@ -8,53 +8,15 @@
 use super::check::{around, terms};
 use super::{storage, SearchHit, SearchMessage, SearchQuery, StoreError};
 use crate::core::ids::ThreadId;
-use crate::sql::{params, DatabaseUrl, Db, Engine, Lock, Step};
+use crate::sql::{params, DatabaseUrl, Db, Engine, Lock};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// The store's schema, step by step (see `sql/migrate.rs`); scheduled effects and env values
-/// are in `effects.rs` and `env.rs`.
-const SCHEMA: &[Step] = &[
-    Step {
-        sql: "CREATE TABLE IF NOT EXISTS msgs(
-               thread TEXT NOT NULL, directive TEXT NOT NULL, n INTEGER NOT NULL,
-               seq INTEGER NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
-               PRIMARY KEY(thread, n));
-             CREATE VIRTUAL TABLE IF NOT EXISTS msgs_fts USING fts5(text, tokenize='unicode61', detail='column');
-             CREATE TABLE IF NOT EXISTS indexed(thread TEXT PRIMARY KEY, head INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS deleted(thread TEXT PRIMARY KEY, at TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS kv(thread TEXT NOT NULL, key TEXT NOT NULL,
-               value TEXT NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY(thread, key));",
-        // Words as FTS5's unicode61 splits them: the `simple` configuration (lower case, no
-        // stemming, no stop words).
-        postgres: Some(
-            "CREATE TABLE IF NOT EXISTS msgs(
-               thread TEXT NOT NULL, directive TEXT NOT NULL, n BIGINT NOT NULL,
-               seq BIGINT NOT NULL, role TEXT NOT NULL, text TEXT NOT NULL,
-               words tsvector GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED,
-               PRIMARY KEY(thread, n));
-             CREATE INDEX IF NOT EXISTS msgs_words ON msgs USING GIN(words);
-             CREATE TABLE IF NOT EXISTS indexed(thread TEXT PRIMARY KEY, head BIGINT NOT NULL);
-             CREATE TABLE IF NOT EXISTS deleted(thread TEXT PRIMARY KEY, at TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS kv(thread TEXT NOT NULL, key TEXT NOT NULL,
-               value TEXT NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY(thread, key));",
-        ),
-    },
-    Step {
-        sql: super::effects::SCHEMA,
-        postgres: None,
-    },
-    Step {
-        sql: super::env::SCHEMA,
-        postgres: None,
-    },
-];
-
 /// Opens (creating) the store's tables: on the Postgres database `url`, or in the file `path`.
 pub(super) fn open(url: Option<&DatabaseUrl>, path: &Path) -> Result<Db, StoreError> {
     let mut db = Db::open(url, path, false).map_err(storage)?;
-    crate::sql::migrate(&mut db, "store", SCHEMA).map_err(storage)?;
+    crate::sql::migrate(&mut db, "store", super::schema::STEPS).map_err(storage)?;
     Ok(db)
 }
 
@@ -95,17 +57,18 @@ fn put_in(
 ) -> Result<(), StoreError> {
     let fts = db.engine() == Engine::Sqlite;
     for (n, m) in msgs.iter().enumerate() {
-        db.execute(
-            "INSERT INTO msgs(thread, directive, n, seq, role, text) VALUES(?1,?2,?3,?4,?5,?6)",
-            params![
-                thread,
-                directive,
-                n as i64,
-                m.seq,
-                m.role.as_str(),
-                m.text.as_str()
-            ],
-        )
+        let (n, role, text) = (n as i64, m.role.as_str(), m.text.as_str());
+        if fts {
+            db.execute_later(
+                "INSERT INTO msgs(thread, directive, n, seq, role, text) VALUES(?1,?2,?3,?4,?5,?6)",
+                params![thread, directive, n, m.seq, role, text],
+            )
+        } else {
+            db.execute_later(
+                "INSERT INTO msgs(thread, directive, n, seq, role, text, folded) VALUES(?1,?2,?3,?4,?5,?6,?7)",
+                params![thread, directive, n, m.seq, role, text, fold(text, FOLDED_MAX)],
+            )
+        }
         .map_err(storage)?;
         if fts {
             db.execute(
@@ -115,7 +78,7 @@ fn put_in(
             .map_err(storage)?;
         }
     }
-    db.execute(
+    db.execute_later(
         "INSERT INTO indexed(thread, head) VALUES(?1, ?2)
          ON CONFLICT(thread) DO UPDATE SET head=excluded.head",
         params![thread, head],
@@ -139,6 +102,42 @@ fn remove_in(db: &Db, thread: &str) -> Result<(), StoreError> {
         db.execute(sql, params![thread]).map_err(storage)?;
     }
     Ok(())
+}
+
+/// Bytes of a message's folded text indexed on Postgres (a tsvector holds at most 1 MiB).
+pub(super) const FOLDED_MAX: usize = 512 * 1024;
+
+/// `text` lower-cased with the diacritics of Latin letters removed (as FTS5's unicode61 does
+/// for letters that decompose into a base letter and marks), at most `max` bytes.
+pub(super) fn fold(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars().flat_map(char::to_lowercase) {
+        let base = base_letter(c).unwrap_or(c);
+        if out.len() + base.len_utf8() > max {
+            break;
+        }
+        out.push(base);
+    }
+    out
+}
+
+/// The base letter of a lower-case Latin letter with diacritics (Latin-1 and Latin
+/// Extended-A), None for any other character.
+fn base_letter(c: char) -> Option<char> {
+    const LATIN1: &str = "aaaaaa_ceeeeiiii_nooooo__uuuuy_y";
+    const EXT_A: &str = "aaaaaaccccccccddeeeeeeeeeegggggggghh__iiiiiiiiii__jjkk_llllll____nnnnnn___oooooo__rrrrrrssssssssttttt_uuuuuuuuuuuuwwyyyzzzzzz_";
+    let pick = |table: &str, i: u32| {
+        table
+            .as_bytes()
+            .get(i as usize)
+            .filter(|b| **b != b'_')
+            .map(|b| *b as char)
+    };
+    match c as u32 {
+        0xE0..=0xFF => pick(LATIN1, c as u32 - 0xE0),
+        0x100..=0x17F => pick(EXT_A, c as u32 - 0x100),
+        _ => None,
+    }
 }
 
 /// Removes `thread`'s entries.
@@ -201,7 +200,11 @@ fn matches(
              WHERE m.words @@ q AND (CAST(?2 AS TEXT) IS NULL OR m.directive = ?2)
              ORDER BY score DESC, m.thread, m.n LIMIT 10000",
             params![
-                words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" | "),
+                words
+                    .iter()
+                    .map(|w| format!("'{}'", fold(w, usize::MAX)))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
                 directive
             ],
         ),

@@ -109,7 +109,10 @@ impl FileStore {
         let size = || db_size(&state.join("registry.db")) + db_size(&state.join("store.db"));
         let before = size();
         self.reg(|s| s.vacuum())?;
-        self.idx(|c| c.vacuum().map_err(storage))?;
+        self.idx(|c| {
+            c.vacuum(&["msgs", "indexed", "deleted", "kv", "effects", "env"])
+                .map_err(storage)
+        })?;
         Ok((before, size()))
     }
 }

@@ -26,6 +26,7 @@ mod later;
 mod maintain;
 mod memory;
 mod queue;
+mod schema;
 
 pub use check::{apply_edits, check_event, messages, APPENDABLE};
 pub use copy::{copy_to, Copied};

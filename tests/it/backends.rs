@@ -423,7 +423,216 @@ fn weft_copy_moves_a_projects_history_into_postgres() {
         .unwrap();
     let said = String::from_utf8_lossy(&again.stderr);
     assert!(
-        !again.status.success() && said.contains("already holds threads"),
+        !again.status.success() && said.contains("already holds rows"),
         "{said}"
     );
+}
+
+/// A registry on the test server's fresh database: the store and its database's name.
+fn pg_registry(dir: &std::path::Path) -> Option<(Store, String, String)> {
+    let url = crate::pg::fresh_database()?;
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    let store =
+        Store::open_at(Some(&DatabaseUrl::parse(&url).unwrap()), &dir.join("r.db")).unwrap();
+    Some((store, url, name))
+}
+
+/// Review of #25: on Postgres a failed statement aborts the whole transaction and its COMMIT
+/// quietly rolls back; a batch must then fail, never report rows as stored that are not. On
+/// both backends: a write reported stored is stored. A NUL in text (which SQLite keeps and
+/// Postgres refuses) never fails a batch.
+#[test]
+fn a_batch_never_reports_a_write_it_did_not_store() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut s) = registry(backend, dir.path()) else {
+            return;
+        };
+        let at = "2026-11-25T00:00:00Z";
+        s.begin_batch().unwrap();
+        let first = s.register(&row("b", None, "b", Status::Running, at), None);
+        let again = s.register(&row("b", None, "b", Status::Running, at), None);
+        let committed = s.commit_batch();
+        let stored = s.get("b").unwrap().is_some();
+        assert!(
+            again.is_err() || committed.is_err(),
+            "{backend:?}: a duplicate id was reported stored"
+        );
+        if first.is_ok() && committed.is_ok() {
+            assert!(stored, "{backend:?}: reported stored, not stored");
+        }
+        if committed.is_err() {
+            assert!(!stored, "{backend:?}: a failed batch left rows");
+        }
+        // A NUL in a thread's result.
+        s.begin_batch().unwrap();
+        s.register(&row("n", None, "n", Status::Running, at), None)
+            .unwrap();
+        let mut nul = s
+            .get("n")
+            .unwrap()
+            .unwrap_or_else(|| row("n", None, "n", Status::Running, at));
+        nul.status = Status::Completed;
+        nul.result = Some("a\0b".into());
+        s.update(&nul).unwrap();
+        s.commit_batch().unwrap();
+        let kept = s.get("n").unwrap().unwrap().result.unwrap();
+        assert!(
+            kept == "a\0b" || kept == "a\u{FFFD}b",
+            "{backend:?}: {kept:?}"
+        );
+    }
+}
+
+/// Review of #25: a connection the server dropped is made again (outside a transaction)
+/// instead of failing every later call.
+#[test]
+fn a_dropped_connection_is_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut s, _, name)) = pg_registry(dir.path()) else {
+        return;
+    };
+    s.register(
+        &row("a", None, "a", Status::Running, "2026-11-25T00:00:00Z"),
+        None,
+    )
+    .unwrap();
+    let server = crate::pg::server().unwrap();
+    server.psql(
+        "postgres",
+        &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The first call may still see the old connection fail; the next ones work.
+    let _ = s.get("a");
+    assert!(s.get("a").unwrap().is_some(), "the registry reconnects");
+    s.register(
+        &row("b", None, "b", Status::Running, "2026-11-25T00:00:01Z"),
+        None,
+    )
+    .unwrap();
+}
+
+/// Review of #25: a write lock another process holds is waited for at most about 5 s (as
+/// SQLite's busy timeout), then the write fails and can be tried again — never a hang.
+#[test]
+fn a_held_write_lock_fails_a_write_after_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut s, url, _)) = pg_registry(dir.path()) else {
+        return;
+    };
+    let server = crate::pg::server().unwrap();
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    // The registry's advisory lock key ("weft" + 1), held for 9 s by another session.
+    let holder = std::thread::spawn({
+        let name = name.clone();
+        move || {
+            crate::pg::server().unwrap().psql(
+                &name,
+                "BEGIN; SELECT pg_advisory_xact_lock(8603395311563440129); SELECT pg_sleep(9); COMMIT;",
+            )
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let t = std::time::Instant::now();
+    let waited = s.begin_batch();
+    let took = t.elapsed();
+    assert!(waited.is_err(), "the lock was taken while held");
+    assert!(
+        took >= std::time::Duration::from_secs(4) && took < std::time::Duration::from_secs(8),
+        "waited {took:?}"
+    );
+    holder.join().unwrap();
+    s.begin_batch().unwrap();
+    s.register(
+        &row("a", None, "a", Status::Running, "2026-11-25T00:00:00Z"),
+        None,
+    )
+    .unwrap();
+    s.commit_batch().unwrap();
+    let _ = server;
+}
+
+/// Review of #25: a role that may only read and write rows (PostgreSQL 15 lets no other role
+/// create tables in `public`) opens a database whose schema its owner set up.
+#[test]
+fn a_role_without_ddl_rights_opens_an_up_to_date_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((s, url, name)) = pg_registry(dir.path()) else {
+        return;
+    };
+    drop(s);
+    let server = crate::pg::server().unwrap();
+    let role = format!("dml_{name}");
+    server.psql(
+        &name,
+        &format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA public TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC;"
+        ),
+    );
+    let as_role = url.replace("user=weft", &format!("user={role}"));
+    let mut s = Store::open_at(
+        Some(&DatabaseUrl::parse(&as_role).unwrap()),
+        &dir.path().join("r.db"),
+    )
+    .expect("opened without DDL");
+    s.register(
+        &row("a", None, "a", Status::Running, "2026-11-25T00:00:00Z"),
+        None,
+    )
+    .unwrap();
+}
+
+/// Review of #25: search finds words whatever their case or diacritics, as FTS5's unicode61
+/// does, on both backends (and whatever the database's locale).
+#[test]
+fn search_folds_case_and_diacritics_on_both_backends() {
+    use weft::ThreadStore;
+    for backend in BACKENDS {
+        let Some(fx) = Fixture::on(backend, &[], "", "") else {
+            return;
+        };
+        let store = weft::FileStore::open(&fx.project()).unwrap();
+        store
+            .create(weft::NewThread {
+                directive: "d".into(),
+                model: "m".into(),
+                status: "completed".into(),
+                events: vec![serde_json::json!({"type": "message", "role": "user", "text": "École ÄPFEL Smørrebrød"})],
+                ..Default::default()
+            })
+            .unwrap();
+        for q in ["ecole", "äpfel", "apfel", "ÉCOLE"] {
+            let hits = store.search(&weft::SearchQuery::new(q)).unwrap();
+            assert_eq!(hits.len(), 1, "{backend:?}: `{q}` finds the message");
+        }
+    }
+}
+
+/// Review of #25: `weft doctor` on a Postgres project reads the registry and ledger there
+/// (not files that do not exist): every thread counted, no folder taken for an orphan.
+#[cfg(feature = "cli")]
+#[test]
+fn weft_doctor_reads_a_postgres_project_from_the_server() {
+    let (r, k, script) = small_tree();
+    let Some(fx) = Fixture::on(Backend::Postgres, &[("r", &r), ("k", &k)], &script, "") else {
+        return;
+    };
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = weft_cmd(fx.root())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&doc.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&doc.stderr)));
+    assert!(v["broken"].as_array().is_none_or(|b| b.is_empty()), "{v}");
+    assert!(v["problems"].as_array().is_none_or(|p| p.is_empty()), "{v}");
+    assert_eq!(v["health"]["threads"], 2, "{v}");
 }
