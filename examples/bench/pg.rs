@@ -21,6 +21,11 @@ pub(super) struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if let (Some(keep), Some(base)) =
+            (std::env::var_os("WEFT_BENCH_PG_LOG"), self.data.parent())
+        {
+            let _ = std::fs::copy(base.join("log"), keep);
+        }
         let _ = as_user(self.user, &self.pg_ctl)
             .arg("-D")
             .arg(&self.data)
@@ -84,9 +89,12 @@ pub(super) fn start(tmp: &Path) -> Option<Server> {
         );
         return None;
     }
+    // WEFT_BENCH_PG_OPTS: more server options for profiling (e.g. `-c log_statement=all`,
+    // with WEFT_BENCH_PG_LOG=<file> to keep the server's log).
     let opts = format!(
-        "-k {} -c listen_addresses='' -c max_connections=100",
-        base.display()
+        "-k {} -c listen_addresses='' -c max_connections=100 {}",
+        base.display(),
+        std::env::var("WEFT_BENCH_PG_OPTS").unwrap_or_default()
     );
     let started = as_user(user, &bin.join("pg_ctl"))
         .arg("-D")
