@@ -101,6 +101,8 @@ struct RawConfig {
     continuation_threshold: Option<f64>,
     #[serde(default)]
     database: Option<String>,
+    #[serde(default)]
+    files_root: Option<std::path::PathBuf>,
 }
 
 /// The YAML text being overlaid, so an error can name the line of the key it is about.
@@ -159,6 +161,10 @@ pub struct Config {
     /// `database:` (or `$WEFT_DATABASE_URL`, which wins): the Postgres server that holds the
     /// registry, the ledger and the store; None keeps them in SQLite under `.weft/state/`.
     pub database: Option<crate::sql::DatabaseUrl>,
+    /// `files_root:`: where threads' file areas live (`<root>/<thread id>/files/`), e.g. a
+    /// folder several machines share; relative to the project folder. None: each thread's
+    /// own folder (`.weft/threads/<id>/files/`).
+    pub files_root: Option<std::path::PathBuf>,
 }
 
 pub use super::providers::{MaxTokensField, ProviderConfig, ProviderKind};
@@ -227,6 +233,9 @@ checkpoint_every: 64
 # Where the registry, the ledger and the thread store live: the embedded SQLite under
 # .weft/state/ (no key), or a PostgreSQL server ($WEFT_DATABASE_URL and `--database` win):
 # database: postgres://weft:PASSWORD@127.0.0.1:5432/weft
+# Where threads' file areas live (<root>/<thread id>/files/), e.g. a folder several machines
+# share; relative to the project folder. Default: each thread's own .weft/threads/<id>/files/.
+# files_root: /srv/weft-files
 "#;
 
 impl Default for Config {
@@ -266,6 +275,7 @@ impl Default for Config {
             builtin_hooks: BuiltinHooks::default(),
             continuation_threshold: 0.9,
             database: None,
+            files_root: None,
         }
     }
 }
@@ -337,6 +347,12 @@ impl Config {
         }
         if let Some(d) = raw.durability.take() {
             self.durability = d;
+        }
+        if let Some(root) = raw.files_root.take() {
+            if root.as_os_str().is_empty() {
+                return Err(src.at("files_root", "files_root: empty; name a folder (relative to the project folder) or remove the key".into()));
+            }
+            self.files_root = Some(root);
         }
         if let Some(url) = raw.database.take() {
             let url = crate::sql::DatabaseUrl::parse(&url)

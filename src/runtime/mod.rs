@@ -118,13 +118,16 @@ impl RuntimeBuilder {
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
-        let store = Arc::new(crate::store::FileStore::new(
-            project.clone(),
-            signer.clone(),
-            trust.clone(),
-            config.durability,
-            config.checkpoint_every,
-        ));
+        let store = Arc::new(
+            crate::store::FileStore::new(
+                project.clone(),
+                signer.clone(),
+                trust.clone(),
+                config.durability,
+                config.checkpoint_every,
+            )
+            .with_files_root(config.files_root.as_deref()),
+        );
         let mcp = crate::tools::McpHub::new(
             config.mcp_servers.clone(),
             project.root.clone(),

@@ -38,6 +38,8 @@ pub struct FileStore {
     /// The store's own tables (store.db, or the project's Postgres database), opened on first
     /// use.
     index: Mutex<Option<Db>>,
+    /// `files_root:` (absolute), where file areas live instead of each thread's folder.
+    files_root: Option<PathBuf>,
     /// Environment changes made through this store (see `env.rs`).
     pub(super) env_changes: std::sync::atomic::AtomicU64,
     /// Threads waiting to be indexed (see `later.rs`).
@@ -61,6 +63,7 @@ impl FileStore {
             checkpoint_every: checkpoint_every.max(1),
             registry: Mutex::new(None),
             index: Mutex::new(None),
+            files_root: None,
             later: Default::default(),
             env_changes: Default::default(),
         }
@@ -80,7 +83,8 @@ impl FileStore {
             trust,
             config.durability,
             config.checkpoint_every,
-        ))
+        )
+        .with_files_root(config.files_root.as_deref()))
     }
 
     /// The folder of a thread's files.
@@ -98,9 +102,31 @@ impl FileStore {
         self.thread_dir(id).join("thread.json")
     }
 
+    /// File areas under `root` (`files_root:`; relative to the project folder), not in each
+    /// thread's folder.
+    pub fn with_files_root(mut self, root: Option<&std::path::Path>) -> FileStore {
+        self.files_root = root.map(|r| self.project.root.join(r));
+        self
+    }
+
     /// A thread's private file area.
     pub fn files_dir(&self, id: &ThreadId) -> PathBuf {
-        self.thread_dir(id).join("files")
+        match &self.files_root {
+            Some(root) => root.join(id.as_str()).join("files"),
+            None => self.thread_dir(id).join("files"),
+        }
+    }
+
+    /// Removes everything of a thread's on disk: its folder, and its file area when that
+    /// lives under `files_root:`.
+    pub(crate) fn remove_thread_files(&self, id: &ThreadId) -> std::io::Result<()> {
+        if let Some(root) = &self.files_root {
+            match std::fs::remove_dir_all(root.join(id.as_str())) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        std::fs::remove_dir_all(self.thread_dir(id))
     }
 
     /// The project.
@@ -331,7 +357,7 @@ impl ThreadStore for FileStore {
             Ok(_) => self.reg(|s| s.subtree(id.as_str()))?,
             Err(StoreError::Deleted(_)) => {
                 // Finish what a crash may have left (files of a tombstoned id).
-                let _ = std::fs::remove_dir_all(self.thread_dir(id));
+                let _ = self.remove_thread_files(id);
                 return Ok(Deleted {
                     threads: vec![],
                     already: true,
@@ -356,7 +382,7 @@ impl ThreadStore for FileStore {
             self.idx(|c| index::tombstone(c, tid.as_str()))?;
             self.idx(|c| index::remove(c, tid.as_str()))?;
             self.idx(|c| index::kv_clear(c, tid.as_str()))?;
-            match std::fs::remove_dir_all(self.thread_dir(tid)) {
+            match self.remove_thread_files(tid) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(storage(e)),
                 _ => {}
             }

@@ -636,3 +636,55 @@ fn weft_doctor_reads_a_postgres_project_from_the_server() {
     assert!(v["problems"].as_array().is_none_or(|p| p.is_empty()), "{v}");
     assert_eq!(v["health"]["threads"], 2, "{v}");
 }
+
+/// `files_root:` puts threads' file areas under one folder (one several machines can share),
+/// not in each thread's own folder; deleting a thread removes its area there too.
+#[cfg(feature = "cli")]
+#[test]
+fn files_root_holds_the_file_areas() {
+    let d = directive("permissions: [\"fs.write\", \"fs.read\"]", "Write.");
+    let script = r#"w:
+  - tool_calls: [ { name: file_write, input: { path: notes.txt, content: hello } } ]
+  - tool_calls: [ { name: file_read, input: { path: notes.txt } } ]
+  - text: done
+"#;
+    let fx = Fixture::new(&[("w", &d)], script, "files_root: shared-area\n");
+    let out = exits_within(spawn_run(&fx, "w"), 60, "the writer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = fx.id_of("w");
+    let area = fx.root().join("shared-area").join(&id).join("files");
+    assert_eq!(
+        std::fs::read_to_string(area.join("notes.txt")).unwrap(),
+        "hello"
+    );
+    assert!(!fx
+        .root()
+        .join(".weft/threads")
+        .join(&id)
+        .join("files")
+        .exists());
+    let read = fx
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["type"] == "tool_result")
+        .nth(1)
+        .unwrap();
+    assert!(
+        read["content"].as_str().unwrap().contains("hello"),
+        "{read}"
+    );
+    let del = weft_cmd(fx.root()).args(["delete", &id]).output().unwrap();
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    assert!(
+        !fx.root().join("shared-area").join(&id).exists(),
+        "deleted with its thread"
+    );
+}

@@ -359,7 +359,7 @@ impl Drop for Files {
     fn drop(&mut self) {
         // No half-written files behind: the thread never ran.
         if let Some(id) = self.id.take() {
-            let _ = std::fs::remove_dir_all(self.ctx.store.thread_dir(&id));
+            let _ = self.ctx.store.remove_thread_files(&id);
         }
     }
 }
