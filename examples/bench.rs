@@ -786,21 +786,7 @@ async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
         let ledger = ledger.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..CALLS {
-                let g = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
-                    id: tip.clone(),
-                    price,
-                    prompt_tokens: 100,
-                    want_output: 100,
-                    min_output: 1,
-                    reply
-                })
-                .unwrap()
-                .unwrap();
-                let _ = ractor::call!(ledger, |reply| LedgerMsg::Settle {
-                    reservation: g.reservation,
-                    actual: Nanos(150),
-                    reply: Some(reply)
-                });
+                reserve_and_settle(&ledger, &tip, price).await;
             }
         }));
     }
@@ -813,6 +799,30 @@ async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
     json!({ "concurrent_guarantee_spawns": spawns, "budget_admits": k, "admitted": admitted, "exactly_k": admitted == k,
             "admission_s": admit_s, "depth5_callers": callers, "reservations": callers * CALLS,
             "reservations_per_s": (callers * CALLS) as f64 / el, "violations": violations.len() })
+}
+
+/// One call's reservation (100 tokens in, up to 100 out) on `tip`'s chain, settled at 150 nanos.
+async fn reserve_and_settle(
+    ledger: &ractor::ActorRef<weft::internals::LedgerMsg>,
+    tip: &ThreadId,
+    price: weft::Price,
+) {
+    use weft::internals::LedgerMsg;
+    let g = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
+        id: tip.clone(),
+        price,
+        prompt_tokens: 100,
+        want_output: 100,
+        min_output: 1,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    let _ = ractor::call!(ledger, |reply| LedgerMsg::Settle {
+        reservation: g.reservation,
+        actual: weft::Nanos(150),
+        reply: Some(reply)
+    });
 }
 
 /// The floor: bare ractor actors doing the same spawn/message pattern, nothing persisted; and

@@ -146,21 +146,7 @@ async fn round_trip(p: &super::Proj, n: usize) -> f64 {
     };
     let t = Instant::now();
     for _ in 0..n {
-        let g = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
-            id: tip.clone(),
-            price,
-            prompt_tokens: 100,
-            want_output: 100,
-            min_output: 1,
-            reply
-        })
-        .unwrap()
-        .unwrap();
-        let _ = ractor::call!(ledger, |reply| LedgerMsg::Settle {
-            reservation: g.reservation,
-            actual: Nanos(150),
-            reply: Some(reply)
-        });
+        super::reserve_and_settle(&ledger, &tip, price).await;
     }
     let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     rt.shutdown();

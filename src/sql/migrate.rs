@@ -64,15 +64,20 @@ pub(crate) fn check(db: &Db, concern: &str, steps: &[Step]) -> Result<Option<u64
     if db.row(exists, &[])?.map_or(Ok(0), |r| r.int(0))? == 0 {
         return Ok(None);
     }
-    let found = match db.row(
+    let found = version_of(db, concern)?;
+    refuse_newer(concern, found, steps.len() as u64)?;
+    Ok(Some(found))
+}
+
+/// `concern`'s version in `weft_schema` (0 without a row).
+fn version_of(db: &Db, concern: &str) -> Result<u64, SqlError> {
+    match db.row(
         "SELECT version FROM weft_schema WHERE concern=?1",
         super::params![concern],
     )? {
-        Some(r) => r.uint(0)?,
-        None => 0,
-    };
-    refuse_newer(concern, found, steps.len() as u64)?;
-    Ok(Some(found))
+        Some(r) => r.uint(0),
+        None => Ok(0),
+    }
 }
 
 fn refuse_newer(concern: &str, found: u64, known: u64) -> Result<(), SqlError> {
@@ -88,13 +93,7 @@ fn apply(db: &mut Db, concern: &str, steps: &[Step]) -> Result<u64, SqlError> {
     db.batch(
         "CREATE TABLE IF NOT EXISTS weft_schema(concern TEXT PRIMARY KEY, version BIGINT NOT NULL)",
     )?;
-    let found = match db.row(
-        "SELECT version FROM weft_schema WHERE concern=?1",
-        super::params![concern],
-    )? {
-        Some(r) => r.uint(0)?,
-        None => 0,
-    };
+    let found = version_of(db, concern)?;
     let known = steps.len() as u64;
     refuse_newer(concern, found, known)?;
     for (n, step) in steps.iter().enumerate().skip(found as usize) {
