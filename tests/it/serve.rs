@@ -132,12 +132,16 @@ leaf:
 "#;
 
 fn research() -> Fixture {
+    research_on(crate::support::Backend::Sqlite).unwrap()
+}
+
+fn research_on(backend: crate::support::Backend) -> Option<Fixture> {
     let fan = directive(
         "permissions: [\"thread.spawn.leaf\"]\nlimits: { spend: 1.0 }",
         "Fan out.",
     );
     let leaf = directive("inputs: { n: { type: integer } }", "Answer {input:n}.");
-    Fixture::new(&[("fan", &fan), ("leaf", &leaf)], RESEARCH, "")
+    Fixture::on(backend, &[("fan", &fan), ("leaf", &leaf)], RESEARCH, "")
 }
 
 /// The API refuses what it must (no token, bad JSON, unknown ids, huge bodies) with a clear
@@ -145,192 +149,197 @@ fn research() -> Fixture {
 /// and end, tool calls and results, streamed text, and costs that add up to the tree's spend.
 #[tokio::test]
 async fn the_api_starts_a_tree_and_its_events_tell_all_of_it() {
-    let fx = research();
-    let script = fx.root().join("script.yaml");
-    let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
-    let http = client();
-    // No token, a wrong one: 401.
-    let r = http
-        .get(format!("{}/v1/threads", srv.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401);
-    let r = http
-        .get(format!("{}/v1/threads", srv.base))
-        .bearer_auth("0".repeat(64))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 401);
-    // Bad input: named.
-    let bad = |body: &str| {
-        http.post(format!("{}/v1/threads", srv.base))
-            .bearer_auth(&srv.token)
-            .body(body.to_string())
-            .send()
-    };
-    let r = bad("{not json").await.unwrap();
-    assert_eq!(r.status().as_u16(), 400);
-    assert!(r.text().await.unwrap().contains("not JSON"));
-    let (s, b) = srv
-        .call(
-            "POST",
-            "/v1/threads",
-            Some(json!({ "directive": "fan", "budget": 1 })),
-        )
-        .await;
-    assert_eq!(
-        (s, b["error"].as_str().unwrap().contains("`budget`")),
-        (400, true),
-        "{b}"
-    );
-    let (s, b) = srv
-        .call(
-            "POST",
-            "/v1/threads",
-            Some(json!({ "directive": "../../etc/passwd" })),
-        )
-        .await;
-    assert_eq!(s, 400, "{b}");
-    let (s, b) = srv
-        .call(
-            "POST",
-            "/v1/threads",
-            Some(json!({ "directive": "fan", "limits": { "turns": "many" } })),
-        )
-        .await;
-    assert!(
-        s == 400 && b["error"].as_str().unwrap().contains("limits.turns"),
-        "{b}"
-    );
-    let (s, b) = srv.call("GET", "/v1/threads/not..an-id", None).await;
-    assert_eq!(s, 400, "{b}");
-    let (s, _) = srv
-        .call(
-            "GET",
-            "/v1/threads/fan-1795423813747-07704aff0000/colour",
-            None,
-        )
-        .await;
-    assert_eq!(s, 404);
-    let (s, _) = srv
-        .call("GET", "/v1/threads/fan-1795423813747-07704aff0000", None)
-        .await;
-    assert_eq!(s, 404);
-    let huge = format!(
-        "{{\"directive\":\"fan\",\"inputs\":{{\"x\":\"{}\"}}}}",
-        "a".repeat(2 << 20)
-    );
-    let r = bad(&huge).await.unwrap();
-    assert_eq!(r.status().as_u16(), 413);
-    let (s, b) = srv.call("GET", "/v1/threads?colour=red", None).await;
-    assert!(
-        s == 400 && b["error"].as_str().unwrap().contains("colour"),
-        "{b}"
-    );
-
-    // A tree, watched from before it starts.
-    let mut all = Box::pin(srv.events("/v1/events", None).await);
-    let (s, b) = srv
-        .call("POST", "/v1/threads", Some(json!({ "directive": "fan" })))
-        .await;
-    assert_eq!(s, 201, "{b}");
-    let root = b["thread_id"].as_str().unwrap().to_string();
-    let got = until_root_finishes(&mut all, |d| d["thread_id"] == root.as_str()).await;
-    let (s, tree) = srv
-        .call("GET", &format!("/v1/threads/{root}/tree"), None)
-        .await;
-    assert_eq!(s, 200);
-    let threads = tree["threads"].as_array().unwrap();
-    assert_eq!(threads.len(), 3, "{tree}");
-    for t in threads {
-        let id = t["id"].as_str().unwrap();
-        let of = |name: &str| {
-            got.iter()
-                .filter(|(n, _, d)| n == name && d["thread_id"] == id)
-                .count()
+    // The same API on either backend (`weft serve` of a Postgres project).
+    for backend in crate::support::BACKENDS {
+        let Some(fx) = research_on(backend) else {
+            return;
         };
-        assert_eq!(
-            (of("thread_started"), of("thread_finished")),
-            (1, 1),
-            "{id}"
-        );
-        assert_eq!(t["status"], "completed");
-        assert!(of("token") >= 1, "no streamed text of {id}");
-        assert!(of("cost") >= 1 && of("turn") >= 1, "{id}");
-    }
-    let named = |name: &str| got.iter().filter(|(n, _, _)| n == name).count();
-    assert_eq!((named("tool_call"), named("tool_result")), (3, 3));
-    let cost: i64 = got
-        .iter()
-        .filter(|(n, _, _)| n == "cost")
-        .map(|(_, _, d)| d["cost_nanos"].as_i64().unwrap())
-        .sum();
-    let (s, one) = srv.call("GET", &format!("/v1/threads/{root}"), None).await;
-    assert_eq!(s, 200);
-    assert_eq!(one["verified"], true, "{one}");
-    assert_eq!(one["cost"]["spend_nanos"].as_i64().unwrap(), cost, "{one}");
-    assert!(cost > 0);
-    // Ids are unique and increasing.
-    let ns: Vec<u64> = got
-        .iter()
-        .map(|(_, id, _)| id.split('.').nth(1).unwrap().parse().unwrap())
-        .collect();
-    assert!(ns.windows(2).all(|w| w[0] < w[1]), "{ns:?}");
-
-    // The transcript, paged, is the file.
-    let lines = std::fs::read_to_string(
-        fx.root()
-            .join(format!(".weft/threads/{root}/transcript.jsonl")),
-    )
-    .unwrap()
-    .lines()
-    .count();
-    let (mut after, mut seen) = (None::<i64>, 0usize);
-    loop {
-        let q = after.map_or("limit=4".to_string(), |a| format!("limit=4&after={a}"));
-        let (s, page) = srv
-            .call("GET", &format!("/v1/threads/{root}/transcript?{q}"), None)
+        let script = fx.root().join("script.yaml");
+        let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+        let http = client();
+        // No token, a wrong one: 401.
+        let r = http
+            .get(format!("{}/v1/threads", srv.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        let r = http
+            .get(format!("{}/v1/threads", srv.base))
+            .bearer_auth("0".repeat(64))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        // Bad input: named.
+        let bad = |body: &str| {
+            http.post(format!("{}/v1/threads", srv.base))
+                .bearer_auth(&srv.token)
+                .body(body.to_string())
+                .send()
+        };
+        let r = bad("{not json").await.unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        assert!(r.text().await.unwrap().contains("not JSON"));
+        let (s, b) = srv
+            .call(
+                "POST",
+                "/v1/threads",
+                Some(json!({ "directive": "fan", "budget": 1 })),
+            )
             .await;
-        assert_eq!(s, 200, "{page}");
-        seen += page["lines"].as_array().unwrap().len();
-        match page["next"].as_i64() {
-            Some(n) => after = Some(n),
-            None => break,
-        }
-    }
-    assert_eq!(seen, lines);
-    let (s, list) = srv
-        .call(
-            "GET",
-            &format!("/v1/threads?root={root}&status=completed&limit=2"),
-            None,
-        )
-        .await;
-    assert_eq!((s, list["threads"].as_array().unwrap().len()), (200, 2));
-
-    // Reconnecting after the fifth event gets exactly the rest, in order.
-    let fifth = got[4].1.clone();
-    let mut again = Box::pin(srv.events("/v1/events", Some(&fifth)).await);
-    let rest = until_root_finishes(&mut again, |d| d["thread_id"] == root.as_str()).await;
-    let want: Vec<&String> = got[5..].iter().map(|e| &e.1).collect();
-    assert_eq!(rest.iter().map(|e| &e.1).collect::<Vec<_>>(), want);
-    // An id from an earlier server: the transcripts since then, every thread's start and end.
-    let before = format!("1.1.{}", now_ms() - 60_000);
-    let mut sub = Box::pin(
-        srv.events(&format!("/v1/threads/{root}/events"), Some(&before))
-            .await,
-    );
-    let replayed = until_root_finishes(&mut sub, |d| d["thread_id"] == root.as_str()).await;
-    for t in threads {
-        let id = t["id"].as_str().unwrap();
-        assert!(
-            replayed
-                .iter()
-                .any(|(n, _, d)| n == "thread_started" && d["thread_id"] == id),
-            "{id} not replayed: {replayed:?}"
+        assert_eq!(
+            (s, b["error"].as_str().unwrap().contains("`budget`")),
+            (400, true),
+            "{b}"
         );
+        let (s, b) = srv
+            .call(
+                "POST",
+                "/v1/threads",
+                Some(json!({ "directive": "../../etc/passwd" })),
+            )
+            .await;
+        assert_eq!(s, 400, "{b}");
+        let (s, b) = srv
+            .call(
+                "POST",
+                "/v1/threads",
+                Some(json!({ "directive": "fan", "limits": { "turns": "many" } })),
+            )
+            .await;
+        assert!(
+            s == 400 && b["error"].as_str().unwrap().contains("limits.turns"),
+            "{b}"
+        );
+        let (s, b) = srv.call("GET", "/v1/threads/not..an-id", None).await;
+        assert_eq!(s, 400, "{b}");
+        let (s, _) = srv
+            .call(
+                "GET",
+                "/v1/threads/fan-1795423813747-07704aff0000/colour",
+                None,
+            )
+            .await;
+        assert_eq!(s, 404);
+        let (s, _) = srv
+            .call("GET", "/v1/threads/fan-1795423813747-07704aff0000", None)
+            .await;
+        assert_eq!(s, 404);
+        let huge = format!(
+            "{{\"directive\":\"fan\",\"inputs\":{{\"x\":\"{}\"}}}}",
+            "a".repeat(2 << 20)
+        );
+        let r = bad(&huge).await.unwrap();
+        assert_eq!(r.status().as_u16(), 413);
+        let (s, b) = srv.call("GET", "/v1/threads?colour=red", None).await;
+        assert!(
+            s == 400 && b["error"].as_str().unwrap().contains("colour"),
+            "{b}"
+        );
+
+        // A tree, watched from before it starts.
+        let mut all = Box::pin(srv.events("/v1/events", None).await);
+        let (s, b) = srv
+            .call("POST", "/v1/threads", Some(json!({ "directive": "fan" })))
+            .await;
+        assert_eq!(s, 201, "{b}");
+        let root = b["thread_id"].as_str().unwrap().to_string();
+        let got = until_root_finishes(&mut all, |d| d["thread_id"] == root.as_str()).await;
+        let (s, tree) = srv
+            .call("GET", &format!("/v1/threads/{root}/tree"), None)
+            .await;
+        assert_eq!(s, 200);
+        let threads = tree["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 3, "{tree}");
+        for t in threads {
+            let id = t["id"].as_str().unwrap();
+            let of = |name: &str| {
+                got.iter()
+                    .filter(|(n, _, d)| n == name && d["thread_id"] == id)
+                    .count()
+            };
+            assert_eq!(
+                (of("thread_started"), of("thread_finished")),
+                (1, 1),
+                "{id}"
+            );
+            assert_eq!(t["status"], "completed");
+            assert!(of("token") >= 1, "no streamed text of {id}");
+            assert!(of("cost") >= 1 && of("turn") >= 1, "{id}");
+        }
+        let named = |name: &str| got.iter().filter(|(n, _, _)| n == name).count();
+        assert_eq!((named("tool_call"), named("tool_result")), (3, 3));
+        let cost: i64 = got
+            .iter()
+            .filter(|(n, _, _)| n == "cost")
+            .map(|(_, _, d)| d["cost_nanos"].as_i64().unwrap())
+            .sum();
+        let (s, one) = srv.call("GET", &format!("/v1/threads/{root}"), None).await;
+        assert_eq!(s, 200);
+        assert_eq!(one["verified"], true, "{one}");
+        assert_eq!(one["cost"]["spend_nanos"].as_i64().unwrap(), cost, "{one}");
+        assert!(cost > 0);
+        // Ids are unique and increasing.
+        let ns: Vec<u64> = got
+            .iter()
+            .map(|(_, id, _)| id.split('.').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert!(ns.windows(2).all(|w| w[0] < w[1]), "{ns:?}");
+
+        // The transcript, paged, is the file.
+        let lines = std::fs::read_to_string(
+            fx.root()
+                .join(format!(".weft/threads/{root}/transcript.jsonl")),
+        )
+        .unwrap()
+        .lines()
+        .count();
+        let (mut after, mut seen) = (None::<i64>, 0usize);
+        loop {
+            let q = after.map_or("limit=4".to_string(), |a| format!("limit=4&after={a}"));
+            let (s, page) = srv
+                .call("GET", &format!("/v1/threads/{root}/transcript?{q}"), None)
+                .await;
+            assert_eq!(s, 200, "{page}");
+            seen += page["lines"].as_array().unwrap().len();
+            match page["next"].as_i64() {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(seen, lines);
+        let (s, list) = srv
+            .call(
+                "GET",
+                &format!("/v1/threads?root={root}&status=completed&limit=2"),
+                None,
+            )
+            .await;
+        assert_eq!((s, list["threads"].as_array().unwrap().len()), (200, 2));
+
+        // Reconnecting after the fifth event gets exactly the rest, in order.
+        let fifth = got[4].1.clone();
+        let mut again = Box::pin(srv.events("/v1/events", Some(&fifth)).await);
+        let rest = until_root_finishes(&mut again, |d| d["thread_id"] == root.as_str()).await;
+        let want: Vec<&String> = got[5..].iter().map(|e| &e.1).collect();
+        assert_eq!(rest.iter().map(|e| &e.1).collect::<Vec<_>>(), want);
+        // An id from an earlier server: the transcripts since then, every thread's start and end.
+        let before = format!("1.1.{}", now_ms() - 60_000);
+        let mut sub = Box::pin(
+            srv.events(&format!("/v1/threads/{root}/events"), Some(&before))
+                .await,
+        );
+        let replayed = until_root_finishes(&mut sub, |d| d["thread_id"] == root.as_str()).await;
+        for t in threads {
+            let id = t["id"].as_str().unwrap();
+            assert!(
+                replayed
+                    .iter()
+                    .any(|(n, _, d)| n == "thread_started" && d["thread_id"] == id),
+                "{id} not replayed: {replayed:?}"
+            );
+        }
     }
 }
 
