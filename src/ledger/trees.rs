@@ -147,11 +147,14 @@ fn take(
 /// hands).
 fn tree_open(db: &Db, top: &ThreadId) -> Result<bool, LedgerError> {
     db.row(
-        "WITH RECURSIVE down(id, n) AS (
-           SELECT id, 0 FROM accounts WHERE id=?1
+        &format!(
+            "WITH RECURSIVE down(id, n) AS (
+           SELECT {}, 0
            UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
            WHERE d.n < 10000)
          SELECT EXISTS(SELECT 1 FROM accounts WHERE closed=0 AND id IN (SELECT id FROM down))",
+            db.text_param(1)
+        ),
         params![top.as_str()],
     )
     .map_err(st)?

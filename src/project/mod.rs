@@ -71,6 +71,32 @@ impl Project {
     pub fn directives_dir(&self) -> PathBuf {
         self.root.join("directives")
     }
+    /// Where file areas live under `config`'s `files_root:` (absolute), None for each thread's
+    /// own folder. Refused inside `.weft/`: a root there would lie within a thread's own area
+    /// (or folder) and let it reach every other thread's files.
+    pub fn files_root(&self, config: &Config) -> Result<Option<PathBuf>, ConfigError> {
+        let Some(root) = &config.files_root else {
+            return Ok(None);
+        };
+        let root = self.root.join(root);
+        let normal: PathBuf = root.components().collect();
+        if normal
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+            || normal.starts_with(self.weft())
+        {
+            return Err(ConfigError {
+                file: self.weft().join("config.yaml"),
+                line: None,
+                message: format!(
+                    "files_root: `{}` must be a folder outside .weft/ without `..` (threads' areas there could reach each other)",
+                    root.display()
+                ),
+            });
+        }
+        Ok(Some(normal))
+    }
+
     /// Effective config (user file, then project file).
     pub fn config(&self) -> Result<Config, ConfigError> {
         Config::load(

@@ -111,7 +111,10 @@ impl Store {
         row: &ThreadRow,
         admit: Option<&Admission>,
     ) -> Result<(), RegistryError> {
-        if self.db.in_tx() {
+        // Inside the batch on Postgres without a savepoint: the writes are queued for the
+        // commit, and a failed one fails the batch. On SQLite a savepoint, so a failed write
+        // leaves nothing of this registration.
+        if self.db.in_tx() && self.db.engine() == Engine::Postgres {
             return register_in(&self.db, row, admit);
         }
         self.db
@@ -245,9 +248,10 @@ impl Store {
             .join(",");
         self.rows(
             &format!(
-                "WITH RECURSIVE sub(id, depth) AS (SELECT id, 0 FROM threads WHERE id=?1
+                "WITH RECURSIVE sub(id, depth) AS (SELECT {}, 0
                    UNION ALL SELECT c.id, sub.depth + 1 FROM threads c JOIN sub ON c.parent = sub.id)
-                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id {filter} ORDER BY {order}"
+                 SELECT {cols} FROM threads t JOIN sub ON t.id = sub.id {filter} ORDER BY {order}",
+                self.db.text_param(1)
             ),
             params![id],
         )

@@ -126,7 +126,7 @@ impl RuntimeBuilder {
                 config.durability,
                 config.checkpoint_every,
             )
-            .with_files_root(config.files_root.as_deref()),
+            .with_files_root(project.files_root(&config)?),
         );
         let mcp = crate::tools::McpHub::new(
             config.mcp_servers.clone(),

@@ -132,6 +132,16 @@ impl Db {
         }
     }
 
+    /// Parameter `n` as a text value that compares like a text column (for the first term of
+    /// a recursive query, whose column type both terms must share): `?n` on SQLite, a cast with
+    /// the columns' byte-wise collation on Postgres.
+    pub(crate) fn text_param(&self, n: usize) -> String {
+        match self.engine() {
+            Engine::Sqlite => format!("?{n}"),
+            Engine::Postgres => format!("CAST(?{n} AS TEXT) COLLATE \"C\""),
+        }
+    }
+
     /// The engine.
     pub(crate) fn engine(&self) -> Engine {
         match &self.conn {
@@ -158,7 +168,7 @@ impl Db {
                 .execute_batch("PRAGMA synchronous=FULL")
                 .map_err(SqlError::new)?,
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) => c.batch("SET synchronous_commit = on")?,
+            Conn::Postgres(c) => c.set_strict()?,
         }
         self.fsyncs = true;
         Ok(())
@@ -285,6 +295,25 @@ impl Db {
         }
     }
 
+    /// `ROLLBACK TO SAVEPOINT name` and its release, dropping statements queued since.
+    fn rollback_to(&self, name: &str) -> Result<(), SqlError> {
+        let sql = format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}");
+        match &self.conn {
+            Conn::Sqlite(c) => c.execute_batch(&sql).map_err(SqlError::new),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.discard_then(&sql),
+        }
+    }
+
+    /// Sends what a Postgres transaction has queued (a no-op on SQLite).
+    pub(crate) fn flush(&self) -> Result<(), SqlError> {
+        match &self.conn {
+            Conn::Sqlite(_) => Ok(()),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => self.noted(c.flush()),
+        }
+    }
+
     /// `ROLLBACK`, dropping what was queued (errors ignored: no transaction may be open).
     fn abandon(&self) {
         match &self.conn {
@@ -309,11 +338,11 @@ impl Db {
             self.depth += 1;
             let name = format!("weft_sp{}", self.depth);
             let out = f(self);
-            let end = match &out {
-                Ok(_) => format!("RELEASE SAVEPOINT {name}"),
-                Err(_) => format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}"),
+            let ended = match &out {
+                Ok(_) => self.batch(&format!("RELEASE SAVEPOINT {name}")),
+                // What `f` queued and did not send is dropped; what it sent is undone.
+                Err(_) => self.rollback_to(&name),
             };
-            let ended = self.batch(&end);
             if out.is_err() && ended.is_ok() {
                 // Undone to the savepoint: the transaction is whole again.
                 *self.poisoned.borrow_mut() = before;

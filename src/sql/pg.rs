@@ -74,6 +74,8 @@ pub(super) struct Client {
     /// A transaction is open on this connection (a lost connection then fails it; outside one
     /// the next call connects again).
     in_tx: std::cell::Cell<bool>,
+    /// `durability: strict` (`synchronous_commit = on`), set again on a new connection.
+    strict: std::cell::Cell<bool>,
 }
 
 fn pg_error(e: tokio_postgres::Error) -> SqlError {
@@ -93,6 +95,9 @@ fn pg_error(e: tokio_postgres::Error) -> SqlError {
 /// mid-transaction releases its locks after 60 s; no statement runs past 5 minutes).
 const SESSION: &str = "SET client_min_messages = warning; SET lock_timeout = '5s';
     SET idle_in_transaction_session_timeout = '60s'; SET statement_timeout = '300s'";
+
+/// `durability: strict`: a commit returns once the server has it on disk.
+const STRICT: &str = "SET synchronous_commit = on";
 
 /// Connects (at most 10 s; TCP keepalives so a vanished server is noticed).
 fn connect(url: &DatabaseUrl) -> Result<tokio_postgres::Client, SqlError> {
@@ -137,6 +142,7 @@ impl Client {
             prepared: RefCell::new(HashMap::new()),
             deferred: RefCell::new(Vec::new()),
             in_tx: std::cell::Cell::new(false),
+            strict: std::cell::Cell::new(false),
         })
     }
 
@@ -150,7 +156,12 @@ impl Client {
                     self.url
                 )));
             }
-            *self.client.borrow_mut() = connect(&self.url)?;
+            // Connecting may wait up to its timeout: off the async workers.
+            let fresh = super::workers::off_workers(|| connect(&self.url))?;
+            if self.strict.get() {
+                block_on(fresh.batch_execute(STRICT)).map_err(pg_error)?;
+            }
+            *self.client.borrow_mut() = fresh;
             self.prepared.borrow_mut().clear();
         }
         Ok(self.client.borrow())
@@ -175,11 +186,33 @@ impl Client {
         block_on(self.live()?.execute(&st, &refs)).map_err(pg_error)
     }
 
+    /// `durability: strict`, on this connection and every later one.
+    pub(super) fn set_strict(&self) -> Result<(), SqlError> {
+        self.strict.set(true);
+        self.batch(STRICT)
+    }
+
     /// Queues a statement of the open transaction whose result nobody reads: the queue goes
     /// out in one pipelined burst (one round trip, not one per statement), in order, before
-    /// anything else on this connection.
+    /// anything else on this connection. Its values are encoded now, so a value the server
+    /// could not take fails here — a statement never silently missing from a burst whose
+    /// `COMMIT` goes out.
     pub(super) fn defer(&self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
         let st = self.statement(sql)?;
+        if st.params().len() != params.len() {
+            return Err(SqlError(format!(
+                "{} values for {} parameters in `{sql}`",
+                params.len(),
+                st.params().len()
+            )));
+        }
+        let mut scratch = bytes::BytesMut::new();
+        for (value, ty) in params.iter().zip(st.params()) {
+            scratch.clear();
+            value
+                .to_sql_checked(ty, &mut scratch)
+                .map_err(|e| SqlError(format!("a value for `{sql}`: {e}")))?;
+        }
         self.deferred.borrow_mut().push((st, params.to_vec()));
         Ok(())
     }
@@ -193,19 +226,21 @@ impl Client {
             return Ok(());
         }
         let client = self.live()?;
-        let sent = queued.iter().map(|(st, params)| {
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-            let client = &*client;
-            async move { client.execute(st, &refs).await.map(|_| ()) }
-        });
-        let all = futures_util::future::join_all(sent);
+        let sent: Vec<_> = queued
+            .iter()
+            .map(|(st, params)| {
+                let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+                let client = &*client;
+                async move { client.execute(st, &refs).await.map(|_| ()) }
+            })
+            .collect();
         let last = async {
             match then {
                 Some(sql) => client.batch_execute(sql).await,
                 None => Ok(()),
             }
         };
-        let (results, last) = block_on(futures_util::future::join(all, last));
+        let (results, last) = block_on(InOrder::new(sent, last));
         for r in results {
             r.map_err(pg_error)?;
         }
@@ -213,7 +248,7 @@ impl Client {
     }
 
     /// Sends what is queued.
-    fn flush(&self) -> Result<(), SqlError> {
+    pub(super) fn flush(&self) -> Result<(), SqlError> {
         self.send(None)
     }
 
@@ -222,6 +257,13 @@ impl Client {
         let done = self.send(Some("COMMIT"));
         self.in_tx.set(false);
         done
+    }
+
+    /// Drops what is queued, then runs `sql` (a `ROLLBACK TO SAVEPOINT`: what was queued
+    /// since the savepoint is undone by not sending it).
+    pub(super) fn discard_then(&self, sql: &str) -> Result<(), SqlError> {
+        self.deferred.borrow_mut().clear();
+        block_on(self.live()?.batch_execute(sql)).map_err(pg_error)
     }
 
     /// Drops what is queued and rolls back.
@@ -258,6 +300,7 @@ impl Client {
     /// the async workers free.
     pub(super) fn begin_locked(&self, key: i64) -> Result<(), SqlError> {
         let st = self.statement("SELECT pg_try_advisory_xact_lock(?1)")?;
+        let wait_st = self.statement("SELECT pg_advisory_xact_lock(?1)")?;
         let client = self.live()?;
         // BEGIN and the try-lock in one burst.
         let (begun, got) = block_on(futures_util::future::join(
@@ -269,8 +312,7 @@ impl Client {
             if got {
                 return Ok(());
             }
-            let st = self.statement("SELECT pg_advisory_xact_lock(?1)")?;
-            wait(client.query(&st, &[&key]))
+            wait(client.query(&wait_st, &[&key]))
                 .map(|_| ())
                 .map_err(pg_error)
         });
@@ -281,6 +323,51 @@ impl Client {
             }
         }
         locked
+    }
+}
+
+/// Every future of `first` polled in order on every poll — so each sends its request before
+/// the next, and all before `then` is polled at all — then `then`; ready with all outputs.
+/// (`join_all` may stop polling part-way through a long list, which could send a `COMMIT`
+/// ahead of the statements it commits.)
+struct InOrder<F: Future, G: Future> {
+    first: Vec<std::pin::Pin<Box<futures_util::future::MaybeDone<F>>>>,
+    then: std::pin::Pin<Box<futures_util::future::MaybeDone<G>>>,
+}
+
+impl<F: Future, G: Future> InOrder<F, G> {
+    fn new(first: Vec<F>, then: G) -> Self {
+        InOrder {
+            first: first
+                .into_iter()
+                .map(|f| Box::pin(futures_util::future::maybe_done(f)))
+                .collect(),
+            then: Box::pin(futures_util::future::maybe_done(then)),
+        }
+    }
+}
+
+impl<F: Future, G: Future> Future for InOrder<F, G> {
+    type Output = (Vec<F::Output>, G::Output);
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut done = true;
+        for f in self.first.iter_mut() {
+            done &= f.as_mut().poll(cx).is_ready();
+        }
+        done &= self.then.as_mut().poll(cx).is_ready();
+        if !done {
+            return Poll::Pending;
+        }
+        let first = self
+            .first
+            .iter_mut()
+            .filter_map(|f| f.as_mut().take_output())
+            .collect();
+        match self.then.as_mut().take_output() {
+            Some(then) => Poll::Ready((first, then)),
+            None => Poll::Pending,
+        }
     }
 }
 

@@ -46,46 +46,69 @@ impl DatabaseUrl {
         &self.0
     }
 
+    /// Whether the string is a URL (`scheme://…`: the `://` comes before any `=` or space),
+    /// not a libpq `key=value` string (whose values may hold a `://`).
+    fn is_url(&self) -> bool {
+        let s = &self.0;
+        match s.find("://") {
+            Some(i) => !s[..i].contains(|c: char| c == '=' || c.is_whitespace()),
+            None => false,
+        }
+    }
+
     /// The byte ranges of the string that hold a password (in the URL's user part, a
-    /// `password=` query parameter, or a `password` key of the `key=value` form), as the
+    /// `password` query parameter, or a `password` key of the `key=value` form), as the
     /// connector reads them; over-wide rather than short.
     fn secret_spans(&self) -> Vec<std::ops::Range<usize>> {
         let s = &self.0;
-        let mut spans = Vec::new();
-        if let Some(start) = s.find("://").map(|i| i + 3) {
-            let rest = &s[start..];
-            // The user part ends at an `@` (the connector takes the first; masking to the
-            // last one hides a raw `@` in a password too).
-            if let Some(at) = rest.rfind('@') {
-                if let Some(colon) = rest[..at].find(':') {
-                    spans.push(start + colon + 1..start + at);
-                }
-            }
-            if let Some(q) = rest.find('?') {
-                let mut i = start + q + 1;
-                for pair in s[i..].split('&') {
-                    if let Some(v) = pair.strip_prefix("password=") {
-                        spans.push(i + 9..i + 9 + v.len());
-                    }
-                    i += pair.len() + 1;
-                }
-            }
-            return spans;
+        if !self.is_url() {
+            return key_value_passwords(s);
         }
-        key_value_passwords(s)
+        let start = s.find("://").map_or(0, |i| i + 3);
+        let rest = &s[start..];
+        let mut spans = Vec::new();
+        // The user part: from its `:` to an `@` (the connector takes the first; the last one
+        // hides a raw `@` in a password too).
+        if let (Some(colon), Some(at)) = (rest.find(':'), rest.rfind('@')) {
+            if colon < at {
+                spans.push(start + colon + 1..start + at);
+            }
+        }
+        // Query parameters anywhere after the scheme whose key decodes to `password`.
+        let mut i = start;
+        for part in rest.split(['?', '&']) {
+            if let Some((key, value)) = part.split_once('=') {
+                if percent_decode(key) == "password" {
+                    let at = i + key.len() + 1;
+                    spans.push(at..at + value.len());
+                }
+            }
+            i += part.len() + 1;
+        }
+        spans
     }
 
-    /// The password in the string, if it has one, as the server receives it (so the redactor
-    /// can hide it anywhere).
+    /// Every password in the string, as the server would receive it (so the redactor can
+    /// hide each anywhere).
+    pub fn passwords(&self) -> Vec<String> {
+        let url = self.is_url();
+        self.secret_spans()
+            .into_iter()
+            .map(|span| {
+                let raw = &self.0[span];
+                if url {
+                    percent_decode(raw)
+                } else {
+                    unquote(raw)
+                }
+            })
+            .filter(|p| !p.is_empty())
+            .collect()
+    }
+
+    /// The password the connector uses (the last one given), if any.
     pub fn password(&self) -> Option<String> {
-        let span = self.secret_spans().into_iter().next()?;
-        let raw = &self.0[span];
-        let value = if self.0.contains("://") {
-            percent_decode(raw)
-        } else {
-            unquote(raw)
-        };
-        Some(value).filter(|p| !p.is_empty())
+        self.passwords().pop()
     }
 
     /// `text` with this URL's password (raw or decoded) replaced by `***`: for messages that
@@ -272,6 +295,8 @@ mod tests {
         let plain = DatabaseUrl::parse("postgres://u@h/d").unwrap();
         assert_eq!(plain.to_string(), "postgres://u@h/d");
         assert_eq!(plain.password(), None);
+        let two = DatabaseUrl::parse("postgres://u:first1@h/d?password=second2").unwrap();
+        assert_eq!(two.passwords(), ["first1", "second2"]);
         let e = DatabaseUrl::parse("mysql://u:topsecret@h/d").unwrap_err();
         assert!(!e.to_string().contains("topsecret"), "{e}");
         assert!(e.to_string().contains("postgres://"), "{e}");

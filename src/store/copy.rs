@@ -62,6 +62,11 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
         for (file, table, cols) in TABLES {
             let source = Db::open(None, &state.join(file), true)?;
             let n = copy_table(&source, target, table, cols)?;
+            // Sent table by table: the server is never idle in the transaction for long, and
+            // a failure names its table.
+            target
+                .flush()
+                .map_err(|e| storage(format!("{table}: {e}")))?;
             tables.push((table.to_string(), n));
         }
         Ok::<(), StoreError>(())

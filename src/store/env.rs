@@ -368,7 +368,9 @@ impl FileStore {
             .config()
             .ok()
             .and_then(|c| c.database)
-            .and_then(|url| url.password())
+            .map(|url| url.passwords())
+            .unwrap_or_default()
+            .into_iter()
             .map(|pw| ("WEFT_DATABASE_PASSWORD".to_string(), pw));
         let key = match sealed.is_empty() {
             true => None,

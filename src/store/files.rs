@@ -84,7 +84,7 @@ impl FileStore {
             config.durability,
             config.checkpoint_every,
         )
-        .with_files_root(config.files_root.as_deref()))
+        .with_files_root(project.files_root(&config).map_err(storage)?))
     }
 
     /// The folder of a thread's files.
@@ -102,10 +102,10 @@ impl FileStore {
         self.thread_dir(id).join("thread.json")
     }
 
-    /// File areas under `root` (`files_root:`; relative to the project folder), not in each
-    /// thread's folder.
-    pub fn with_files_root(mut self, root: Option<&std::path::Path>) -> FileStore {
-        self.files_root = root.map(|r| self.project.root.join(r));
+    /// File areas under `root` (`files_root:`, as `Project::files_root` resolves it), not in
+    /// each thread's folder.
+    pub fn with_files_root(mut self, root: Option<PathBuf>) -> FileStore {
+        self.files_root = root;
         self
     }
 

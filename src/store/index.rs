@@ -104,15 +104,23 @@ fn remove_in(db: &Db, thread: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Bytes of a message's folded text indexed on Postgres (a tsvector holds at most 1 MiB).
-pub(super) const FOLDED_MAX: usize = 512 * 1024;
+/// Bytes of a message's folded text indexed on Postgres: a tsvector holds at most 1 MiB, and
+/// short unique words take up to about three times their bytes in one.
+pub(super) const FOLDED_MAX: usize = 256 * 1024;
 
 /// `text` lower-cased with the diacritics of Latin letters removed (as FTS5's unicode61 does
 /// for letters that decompose into a base letter and marks), at most `max` bytes.
 pub(super) fn fold(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max));
     for c in text.chars().flat_map(char::to_lowercase) {
-        let base = base_letter(c).unwrap_or(c);
+        // Words split as `terms` splits a query (and FTS5's unicode61 a text): at every
+        // character that is not a letter or digit, so the `simple` parser never sees an
+        // e-mail address, a path or a URL as one word.
+        let base = match base_letter(c) {
+            Some(b) => b,
+            None if c.is_alphanumeric() => c,
+            None => ' ',
+        };
         if out.len() + base.len_utf8() > max {
             break;
         }
@@ -125,7 +133,7 @@ pub(super) fn fold(text: &str, max: usize) -> String {
 /// Extended-A), None for any other character.
 fn base_letter(c: char) -> Option<char> {
     const LATIN1: &str = "aaaaaa_ceeeeiiii_nooooo__uuuuy_y";
-    const EXT_A: &str = "aaaaaaccccccccddeeeeeeeeeegggggggghh__iiiiiiiiii__jjkk_llllll____nnnnnn___oooooo__rrrrrrssssssssttttt_uuuuuuuuuuuuwwyyyzzzzzz_";
+    const EXT_A: &str = "aaaaaaccccccccdd__eeeeeeeeeegggggggghh__iiiiiiiii___jjkk_llllll____nnnnnn___oooooo__rrrrrrsssssssstttt__uuuuuuuuuuuuwwyyyzzzzzz_";
     let pick = |table: &str, i: u32| {
         table
             .as_bytes()
@@ -331,4 +339,24 @@ pub(super) fn kv_clear(db: &Db, thread: &str) -> Result<(), StoreError> {
     db.execute("DELETE FROM kv WHERE thread=?1", params![thread])
         .map(|_| ())
         .map_err(storage)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn folding_matches_unicode61_for_latin_letters() {
+        for (text, folded) in [
+            ("Dvořák", "dvorak"),
+            ("šest ŽLUŤOUČKÝ", "sest zlutoucky"),
+            ("École ÄPFEL", "ecole apfel"),
+            ("łódź Œuvre", "łodz œuvre"),
+            (
+                "src/main.rs user@example.com",
+                "src main rs user example com",
+            ),
+        ] {
+            assert_eq!(super::fold(text, usize::MAX), folded);
+        }
+        assert_eq!(super::fold("abcdef", 3), "abc");
+    }
 }

@@ -51,8 +51,13 @@ impl FileStore {
                     }
                 }
             }
-            if let Err(err) = self.idx(|c| index::put_many(c, &ready)) {
-                tracing::warn!("{} ended thread(s) not indexed for search: {err} (`weft search --backfill` retries)", ready.len());
+            if self.idx(|c| index::put_many(c, &ready)).is_err() {
+                // One thread the index refuses never keeps the others out: each on its own.
+                for one in ready.chunks(1) {
+                    if let Err(err) = self.idx(|c| index::put_many(c, one)) {
+                        tracing::warn!(thread = %one[0].0, "not indexed for search: {err} (`weft search --backfill` retries)");
+                    }
+                }
             }
         }
     }

@@ -688,3 +688,73 @@ fn files_root_holds_the_file_areas() {
         "deleted with its thread"
     );
 }
+
+/// Second review of #25: a value Postgres cannot take (SQLite's loose types: text in an
+/// integer column) fails `weft copy` as a whole — nothing of it committed, the target still
+/// empty for the next try — never a commit of everything else.
+#[cfg(feature = "cli")]
+#[test]
+fn a_copy_with_a_value_postgres_refuses_commits_nothing() {
+    let Some(server) = crate::pg::server() else {
+        return;
+    };
+    let (r, k, script) = small_tree();
+    let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let registry = fx.root().join(".weft/state/registry.db");
+    let db = rusqlite::Connection::open(&registry).unwrap();
+    db.execute_batch("UPDATE threads SET turns = 'many' WHERE directive = 'k'")
+        .unwrap();
+    let url = server.database();
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    let copy = weft_cmd(fx.root())
+        .args(["copy", "--to", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&copy.stderr);
+    assert!(!copy.status.success() && said.contains("many"), "{said}");
+    for table in ["threads", "accounts", "msgs"] {
+        assert_eq!(
+            server.psql(&name, &format!("SELECT COUNT(*) FROM {table}")),
+            "0",
+            "{table}: nothing of a failed copy is committed"
+        );
+    }
+    db.execute_batch("UPDATE threads SET turns = 2 WHERE directive = 'k'")
+        .unwrap();
+    let again = weft_cmd(fx.root())
+        .args(["copy", "--to", &url])
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}
+
+/// Second review of #25: `files_root:` inside `.weft/` (where it could lie within a thread's
+/// own area) or climbing with `..` is refused with a clear error.
+#[cfg(feature = "cli")]
+#[test]
+fn a_files_root_inside_weft_is_refused() {
+    let d = directive("", "Hi.");
+    for root in [".weft/threads/x", "areas/../.weft/y"] {
+        let fx = Fixture::new(
+            &[("d", &d)],
+            "d:\n  - text: hi\n",
+            &format!("files_root: {root}\n"),
+        );
+        let out = exits_within(spawn_run(&fx, "d"), 30, "the refused run");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("files_root"),
+            "{root}: {said}"
+        );
+    }
+}
