@@ -326,13 +326,18 @@ impl Client {
     }
 }
 
-/// Every future of `first` polled in order on every poll — so each sends its request before
-/// the next, and all before `then` is polled at all — then `then`; ready with all outputs.
-/// (`join_all` may stop polling part-way through a long list, which could send a `COMMIT`
-/// ahead of the statements it commits.)
+/// Every future of `first` polled once, in order — so each sends its request before the next,
+/// and all before `then` is polled at all — then each in turn until it is done (the server
+/// answers in order, so a later one is never done before an earlier one), and `then`; ready
+/// with all outputs. O(n) polls for n statements. (`join_all` may stop polling part-way
+/// through a long list, which could send a `COMMIT` ahead of the statements it commits.)
 struct InOrder<F: Future, G: Future> {
     first: Vec<std::pin::Pin<Box<futures_util::future::MaybeDone<F>>>>,
     then: std::pin::Pin<Box<futures_util::future::MaybeDone<G>>>,
+    /// Every future was polled once (every request sent).
+    started: bool,
+    /// The first of `first` not known done.
+    next: usize,
 }
 
 impl<F: Future, G: Future> InOrder<F, G> {
@@ -343,6 +348,8 @@ impl<F: Future, G: Future> InOrder<F, G> {
                 .map(|f| Box::pin(futures_util::future::maybe_done(f)))
                 .collect(),
             then: Box::pin(futures_util::future::maybe_done(then)),
+            started: false,
+            next: 0,
         }
     }
 }
@@ -351,20 +358,26 @@ impl<F: Future, G: Future> Future for InOrder<F, G> {
     type Output = (Vec<F::Output>, G::Output);
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut done = true;
-        for f in self.first.iter_mut() {
-            done &= f.as_mut().poll(cx).is_ready();
+        let me = &mut *self;
+        if !me.started {
+            for f in me.first.iter_mut() {
+                let _ = f.as_mut().poll(cx);
+            }
+            me.started = true;
         }
-        done &= self.then.as_mut().poll(cx).is_ready();
-        if !done {
+        while me.next < me.first.len() && me.first[me.next].as_mut().poll(cx).is_ready() {
+            me.next += 1;
+        }
+        let then_done = me.then.as_mut().poll(cx).is_ready();
+        if me.next < me.first.len() || !then_done {
             return Poll::Pending;
         }
-        let first = self
+        let first = me
             .first
             .iter_mut()
             .filter_map(|f| f.as_mut().take_output())
             .collect();
-        match self.then.as_mut().take_output() {
+        match me.then.as_mut().take_output() {
             Some(then) => Poll::Ready((first, then)),
             None => Poll::Pending,
         }
