@@ -114,7 +114,13 @@ pub(crate) struct RegistryActorState {
     pending: std::collections::HashMap<ThreadId, Box<ThreadRow>>,
     /// A flush for `pending` is scheduled.
     lagging: bool,
+    /// Children the last commit refused (admission decided at the commit, on Postgres), for
+    /// their held replies.
+    refused: Refused,
 }
+
+/// Children a commit refused, with why, until their held replies take them.
+type Refused = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<ThreadId, RegistryError>>>;
 
 impl RegistryActorState {
     /// Keeps an unfinished thread's row for the next flush (at most [`ROW_LAG`] away).
@@ -162,9 +168,32 @@ impl RegistryActorState {
     fn flush(&mut self) {
         let res = self.store.commit_batch();
         if let Err(e) = &res {
-            tracing::error!("registry.db commit failed: {e}");
+            tracing::error!("registry commit failed: {e}");
+        }
+        if let Ok(mut refused) = self.refused.lock() {
+            refused.extend(self.store.take_refused());
         }
         self.held.release(&res);
+    }
+
+    /// A registration stored with the batch; its reply says, after the commit, whether the
+    /// commit admitted it (its admission may be decided there).
+    fn registered(
+        &mut self,
+        me: &ActorRef<RegistryMsg>,
+        id: ThreadId,
+        reply: RpcReplyPort<Result<(), RegistryError>>,
+    ) {
+        let refused = self.refused.clone();
+        let held: HeldReply = Box::new(move |commit_err| {
+            let refusal = refused.lock().ok().and_then(|mut r| r.remove(&id));
+            let _ = reply.send(match (commit_err, refusal) {
+                (Some(e), _) => Err(e),
+                (None, Some(why)) => Err(why),
+                (None, None) => Ok(()),
+            });
+        });
+        self.held.hold(held, || me.cast(RegistryMsg::Flush).is_ok());
     }
 }
 
@@ -183,6 +212,7 @@ impl Actor for RegistryActor {
             held: Default::default(),
             pending: Default::default(),
             lagging: false,
+            refused: Default::default(),
         })
     }
 
@@ -212,13 +242,14 @@ impl Actor for RegistryActor {
         }
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
-                // Refusals are answered at once; only a stored row waits for the commit.
+                // Refusals found by a read are answered at once; a stored row (or, on
+                // Postgres, an admission the commit decides) waits for the commit.
                 let res = s
                     .store
                     .begin_batch()
                     .and_then(|_| s.store.register(&row, admit.as_ref()));
                 match res {
-                    Ok(()) => s.write(&me, |_| Ok(()), Some(reply)),
+                    Ok(()) => s.registered(&me, row.id.clone(), reply),
                     Err(e) => {
                         let _ = reply.send(Err(e));
                         // A refusal writes nothing, but `begin_batch` took the write lock: with

@@ -10,6 +10,8 @@ use crate::core::status::Status;
 use serde::{Deserialize, Serialize};
 
 mod actor;
+mod admission;
+mod columns;
 mod store;
 
 pub(crate) use actor::RegistryActor;

@@ -1,18 +1,23 @@
 //! registry.db: schema, queries, and spawn admission inside the batch transaction.
 
+use super::admission::{admit_child, admit_sql, admitted_values, register_in};
+use super::columns::{read_row, COLS};
 use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
-use crate::sql::{params, DatabaseUrl, Db, Engine, Lock, Row, Step, Value};
+use crate::sql::{params, DatabaseUrl, Db, Engine, Lock, Step, Value};
 use std::path::Path;
 
 /// SQL access to the registry: registry.db, or the `threads` table of the project's Postgres
 /// database (the same SQL; see `sql/`).
 pub struct Store {
     db: Db,
+    /// Registrations of this batch whose admission its commit decides (Postgres): the
+    /// ticket of the conditional insert, the child and its admission.
+    deciding: Vec<(u64, ThreadId, Admission)>,
+    /// Children the last commit refused, with why.
+    refused: Vec<(ThreadId, RegistryError)>,
 }
-
-const COLS: &str = "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting,status_text,forked_from,meta";
 
 /// The registry's schema, step by step (see `sql/migrate.rs`).
 const SCHEMA: &[Step] = &[Step {
@@ -44,7 +49,11 @@ impl Store {
         if found == 0 && db.engine() == Engine::Sqlite {
             legacy_columns(&db)?;
         }
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            deciding: Vec::new(),
+            refused: Vec::new(),
+        })
     }
 
     /// `durability: strict`: every commit reaches the disk before it returns
@@ -88,7 +97,11 @@ impl Store {
         let db = Db::open(url, path, true).map_err(st)?;
         // An older weft never reads a newer schema as if it knew it.
         crate::sql::check(&db, "registry", SCHEMA).map_err(st)?;
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            deciding: Vec::new(),
+            refused: Vec::new(),
+        })
     }
 
     /// Opens the batch transaction if none is open (the registry's write lock is taken now).
@@ -96,9 +109,36 @@ impl Store {
         self.db.begin_write(Lock::Registry).map_err(st)
     }
 
-    /// Commits the batch transaction, if one is open.
+    /// Commits the batch transaction, if one is open; then the admissions it decided are
+    /// known ([`Store::take_refused`]).
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
-        self.db.commit().map_err(st)
+        let done = self.db.commit().map_err(st);
+        let counts = self.db.take_counts();
+        for (ticket, child, admit) in std::mem::take(&mut self.deciding) {
+            if done.is_ok() && counts.get(&ticket) != Some(&1) {
+                let why = self.refusal(&admit);
+                self.refused.push((child, why));
+            }
+        }
+        done
+    }
+
+    /// The children the last commits refused (their rows were not inserted), with why.
+    pub fn take_refused(&mut self) -> Vec<(ThreadId, RegistryError)> {
+        std::mem::take(&mut self.refused)
+    }
+
+    /// Why the parent of `a` refused a child (read after the commit that refused it).
+    fn refusal(&self, a: &Admission) -> RegistryError {
+        match admit_child(&self.db, a) {
+            Err(e) => e,
+            // Nothing refuses it now (a sibling ended since): it was the concurrency limit.
+            Ok(()) => RegistryError::Concurrency {
+                parent: a.parent.clone(),
+                live: a.concurrency,
+                max: a.concurrency,
+            },
+        }
     }
 
     /// Inserts a new row; with `admit`, first checks and counts the parent's spawn slots.
@@ -115,6 +155,16 @@ impl Store {
         // commit, and a failed one fails the batch. On SQLite a savepoint, so a failed write
         // leaves nothing of this registration.
         if self.db.in_tx() && self.db.engine() == Engine::Postgres {
+            // A child's admission rides with the commit as one conditional insert (no round
+            // trip per spawn); the commit says which were refused.
+            if let (Some(a), None) = (admit, &row.continuation_of) {
+                let ticket = self
+                    .db
+                    .execute_counted(&admit_sql(), &admitted_values(row, a))
+                    .map_err(st)?;
+                self.deciding.push((ticket, row.id.clone(), a.clone()));
+                return Ok(());
+            }
             return register_in(&self.db, row, admit);
         }
         self.db
@@ -425,106 +475,6 @@ impl Store {
     }
 }
 
-/// [`Store::register`] inside an open transaction.
-fn register_in(db: &Db, row: &ThreadRow, admit: Option<&Admission>) -> Result<(), RegistryError> {
-    if let Some(a) = admit {
-        admit_child(db, a)?;
-    }
-    if let Some(old) = &row.continuation_of {
-        may_continue(db, row, old)?;
-    }
-    db.execute_later(
-        &format!("INSERT INTO threads({COLS}) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24)"),
-        params![
-            row.id.as_str(), row.directive.as_str(), row.parent_id.as_deref(), row.root_id.as_str(),
-            row.status.as_str(), row.created_at.as_str(), row.updated_at.as_str(), row.model.as_str(),
-            row.turns, row.input_tokens, row.output_tokens, row.own_spend_nanos, row.spend_nanos,
-            row.spawn_count, row.result.as_deref(), row.outputs.as_ref().map(|o| o.to_string()),
-            row.error.as_deref(), row.owner_pid, row.continuation_of.as_deref(),
-            row.chain_root.as_deref(), row.waiting.as_deref(), row.status_text.as_deref(),
-            row.forked_from.as_deref(), row.meta.as_ref().map(|m| m.to_string())
-        ],
-    )
-    .map_err(st)?;
-    if let Some(a) = admit {
-        db.execute_later(
-            "UPDATE threads SET spawn_count=spawn_count+1 WHERE id=?1",
-            params![a.parent.as_str()],
-        )
-        .map_err(st)?;
-    }
-    Ok(())
-}
-
-/// Spawn admission: the parent's `spawns` and `concurrency` limits, checked (one query).
-fn admit_child(db: &Db, a: &Admission) -> Result<(), RegistryError> {
-    let found = db
-        .row(
-            "SELECT t.spawn_count, (SELECT COUNT(*) FROM threads c
-               WHERE c.parent=t.id AND c.status IN ('created','running'))
-             FROM threads t WHERE t.id=?1",
-            params![a.parent.as_str()],
-        )
-        .map_err(st)?
-        .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
-    let (used, live) = (found.uint(0).map_err(st)?, found.uint(1).map_err(st)?);
-    if used >= a.spawns {
-        return Err(RegistryError::Spawns {
-            parent: a.parent.clone(),
-            used,
-            max: a.spawns,
-        });
-    }
-    if live >= a.concurrency {
-        return Err(RegistryError::Concurrency {
-            parent: a.parent.clone(),
-            live,
-            max: a.concurrency,
-        });
-    }
-    Ok(())
-}
-
-/// A continuation of `old`: checked and inserted under the registry's write lock (across
-/// processes), so of two concurrent resumes of one thread, or of two threads of one tree, one
-/// wins.
-fn may_continue(db: &Db, row: &ThreadRow, old: &ThreadId) -> Result<(), RegistryError> {
-    let refuse = |why: String| RegistryError::Continued {
-        old: old.clone(),
-        why,
-    };
-    let by = db
-        .row(
-            "SELECT id FROM threads WHERE continuation_of=?1 LIMIT 1",
-            params![old.as_str()],
-        )
-        .map_err(st)?;
-    if let Some(by) = by {
-        return Err(refuse(format!(
-            "it was already continued by {}; resume that one",
-            by.text(0).map_err(st)?
-        )));
-    }
-    // A resumed thread must not run beside its live tree; a handoff (it has a live parent) is
-    // the tree itself going on.
-    if row.parent_id.is_none() {
-        let live = db
-            .row(
-                "SELECT id FROM threads WHERE root=?1 AND id<>?2 AND status IN ('created','running') LIMIT 1",
-                params![row.root_id.as_str(), row.id.as_str()],
-            )
-            .map_err(st)?;
-        if let Some(live) = live {
-            return Err(refuse(format!(
-                "thread {} of its tree {} is still running; its tree draws on one budget, so wait for it or cancel it first",
-                live.text(0).map_err(st)?,
-                row.root_id
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Registries made before the `waiting`, `status_text`, `forked_from` and `meta` columns (and
 /// before schema versions) gain them.
 fn legacy_columns(db: &Db) -> Result<(), RegistryError> {
@@ -544,52 +494,6 @@ fn legacy_columns(db: &Db) -> Result<(), RegistryError> {
         }
     }
     Ok(())
-}
-
-fn read_row(r: &Row) -> Result<ThreadRow, RegistryError> {
-    let row_id = r.text(0).map_err(st)?;
-    let corrupt = |column: &'static str, value: String| RegistryError::Corrupt {
-        row: row_id.clone(),
-        column,
-        value,
-    };
-    let id = |column, value: String| ThreadId::parse(&value).map_err(|_| corrupt(column, value));
-    let some_id = |column, at: usize| -> Result<Option<ThreadId>, RegistryError> {
-        let value = r.opt_text(at).map_err(st)?;
-        value.map(|v| id(column, v)).transpose()
-    };
-    let text = |at: usize| r.text(at).map_err(st);
-    let opt = |at: usize| r.opt_text(at).map_err(st);
-    let count = |at: usize| r.uint(at).map_err(st);
-    let nanos = |at: usize| r.int(at).map_err(st);
-    let status = text(4)?;
-    let owner = count(17)?;
-    Ok(ThreadRow {
-        id: id("id", row_id.clone())?,
-        directive: text(1)?,
-        parent_id: some_id("parent", 2)?,
-        root_id: id("root", text(3)?)?,
-        status: Status::parse(&status).ok_or_else(|| corrupt("status", status.clone()))?,
-        created_at: text(5)?,
-        updated_at: text(6)?,
-        model: text(7)?,
-        turns: count(8)?,
-        input_tokens: count(9)?,
-        output_tokens: count(10)?,
-        own_spend_nanos: nanos(11)?,
-        spend_nanos: nanos(12)?,
-        spawn_count: count(13)?,
-        result: opt(14)?,
-        outputs: opt(15)?.and_then(|o| serde_json::from_str(&o).ok()),
-        error: opt(16)?,
-        owner_pid: u32::try_from(owner).map_err(|_| corrupt("owner_pid", owner.to_string()))?,
-        continuation_of: some_id("continuation_of", 18)?,
-        chain_root: some_id("chain_root", 19)?,
-        waiting: opt(20)?,
-        status_text: opt(21)?,
-        forked_from: some_id("forked_from", 22)?,
-        meta: opt(23)?.and_then(|m| serde_json::from_str(&m).ok()),
-    })
 }
 
 #[cfg(test)]

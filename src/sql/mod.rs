@@ -42,7 +42,7 @@ pub(crate) enum Engine {
 enum Conn {
     Sqlite(rusqlite::Connection),
     #[cfg(feature = "postgres")]
-    Postgres(pg::Client),
+    Postgres(Box<pg::Client>),
 }
 
 /// A connection, owned by one actor or one reader, with at most one open write transaction.
@@ -58,6 +58,10 @@ pub(crate) struct Db {
     /// aborted the transaction, and its `COMMIT` would quietly roll back, so [`Db::commit`]
     /// fails instead (SQLite undoes only the failed statement).
     poisoned: std::cell::RefCell<Option<SqlError>>,
+    /// Row counts of counted statements run at once (SQLite), by ticket.
+    counts: std::cell::RefCell<std::collections::HashMap<u64, u64>>,
+    /// The next ticket of a counted statement.
+    next_ticket: std::cell::Cell<u64>,
 }
 
 /// Write locks, one per concern: writers of one concern take turns; different concerns never
@@ -97,6 +101,8 @@ impl Db {
             fsyncs: false,
             depth: 0,
             poisoned: Default::default(),
+            counts: Default::default(),
+            next_ticket: Default::default(),
         }
     }
 
@@ -105,11 +111,13 @@ impl Db {
         #[cfg(feature = "postgres")]
         {
             Ok(Db {
-                conn: Conn::Postgres(pg::Client::connect(url)?),
+                conn: Conn::Postgres(Box::new(pg::Client::connect(url)?)),
                 in_tx: false,
                 fsyncs: false,
                 depth: 0,
                 poisoned: Default::default(),
+                counts: Default::default(),
+                next_ticket: Default::default(),
             })
         }
         #[cfg(not(feature = "postgres"))]
@@ -202,8 +210,36 @@ impl Db {
     pub(crate) fn execute_later(&self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
         match &self.conn {
             #[cfg(feature = "postgres")]
-            Conn::Postgres(c) if self.in_tx => self.noted(c.defer(sql, params)),
+            Conn::Postgres(c) if self.in_tx => self.noted(c.defer(sql, params, None)),
             _ => self.execute(sql, params).map(|_| ()),
+        }
+    }
+
+    /// As [`Db::execute_later`], but the rows the statement changed are kept under the
+    /// returned ticket until [`Db::take_counts`] (after the commit, on Postgres; at once on
+    /// SQLite or outside a transaction).
+    pub(crate) fn execute_counted(&self, sql: &str, params: &[Value]) -> Result<u64, SqlError> {
+        let ticket = self.next_ticket.get();
+        self.next_ticket.set(ticket + 1);
+        match &self.conn {
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) if self.in_tx => self.noted(c.defer(sql, params, Some(ticket)))?,
+            _ => {
+                let n = self.execute(sql, params)?;
+                self.counts.borrow_mut().insert(ticket, n);
+            }
+        }
+        Ok(ticket)
+    }
+
+    /// The row counts of [`Db::execute_counted`] statements sent so far, by ticket (and
+    /// forgets them).
+    pub(crate) fn take_counts(&self) -> std::collections::HashMap<u64, u64> {
+        let counts = std::mem::take(&mut *self.counts.borrow_mut());
+        match &self.conn {
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => counts.into_iter().chain(c.take_counts()).collect(),
+            _ => counts,
         }
     }
 

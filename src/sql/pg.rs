@@ -63,6 +63,9 @@ fn wait<F: Future>(f: F) -> F::Output {
     super::workers::off_workers(|| block_on(f))
 }
 
+/// A queued statement, its values, and the ticket its row count is kept under, if any.
+type Deferred = (tokio_postgres::Statement, Vec<Value>, Option<u64>);
+
 /// One connection (made again when the server dropped it) and its prepared statements.
 pub(super) struct Client {
     url: DatabaseUrl,
@@ -70,7 +73,9 @@ pub(super) struct Client {
     prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
     /// Statements of the open transaction not sent yet ([`Client::defer`]): sent together,
     /// pipelined, before the next statement that reads or at the commit.
-    deferred: RefCell<Vec<(tokio_postgres::Statement, Vec<Value>)>>,
+    deferred: RefCell<Vec<Deferred>>,
+    /// Rows changed by counted deferred statements, by their ticket ([`Client::defer`]).
+    counts: RefCell<HashMap<u64, u64>>,
     /// A transaction is open on this connection (a lost connection then fails it; outside one
     /// the next call connects again).
     in_tx: std::cell::Cell<bool>,
@@ -141,6 +146,7 @@ impl Client {
             url: url.clone(),
             prepared: RefCell::new(HashMap::new()),
             deferred: RefCell::new(Vec::new()),
+            counts: RefCell::new(HashMap::new()),
             in_tx: std::cell::Cell::new(false),
             strict: std::cell::Cell::new(false),
         })
@@ -197,7 +203,13 @@ impl Client {
     /// anything else on this connection. Its values are encoded now, so a value the server
     /// could not take fails here — a statement never silently missing from a burst whose
     /// `COMMIT` goes out.
-    pub(super) fn defer(&self, sql: &str, params: &[Value]) -> Result<(), SqlError> {
+    /// With a `ticket`, the rows it changes are kept for [`Client::take_counts`].
+    pub(super) fn defer(
+        &self,
+        sql: &str,
+        params: &[Value],
+        ticket: Option<u64>,
+    ) -> Result<(), SqlError> {
         let st = self.statement(sql)?;
         if st.params().len() != params.len() {
             return Err(SqlError(format!(
@@ -213,8 +225,15 @@ impl Client {
                 .to_sql_checked(ty, &mut scratch)
                 .map_err(|e| SqlError(format!("a value for `{sql}`: {e}")))?;
         }
-        self.deferred.borrow_mut().push((st, params.to_vec()));
+        self.deferred
+            .borrow_mut()
+            .push((st, params.to_vec(), ticket));
         Ok(())
+    }
+
+    /// The row counts of the counted statements sent so far (and forgets them).
+    pub(super) fn take_counts(&self) -> HashMap<u64, u64> {
+        std::mem::take(&mut *self.counts.borrow_mut())
     }
 
     /// Sends the queued statements (and `then`, a simple query such as `COMMIT`, in the same
@@ -228,10 +247,10 @@ impl Client {
         let client = self.live()?;
         let sent: Vec<_> = queued
             .iter()
-            .map(|(st, params)| {
+            .map(|(st, params, _)| {
                 let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
                 let client = &*client;
-                async move { client.execute(st, &refs).await.map(|_| ()) }
+                async move { client.execute(st, &refs).await }
             })
             .collect();
         let last = async {
@@ -241,8 +260,11 @@ impl Client {
             }
         };
         let (results, last) = block_on(InOrder::new(sent, last));
-        for r in results {
-            r.map_err(pg_error)?;
+        for (r, (_, _, ticket)) in results.into_iter().zip(&queued) {
+            let n = r.map_err(pg_error)?;
+            if let Some(t) = ticket {
+                self.counts.borrow_mut().insert(*t, n);
+            }
         }
         last.map_err(pg_error)
     }
@@ -269,6 +291,7 @@ impl Client {
     /// Drops what is queued and rolls back.
     pub(super) fn rollback(&self) {
         self.deferred.borrow_mut().clear();
+        self.counts.borrow_mut().clear();
         self.in_tx.set(false);
         if let Ok(c) = self.live() {
             let _ = block_on(c.batch_execute("ROLLBACK"));

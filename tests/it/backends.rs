@@ -758,3 +758,58 @@ fn a_files_root_inside_weft_is_refused() {
         );
     }
 }
+
+/// Spawn admission inside one batch: on SQLite each registration is checked as it comes; on
+/// Postgres the commit decides (one conditional insert per child, no round trip per spawn).
+/// Either way, of three children asked at once under `concurrency: 2`, exactly two are
+/// stored and the third is refused naming the limit.
+#[test]
+fn admission_in_one_batch_takes_exactly_the_free_slots() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut s) = registry(backend, dir.path()) else {
+            return;
+        };
+        let at = "2026-11-25T00:00:00Z";
+        s.register(&row("p", None, "p", Status::Running, at), None)
+            .unwrap();
+        let admit = Admission {
+            parent: id("p"),
+            spawns: 10,
+            concurrency: 2,
+        };
+        s.begin_batch().unwrap();
+        let mut refused: Vec<(String, RegistryError)> = Vec::new();
+        for kid in ["a", "b", "c"] {
+            if let Err(e) = s.register(&row(kid, Some("p"), "p", Status::Running, at), Some(&admit))
+            {
+                refused.push((kid.to_string(), e));
+            }
+        }
+        s.commit_batch().unwrap();
+        refused.extend(
+            s.take_refused()
+                .into_iter()
+                .map(|(k, e)| (k.to_string(), e)),
+        );
+        assert_eq!(refused.len(), 1, "{backend:?}: {refused:?}");
+        assert_eq!(refused[0].0, "c", "{backend:?}");
+        assert!(
+            matches!(
+                refused[0].1,
+                RegistryError::Concurrency {
+                    live: 2,
+                    max: 2,
+                    ..
+                }
+            ),
+            "{backend:?}: {:?}",
+            refused[0].1
+        );
+        assert!(
+            s.get("c").unwrap().is_none(),
+            "{backend:?}: the refused row is not stored"
+        );
+        assert_eq!(s.get("p").unwrap().unwrap().spawn_count, 2, "{backend:?}");
+    }
+}
