@@ -170,9 +170,10 @@ impl RegistryActorState {
         if let Err(e) = &res {
             tracing::error!("registry commit failed: {e}");
         }
-        if let Ok(mut refused) = self.refused.lock() {
-            refused.extend(self.store.take_refused());
-        }
+        // Never fails open: a poisoned map is still the map.
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused.extend(self.store.take_refused());
+        drop(refused);
         self.held.release(&res);
     }
 
@@ -186,7 +187,10 @@ impl RegistryActorState {
     ) {
         let refused = self.refused.clone();
         let held: HeldReply = Box::new(move |commit_err| {
-            let refusal = refused.lock().ok().and_then(|mut r| r.remove(&id));
+            let refusal = refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             let _ = reply.send(match (commit_err, refusal) {
                 (Some(e), _) => Err(e),
                 (None, Some(why)) => Err(why),

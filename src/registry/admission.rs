@@ -29,15 +29,16 @@ pub(super) fn admit_sql() -> String {
             false => format!("CAST(?{i} AS TEXT)"),
         })
         .collect();
+    // The parent's count is raised first and the row inserted from what it returned: the
+    // statement's count is the insert's (a parent gone meanwhile inserts nothing).
     format!(
-        "WITH ok AS (
-           SELECT 1 AS one FROM threads p
+        "WITH up AS (
+           UPDATE threads p SET spawn_count = p.spawn_count + 1
            WHERE p.id = ?25 AND p.spawn_count < ?26
              AND (SELECT COUNT(*) FROM threads c
-                  WHERE c.parent = p.id AND c.status IN ('created','running')) < ?27),
-         ins AS (INSERT INTO threads({COLS}) SELECT {} FROM ok RETURNING 1)
-         UPDATE threads SET spawn_count = spawn_count + 1
-         WHERE id = ?25 AND EXISTS (SELECT 1 FROM ins)",
+                  WHERE c.parent = p.id AND c.status IN ('created','running')) < ?27
+           RETURNING p.id)
+         INSERT INTO threads({COLS}) SELECT {} FROM up",
         values.join(",")
     )
 }

@@ -128,7 +128,8 @@ impl Store {
         std::mem::take(&mut self.refused)
     }
 
-    /// Why the parent of `a` refused a child (read after the commit that refused it).
+    /// Why the parent of `a` refused a child, read after the commit that refused it (the
+    /// decision is the commit's; the numbers are those of now).
     fn refusal(&self, a: &Admission) -> RegistryError {
         match admit_child(&self.db, a) {
             Err(e) => e,

@@ -219,6 +219,8 @@ impl Db {
     /// returned ticket until [`Db::take_counts`] (after the commit, on Postgres; at once on
     /// SQLite or outside a transaction).
     pub(crate) fn execute_counted(&self, sql: &str, params: &[Value]) -> Result<u64, SqlError> {
+        // Not inside a savepoint: one undone would leave a count for a statement undone.
+        debug_assert_eq!(self.depth, 0, "a counted statement inside a savepoint");
         let ticket = self.next_ticket.get();
         self.next_ticket.set(ticket + 1);
         match &self.conn {
