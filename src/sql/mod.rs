@@ -93,10 +93,9 @@ impl Lock {
 }
 
 impl Db {
-    /// An open SQLite connection (its pragmas already set).
-    pub(crate) fn sqlite(conn: rusqlite::Connection) -> Db {
+    fn with(conn: Conn) -> Db {
         Db {
-            conn: Conn::Sqlite(conn),
+            conn,
             in_tx: false,
             fsyncs: false,
             depth: 0,
@@ -106,19 +105,18 @@ impl Db {
         }
     }
 
+    /// An open SQLite connection (its pragmas already set).
+    pub(crate) fn sqlite(conn: rusqlite::Connection) -> Db {
+        Db::with(Conn::Sqlite(conn))
+    }
+
     /// Connects to the Postgres server at `url`.
     pub(crate) fn postgres(url: &DatabaseUrl) -> Result<Db, SqlError> {
         #[cfg(feature = "postgres")]
         {
-            Ok(Db {
-                conn: Conn::Postgres(Box::new(pg::Client::connect(url)?)),
-                in_tx: false,
-                fsyncs: false,
-                depth: 0,
-                poisoned: Default::default(),
-                counts: Default::default(),
-                next_ticket: Default::default(),
-            })
+            Ok(Db::with(Conn::Postgres(Box::new(pg::Client::connect(
+                url,
+            )?))))
         }
         #[cfg(not(feature = "postgres"))]
         {
