@@ -49,9 +49,12 @@ impl LedgerState {
     }
 
     /// Opens `id`'s closed account and its closed ancestors again (its tree taken over first),
-    /// from their ledger.db rows unless the book holds them.
+    /// from their ledger rows unless the book holds them. The tree is taken and `id`'s account
+    /// marked open in the ledger in one transaction: from then on another process sees the
+    /// tree open and held (it would otherwise see a finished tree, free to take, until this
+    /// book's next commit — two resumes racing each took the tree and spent 1.8× its cap).
     pub(super) fn reopen(&mut self, id: ThreadId) -> Result<(), LedgerError> {
-        self.take_tree(&id)?;
+        self.take_tree_opening(&id, Some(&id))?;
         if self.book.get(&id).is_some() {
             // Held closed (work it caused is still open below it): open again all the same.
             self.book.reopen_held(&id);
@@ -66,13 +69,22 @@ impl LedgerState {
     }
 
     /// Makes this process the holder of `id`'s tree (see the module's doc); refused while
-    /// another live process holds it. Nothing to do for an account ledger.db has never seen.
+    /// another live process holds it. Nothing to do for an account the ledger has never seen.
     fn take_tree(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
+        self.take_tree_opening(id, None)
+    }
+
+    /// [`Self::take_tree`], marking `open`'s account open in the same transaction.
+    fn take_tree_opening(
+        &mut self,
+        id: &ThreadId,
+        open: Option<&ThreadId>,
+    ) -> Result<(), LedgerError> {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
         let me = std::process::id();
-        if take(&mut self.db, &top, me, &*self.alive)? {
+        if take(&mut self.db, &top, me, &*self.alive, open)? {
             self.book.forget_tree(&top);
         }
         Ok(())
@@ -97,14 +109,16 @@ fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
         .and_then(|t| ThreadId::parse(&t).ok()))
 }
 
-/// Sets `me` as the holder of tree `top` unless a live other process holds it; true when the
-/// tree changed hands (this book's copies of it are stale). Under the ledger's write lock, so
-/// two processes taking one tree at once take turns.
+/// Sets `me` as the holder of tree `top` unless a live other process holds it (and marks
+/// `open`'s account open, when given); true when the tree changed hands (this book's copies of
+/// it are stale). Under the ledger's write lock, so two processes taking one tree at once take
+/// turns.
 fn take(
     db: &mut Db,
     top: &ThreadId,
     me: u32,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
+    open: Option<&ThreadId>,
 ) -> Result<bool, LedgerError> {
     db.begin_write(Lock::Ledger).map_err(st)?;
     let decided = (|| {
@@ -118,24 +132,30 @@ fn take(
             .int(0)
             .map_err(st)?;
         let owner = u32::try_from(owner).unwrap_or(0);
-        if owner == me {
-            return Ok(false);
-        }
-        if owner != 0 && alive(owner) && tree_open(db, top)? {
+        if owner != me && owner != 0 && alive(owner) && tree_open(db, top)? {
             return Err(LedgerError::Busy {
                 root: top.clone(),
                 pid: owner,
             });
         }
-        db.execute(
-            "UPDATE accounts SET owner=?1 WHERE id=?2",
-            params![me, top.as_str()],
-        )
-        .map_err(st)?;
-        Ok(true)
+        if owner != me {
+            db.execute(
+                "UPDATE accounts SET owner=?1 WHERE id=?2",
+                params![me, top.as_str()],
+            )
+            .map_err(st)?;
+        }
+        if let Some(open) = open {
+            db.execute(
+                "UPDATE accounts SET closed=0 WHERE id=?1",
+                params![open.as_str()],
+            )
+            .map_err(st)?;
+        }
+        Ok(owner != me)
     })();
     match &decided {
-        Ok(true) => db.commit().map_err(st)?,
+        Ok(changed) if *changed || open.is_some() => db.commit().map_err(st)?,
         _ => db.rollback(),
     }
     decided

@@ -482,3 +482,78 @@ async fn a_refused_after_complete_spawn_is_the_hooks_failure_in_the_transcript()
     );
     assert!(fx.rows().iter().all(|r| r.directive != "h"));
 }
+
+/// Two processes reserve against one root at the same moment (#25: on SQLite and on one
+/// Postgres database): `weft resume` of the root and of its child, started together, each
+/// wanting more than half of what the tree has left. Whichever takes the tree first runs; the
+/// other is refused or runs after it; the tree never spends a nano over its cap.
+#[test]
+fn two_processes_reserving_against_one_root_never_pass_its_cap() {
+    for backend in crate::support::BACKENDS {
+        let r = directive(
+            "limits: { spend: 0.002 }\npermissions: [\"thread.spawn.**\"]",
+            "Root.",
+        );
+        let k = directive("", "Kid.");
+        // First run: 100+100 in and 0 out (root), 100 in (kid): 300,000 of 2,000,000 spent.
+        // Each resume asks for a call of 100 in + 380 out = 1,620,000 more: both cannot fit.
+        let script = r#"r:
+  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
+    usage: { input_tokens: 100, output_tokens: 0 }
+  - text: done
+    usage: { input_tokens: 100, output_tokens: 0 }
+  - text: again
+    delay: 300ms
+    usage: { input_tokens: 100, output_tokens: 380 }
+k:
+  - text: kid
+    usage: { input_tokens: 100, output_tokens: 0 }
+  - text: kid again
+    delay: 300ms
+    usage: { input_tokens: 100, output_tokens: 380 }
+"#;
+        let Some(fx) = Fixture::on(backend, &[("r", &r), ("k", &k)], script, "") else {
+            return;
+        };
+        let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (root, kid) = (fx.id_of("r"), fx.id_of("k"));
+        let script = fx.root().join("script.yaml");
+        let resume = |id: &str| {
+            weft_cmd(fx.root())
+                .args(["resume", id, "--json", "--script"])
+                .arg(&script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (resume(&root), resume(&kid));
+        let (a, b) = (
+            exits_within(a, 60, "resume root"),
+            exits_within(b, 60, "resume kid"),
+        );
+        let spent = tree_spend(&fx);
+        eprintln!(
+            "two resumes ({backend:?}): spent {spent}; root {} {}; kid {} {}",
+            a.status,
+            String::from_utf8_lossy(&a.stderr).trim(),
+            b.status,
+            String::from_utf8_lossy(&b.stderr).trim()
+        );
+        assert!(
+            spent <= 2_000_000,
+            "{backend:?}: the tree spent {spent} of its 2,000,000 cap (root: {} / kid: {})",
+            String::from_utf8_lossy(&a.stderr),
+            String::from_utf8_lossy(&b.stderr)
+        );
+        assert!(
+            a.status.success() != b.status.success(),
+            "{backend:?}: exactly one of them ran to the end (both cannot fit the cap)"
+        );
+    }
+}
