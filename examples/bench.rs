@@ -758,20 +758,7 @@ async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
     // (b) `callers` threads at depth 5 reserving and settling at once, each call up the chain.
     let mut chain_tip = Vec::new();
     for c in 0..callers {
-        let mut up: Option<ThreadId> = None;
-        for level in 0..5 {
-            let id = ThreadId::parse(&format!("c{c}-l{level}")).unwrap();
-            let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
-                id: id.clone(),
-                parent: up.clone(),
-                max: Nanos(i64::MAX / 4),
-                guarantee: Nanos::ZERO,
-                min_first_call: Nanos::ZERO,
-                reply
-            });
-            up = Some(id);
-        }
-        chain_tip.push(up.unwrap());
+        chain_tip.push(open_chain(&ledger, &format!("c{c}")).await);
     }
     const CALLS: usize = 20;
     let price = Price {
@@ -799,6 +786,28 @@ async fn bench_ledger(spawns: usize, k: usize, callers: usize) -> Value {
     json!({ "concurrent_guarantee_spawns": spawns, "budget_admits": k, "admitted": admitted, "exactly_k": admitted == k,
             "admission_s": admit_s, "depth5_callers": callers, "reservations": callers * CALLS,
             "reservations_per_s": (callers * CALLS) as f64 / el, "violations": violations.len() })
+}
+
+/// Opens a chain of 5 accounts `<prefix>-l0` … `-l4` with no cap to speak of; returns its tip.
+async fn open_chain(
+    ledger: &ractor::ActorRef<weft::internals::LedgerMsg>,
+    prefix: &str,
+) -> ThreadId {
+    use weft::internals::LedgerMsg;
+    let mut up: Option<ThreadId> = None;
+    for level in 0..5 {
+        let id = ThreadId::parse(&format!("{prefix}-l{level}")).unwrap();
+        let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
+            id: id.clone(),
+            parent: up.clone(),
+            max: weft::Nanos(i64::MAX / 4),
+            guarantee: weft::Nanos::ZERO,
+            min_first_call: weft::Nanos::ZERO,
+            reply
+        });
+        up = Some(id);
+    }
+    up.expect("five levels")
 }
 
 /// One call's reservation (100 tokens in, up to 100 out) on `tip`'s chain, settled at 150 nanos.

@@ -8,8 +8,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-use weft::internals::LedgerMsg;
-use weft::{Nanos, Price, ThreadId};
+use weft::Price;
 
 /// A running server; stopped on drop.
 pub(super) struct Server {
@@ -124,20 +123,7 @@ pub(super) fn start(tmp: &Path) -> Option<Server> {
 async fn round_trip(p: &super::Proj, n: usize) -> f64 {
     let rt = super::open(p).await;
     let (_, ledger) = weft::internals::actors(&rt);
-    let mut up: Option<ThreadId> = None;
-    for level in 0..5 {
-        let id = ThreadId::parse(&format!("rt-l{level}")).unwrap();
-        let _ = ractor::call!(ledger, |reply| LedgerMsg::Open {
-            id: id.clone(),
-            parent: up.clone(),
-            max: Nanos(i64::MAX / 4),
-            guarantee: Nanos::ZERO,
-            min_first_call: Nanos::ZERO,
-            reply
-        });
-        up = Some(id);
-    }
-    let tip = up.unwrap();
+    let tip = super::open_chain(&ledger, "rt").await;
     let price = Price {
         input: 1000,
         output: 1000,

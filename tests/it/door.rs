@@ -293,6 +293,34 @@ proptest::proptest! {
     }
 }
 
+/// A finished tree of a root capped at $0.002 and one child, run once: 300,000 nanos spent.
+/// Each thread's script has one more turn for a resume, 100 in + 380 out (1,620,000 nanos:
+/// two such cannot fit what is left), taking `root_delay` / `kid_delay`. Returns the fixture
+/// and the ids of the root and the child; None (after a loud skip) without the backend.
+fn finished_tree(
+    backend: crate::support::Backend,
+    root_delay: &str,
+    kid_delay: &str,
+) -> Option<(Fixture, String, String)> {
+    let r = directive(
+        "limits: { spend: 0.002 }\npermissions: [\"thread.spawn.**\"]",
+        "Root.",
+    );
+    let k = directive("", "Kid.");
+    let script = format!(
+        "r:\n  - tool_calls: [ {{ name: spawn_thread, input: {{ directive: k }} }} ]\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\n  - text: done\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\n  - text: again\n    delay: {root_delay}\n    usage: {{ input_tokens: 100, output_tokens: 380 }}\nk:\n  - text: kid\n    usage: {{ input_tokens: 100, output_tokens: 0 }}\n  - text: kid again\n    delay: {kid_delay}\n    usage: {{ input_tokens: 100, output_tokens: 380 }}\n"
+    );
+    let fx = Fixture::on(backend, &[("r", &r), ("k", &k)], &script, "")?;
+    let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (root, kid) = (fx.id_of("r"), fx.id_of("k"));
+    Some((fx, root, kid))
+}
+
 /// One process at a time holds a tree's accounts (review of #22), on SQLite and on one Postgres
 /// database alike (two processes reserving against one root): while `weft resume <root>`
 /// runs in one process, `weft resume <child>` of the same tree in another is refused, naming
@@ -301,43 +329,9 @@ proptest::proptest! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_is_resumed_in_one_process_at_a_time() {
     for backend in crate::support::BACKENDS {
-        let r = directive(
-            "limits: { spend: 0.002 }\npermissions: [\"thread.spawn.**\"]",
-            "Root.",
-        );
-        let k = directive("", "Kid.");
-        let script = r#"r:
-  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: done
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: again
-    delay: 3s
-    usage: { input_tokens: 100, output_tokens: 380 }
-k:
-  - text: kid
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: kid again
-    usage: { input_tokens: 100, output_tokens: 380 }
-"#;
-        let Some(fx) = Fixture::on(backend, &[("r", &r), ("k", &k)], script, "") else {
+        let Some((fx, root, kid)) = finished_tree(backend, "3s", "0ms") else {
             return;
         };
-        let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let id = |d: &str| {
-            fx.rows()
-                .into_iter()
-                .find(|r| r.directive == d)
-                .unwrap()
-                .id
-                .to_string()
-        };
-        let (root, kid) = (id("r"), id("k"));
         let script = fx.root().join("script.yaml");
         let first = weft_cmd(fx.root())
             .args(["resume", &root, "--script"])
@@ -490,38 +484,9 @@ async fn a_refused_after_complete_spawn_is_the_hooks_failure_in_the_transcript()
 #[test]
 fn two_processes_reserving_against_one_root_never_pass_its_cap() {
     for backend in crate::support::BACKENDS {
-        let r = directive(
-            "limits: { spend: 0.002 }\npermissions: [\"thread.spawn.**\"]",
-            "Root.",
-        );
-        let k = directive("", "Kid.");
-        // First run: 100+100 in and 0 out (root), 100 in (kid): 300,000 of 2,000,000 spent.
-        // Each resume asks for a call of 100 in + 380 out = 1,620,000 more: both cannot fit.
-        let script = r#"r:
-  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: done
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: again
-    delay: 300ms
-    usage: { input_tokens: 100, output_tokens: 380 }
-k:
-  - text: kid
-    usage: { input_tokens: 100, output_tokens: 0 }
-  - text: kid again
-    delay: 300ms
-    usage: { input_tokens: 100, output_tokens: 380 }
-"#;
-        let Some(fx) = Fixture::on(backend, &[("r", &r), ("k", &k)], script, "") else {
+        let Some((fx, root, kid)) = finished_tree(backend, "300ms", "300ms") else {
             return;
         };
-        let out = exits_within(spawn_run(&fx, "r"), 30, "the tree");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let (root, kid) = (fx.id_of("r"), fx.id_of("k"));
         let script = fx.root().join("script.yaml");
         let resume = |id: &str| {
             weft_cmd(fx.root())
