@@ -74,9 +74,12 @@ fn signing(c: &mut Criterion) {
     c.bench_function("thread.json sign (JCS + ed25519)", |b| {
         b.iter(|| signer.sign(weft::internals::THREAD_DOMAIN, black_box(&doc)))
     });
+    let project = weft::Project {
+        root: dir.path().to_path_buf(),
+    };
     let mut w = weft::internals::TranscriptWriter::create(
-        &dir.path().join("t.jsonl"),
-        "t-1-0",
+        &weft::internals::Records::files(&project),
+        &weft::ThreadId::parse("t-1-0").unwrap(),
         std::sync::Arc::new(signer),
         weft::Durability::Normal,
         1_000_000,

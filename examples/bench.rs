@@ -553,9 +553,11 @@ async fn turn_parts(strict: bool) -> Value {
     } else {
         weft::Durability::Normal
     };
-    let path = p.root.join("t.jsonl");
+    let records = weft::internals::Records::files(&weft::Project {
+        root: p.root.clone(),
+    });
     let mut w =
-        weft::internals::TranscriptWriter::create(&path, "bench-1", signer.clone(), durability, 64)
+        weft::internals::TranscriptWriter::create(&records, &id, signer.clone(), durability, 64)
             .unwrap();
     let t = Instant::now();
     for i in 0..N {

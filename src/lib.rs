@@ -136,9 +136,12 @@ pub mod internals {
     pub use crate::directive::parse as parse_directive;
     pub use crate::ledger::{Book, Grant, LedgerError, LedgerMsg, ReservationId};
     pub use crate::provider::anthropic::API_VERSION as ANTHROPIC_API_VERSION;
+    pub use crate::record::place::Records;
     pub use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
     pub use crate::record::thread_doc::ThreadDoc;
-    pub use crate::record::transcript::{read as read_transcript, TranscriptWriter};
+    pub use crate::record::transcript::{
+        check as check_transcript, read as read_transcript, TranscriptWriter,
+    };
     pub use crate::record::verify::{verify_thread, Verdict};
     pub use crate::registry::{Admission, RegistryError, RegistryMsg, Store, ThreadRow};
     #[cfg(feature = "server")]

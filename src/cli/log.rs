@@ -4,42 +4,31 @@
 
 use super::{failed, find_project, open_threads, usage, Exit};
 use crate::core::ids::ThreadId;
+use crate::record::place::Records;
 use crate::store::{FileStore, ThreadStore};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 /// How often `--follow` looks for new lines and threads.
 const POLL: std::time::Duration = std::time::Duration::from_millis(150);
 
-/// One transcript being read: where the last complete line ended.
+/// One transcript being read: how far it was read.
 struct Tail {
-    path: PathBuf,
-    offset: u64,
+    thread: ThreadId,
+    cursor: u64,
     tag: String,
     id: String,
 }
 
 impl Tail {
     /// The complete lines added since the last call (a torn last line waits for its end).
-    fn read_new(&mut self) -> Vec<Value> {
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
-            return Vec::new();
-        };
-        if f.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
-            return Vec::new();
-        }
-        let mut buf = Vec::new();
-        if f.read_to_end(&mut buf).is_err() {
-            return Vec::new();
-        }
-        let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
-            return Vec::new();
-        };
-        self.offset += end as u64 + 1;
-        buf[..end]
-            .split(|b| *b == b'\n')
+    fn read_new(&mut self, records: &Records) -> Vec<Value> {
+        records
+            .new_lines(&self.thread, &mut self.cursor)
+            .unwrap_or_default()
+            .iter()
             .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
             .collect()
     }
@@ -65,15 +54,15 @@ pub(super) async fn log(
         let rows = members(&store, &id, tree)?;
         for r in &rows {
             tails.entry(r.id.to_string()).or_insert_with(|| Tail {
-                path: store.transcript_path(&r.id),
-                offset: 0,
+                thread: r.id.clone(),
+                cursor: 0,
                 tag: tag(&r.directive, &r.id),
                 id: r.id.to_string(),
             });
         }
         let mut batch: Vec<(String, String, Value)> = Vec::new();
         for t in tails.values_mut() {
-            for l in t.read_new() {
+            for l in t.read_new(store.records()) {
                 let ts = l["ts"].as_str().unwrap_or_default().to_string();
                 batch.push((ts, t.id.clone(), l));
             }

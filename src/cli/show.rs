@@ -18,7 +18,8 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
     })?;
     let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
     let doc = crate::record::thread_doc::ThreadDoc::read_verified(
-        &open_threads(&project)?.doc_path(&id),
+        open_threads(&project)?.records(),
+        &id,
         &trust,
     );
     if as_json {
@@ -78,8 +79,7 @@ pub(super) fn show(explicit: Option<PathBuf>, id: String, as_json: bool) -> Resu
 /// and what they cost in all. None when there were none.
 fn charged_at_bound(store: &crate::store::FileStore, id: &ThreadId) -> Option<(usize, Nanos)> {
     use crate::record::line::Line;
-    let read =
-        crate::record::transcript::read(&store.transcript_path(id), id.as_str(), None).ok()?;
+    let read = crate::record::transcript::read(store.records(), id, None).ok()?;
     let charged: Vec<Nanos> = read
         .events
         .iter()

@@ -5,6 +5,7 @@ use super::args::VerifyArgs;
 use super::{find_project, usage, Exit};
 use crate::core::ids::ThreadId;
 use crate::project::Project;
+use crate::record::place::Records;
 use crate::record::verify::Verdict;
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,12 +28,19 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
         .transpose()
         .map_err(usage)?;
     let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
-    let (log, log_problems) = crate::record::anchors::read_log(&project.anchors_log(), &trust);
+    let records = Records::open(&project).map_err(|e| Exit {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
     let finished = registry_finished(&project);
     let store = crate::store::FileStore::open(&project).ok();
     let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
     if all {
-        targets.extend(every_thread(&project)?);
+        targets.extend(records.thread_ids().map_err(|e| Exit {
+            code: 1,
+            message: format!("{}: {e}", records.thread_name_all()),
+        })?);
         // And every thread the registry or the anchor log knows: a folder gone is missing.
         let known = log.heads.keys().filter(|id| !deleted(id));
         targets.extend(known.cloned());
@@ -51,10 +59,10 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     };
     let mut verdicts: Vec<Verdict> = targets
         .iter()
-        .map(|id| crate::record::verify::verify_anchored(&project, &trust, id, &w))
+        .map(|id| crate::record::verify::verify_anchored(&records, &trust, id, &w))
         .collect();
     if tree.is_some() {
-        missing_children(&project, &targets, &deleted, &mut verdicts);
+        missing_children(&records, &targets, &deleted, &mut verdicts);
     }
     if !log_problems.is_empty() {
         verdicts.push(Verdict {
@@ -66,18 +74,6 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     }
     print(&verdicts, as_json);
     Ok(if verdicts.iter().all(|v| v.ok) { 0 } else { 1 })
-}
-
-fn every_thread(project: &Project) -> Result<Vec<ThreadId>, Exit> {
-    let dir = project.weft().join("threads");
-    let entries = std::fs::read_dir(&dir).map_err(|e| Exit {
-        code: 1,
-        message: format!("{}: {e}", dir.display()),
-    })?;
-    Ok(entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| ThreadId::parse(n).ok()))
-        .collect())
 }
 
 /// Every thread of the registry, and whether it finished (empty when there is no registry).
@@ -111,15 +107,14 @@ fn tree_rows(project: &Project, root: &ThreadId) -> Result<Vec<ThreadId>, Exit> 
 /// A thread of the tree without its records: a verdict of its own (a registry row's folder,
 /// or a child a verified transcript names, is gone).
 fn missing_children(
-    project: &Project,
+    records: &Records,
     targets: &[ThreadId],
     deleted: &dyn Fn(&ThreadId) -> bool,
     verdicts: &mut Vec<Verdict>,
 ) {
     let mut named: Vec<ThreadId> = targets.to_vec();
     for id in targets {
-        let path = project.thread_dir(id).join("transcript.jsonl");
-        let lines = crate::record::transcript::read(&path, id.as_str(), None)
+        let lines = crate::record::transcript::read(records, id, None)
             .map(|r| r.events)
             .unwrap_or_default();
         for l in lines {
@@ -133,14 +128,14 @@ fn missing_children(
     named.sort();
     named.dedup();
     for id in named.into_iter().filter(|id| !deleted(id)) {
-        let dir = project.thread_dir(&id);
-        if !dir.join("thread.json").exists() && !verdicts.iter().any(|v| v.id == id.as_str()) {
+        let gone = records.doc(&id).is_ok_and(|d| d.is_none());
+        if gone && !verdicts.iter().any(|v| v.id == id.as_str()) {
             verdicts.push(Verdict {
                 id: id.to_string(),
                 ok: false,
                 problems: vec![format!(
                     "{}: missing: its tree names this thread, but its records are gone",
-                    dir.display()
+                    records.thread_name(&id)
                 )],
                 torn_last_line: false,
             });

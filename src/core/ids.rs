@@ -144,6 +144,9 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The hash a chain's first line names as the one before it (transcripts, the anchor log).
+pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
 /// sha256 of bytes, lower-case hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};

@@ -1,156 +1,42 @@
 //! Where a thread's final head is anchored beyond its own files (SPEC §11, #23), so a finished
 //! thread cannot be rolled back to an older, validly signed state unseen: a child's final head
 //! is in its parent's `child_finished` line (the parent's chained, signed transcript); a root's
-//! is in the project's anchor log, `.weft/state/anchors.jsonl` — one signed line per finished
-//! root, each naming the hash of the line before it (a chain), appended under a file lock so
-//! processes never interleave. `weft verify` checks a finished thread's signed head against its
-//! anchor.
+//! is in the project's anchor log (`.weft/state/anchors.jsonl`, or its table on the project's
+//! database server; see `place`) — one signed line per finished root, each naming the hash of
+//! the line before it (a chain), appended with every process taking turns. `weft verify`
+//! checks a finished thread's signed head against its anchor.
 //!
 //! Writes only the anchor log; reads what it is given.
 
-use crate::core::ids::{now_ts, sha256_hex, ThreadId};
+use crate::core::ids::{now_ts, sha256_hex, ThreadId, GENESIS};
 use crate::core::status::Status;
+use crate::record::place::Records;
 use crate::record::signing::{verify_embedded, Signer, Trust};
 use crate::record::transcript::Head;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::Path;
 
 /// The signature domain of an anchor line.
 const DOMAIN: &str = "weft.anchor.v1\n";
-/// The hash a first line names as the one before it.
-const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// Appends root `thread`'s final head to the anchor log at `path` (created on first use),
-/// chained to the last line and signed; synced before it returns.
+/// Appends root `thread`'s final head to `records`' anchor log, chained to the last line and
+/// signed; stored (synced, or committed) before it returns.
 pub(crate) fn anchor_root(
-    path: &Path,
+    records: &Records,
     signer: &Signer,
     thread: &ThreadId,
     status: Status,
     head: &Head,
 ) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .open(path)?;
-    f.lock()?;
-    let len = f.seek(SeekFrom::End(0))?;
-    let file = identity(&f)?;
-    let prev = match known_tail(path, file, len) {
-        Some(hash) => hash,
-        None => {
-            set_aside_torn(&mut f, path)?;
-            last_line(&mut f)?.map_or_else(|| GENESIS.to_string(), |l| sha256_hex(&l))
-        }
-    };
-    let mut line = json!({
-        "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
-        "prev": prev, "at": now_ts(),
-    });
-    let sig = signer.sign(DOMAIN, &line);
-    line["signature"] = serde_json::to_value(sig).unwrap_or(Value::Null);
-    let mut bytes = line.to_string().into_bytes();
-    let hash = sha256_hex(&bytes);
-    bytes.push(b'\n');
-    let written = f.write_all(&bytes).and_then(|_| f.sync_data());
-    remember_tail(
-        path,
-        written
-            .is_ok()
-            .then(|| (file, len + bytes.len() as u64, hash)),
-    );
-    written?;
-    f.unlock()
-}
-
-/// The log this process appended to last: its length after that line and the line's hash.
-static TAIL: std::sync::Mutex<Option<Tail>> = std::sync::Mutex::new(None);
-
-/// The log's path, its file (device, inode), its length after the line, the line's hash.
-type Tail = (std::path::PathBuf, (u64, u64), u64, String);
-
-/// The file behind an open log (device, inode): a log replaced or restored under the same name
-/// is another file, even at the same length.
-fn identity(f: &std::fs::File) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = f.metadata()?;
-    Ok((m.dev(), m.ino()))
-}
-
-/// The hash of the last line of the log at `path`, if this process wrote it and the log is
-/// still the same file (`file`) and `len` long. Lines are only ever appended, or a torn tail cut off, so an unchanged length
-/// means an unchanged last line: the tail need not be read again (it was, for every root, a
-/// 64 KiB read under the lock when 10⁴ roots ended together).
-fn known_tail(path: &Path, file: (u64, u64), len: u64) -> Option<String> {
-    let tail = TAIL.lock().ok()?;
-    let (p, f, l, hash) = tail.as_ref()?;
-    (p == path && *f == file && *l == len).then(|| hash.clone())
-}
-
-/// Remembers the tail this process just wrote (None: forget, the append failed).
-fn remember_tail(path: &Path, tail: Option<((u64, u64), u64, String)>) {
-    if let Ok(mut t) = TAIL.lock() {
-        *t = tail.map(|(file, len, hash)| (path.to_path_buf(), file, len, hash));
-    }
-}
-
-/// A last line cut short (a crash mid-append) is moved to `anchors.jsonl.torn`, so the next
-/// line starts clean and the chain goes on from the last whole line.
-fn set_aside_torn(f: &mut std::fs::File, path: &Path) -> std::io::Result<()> {
-    let len = f.seek(SeekFrom::End(0))?;
-    if len == 0 || read_range(f, len - 1, len)? == b"\n" {
-        return Ok(());
-    }
-    let cut = line_start(f, len)?;
-    let torn = read_range(f, cut, len)?;
-    let mut aside = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path.with_extension("jsonl.torn"))?;
-    aside.write_all(&torn)?;
-    aside.write_all(b"\n")?;
-    f.set_len(cut)
-}
-
-/// The last line of the log (without its newline; the log ends in one, see
-/// [`set_aside_torn`]), reading only its tail.
-fn last_line(f: &mut std::fs::File) -> std::io::Result<Option<Vec<u8>>> {
-    let len = f.seek(SeekFrom::End(0))?;
-    if len == 0 {
-        return Ok(None);
-    }
-    let start = line_start(f, len - 1)?;
-    read_range(f, start, len - 1).map(Some)
-}
-
-/// Where the line holding the byte before `end` starts: just after the last newline before
-/// `end`, or 0. Reads backwards in steps from 1 KiB (a line's usual size) doubling to 64 KiB.
-fn line_start(f: &mut std::fs::File, end: u64) -> std::io::Result<u64> {
-    let (mut from, mut step) = (end, 1024);
-    while from > 0 {
-        let at = from.saturating_sub(step);
-        step = (step * 2).min(65_536);
-        let chunk = read_range(f, at, from)?;
-        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
-            return Ok(at + i as u64 + 1);
-        }
-        from = at;
-    }
-    Ok(0)
-}
-
-/// Bytes `from..to` of `f`.
-fn read_range(f: &mut std::fs::File, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
-    f.seek(SeekFrom::Start(from))?;
-    let mut out = vec![0u8; usize::try_from(to - from).unwrap_or(0)];
-    f.read_exact(&mut out)?;
-    Ok(out)
+    records.append_anchor(&mut |prev| {
+        let mut line = json!({
+            "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
+            "prev": prev, "at": now_ts(),
+        });
+        let sig = signer.sign(DOMAIN, &line);
+        line["signature"] = serde_json::to_value(sig).unwrap_or(Value::Null);
+        line.to_string().into_bytes()
+    })
 }
 
 /// The anchor log read and checked.
@@ -165,18 +51,23 @@ pub(crate) struct Log {
 
 /// The anchor log read and checked, and what is wrong with it (a line whose signature or chain
 /// link fails, naming the line). A missing log anchors nothing.
-pub(crate) fn read_log(path: &Path, trust: &Trust) -> (Log, Vec<String>) {
+pub(crate) fn read_log(records: &Records, trust: &Trust) -> (Log, Vec<String>) {
     let mut log = Log::default();
     let mut problems = Vec::new();
-    let Ok(bytes) = std::fs::read(path) else {
-        return (log, problems);
+    let name = records.anchors_name();
+    let bytes = match records.anchors() {
+        Ok(b) => b,
+        Err(e) => {
+            problems.push(format!("{name}: cannot be read: {e}"));
+            return (log, problems);
+        }
     };
     let mut prev = GENESIS.to_string();
     for (n, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         if raw.is_empty() {
             continue;
         }
-        let at = format!("{}:{}", path.display(), n + 1);
+        let at = format!("{name}:{}", n + 1);
         let line: Value = match serde_json::from_slice(raw) {
             Ok(v) => v,
             Err(e) => {

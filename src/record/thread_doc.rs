@@ -6,12 +6,10 @@
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::status::Status;
+use crate::record::place::Records;
 use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
 use crate::record::transcript::Head;
-use crate::sql::off_workers;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::path::Path;
 
 /// One entry of the transition history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,9 +143,14 @@ impl ThreadDoc {
         self.history.push(Transition { status, at });
     }
 
-    /// Signs and writes: replacing an existing file atomically (temp file, optional fsync,
-    /// rename); the first version is created in place.
-    pub fn write_signed(&self, path: &Path, signer: &Signer, fsync: bool) -> std::io::Result<()> {
+    /// Signs and stores this document as its thread's thread.json in `records` (replacing
+    /// the one before atomically; `fsync`: on the disk before it returns).
+    pub fn write_signed(
+        &self,
+        records: &Records,
+        signer: &Signer,
+        fsync: bool,
+    ) -> std::io::Result<()> {
         let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
         let sig = signer.sign(THREAD_DOMAIN, &v);
         if let Some(o) = v.as_object_mut() {
@@ -157,49 +160,26 @@ impl ThreadDoc {
             );
         }
         let bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
-        // The first version has nothing to protect: create it in place (one inode, no rename).
-        // A crash mid-write leaves a torn file, which recovery rebuilds from the registry.
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-        {
-            Ok(mut f) => {
-                f.write_all(&bytes)?;
-                if fsync {
-                    off_workers(|| f.sync_all())?;
-                    crate::record::disk::sync_parent(path)?;
-                }
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let tmp = path.with_extension("json.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            if fsync {
-                off_workers(|| f.sync_all())?;
-            }
-        }
-        std::fs::rename(&tmp, path)?;
-        if fsync {
-            // The rename is only durable once the directory entry is.
-            crate::record::disk::sync_parent(path)?;
-        }
-        Ok(())
+        records.put_doc(&self.id, &bytes, fsync)
     }
 
-    /// Reads and verifies a thread.json against the project's trust store.
-    pub fn read_verified(path: &Path, trust: &Trust) -> Result<ThreadDoc, StateError> {
+    /// Reads and verifies `id`'s thread.json in `records` against the project's trust store.
+    pub fn read_verified(
+        records: &Records,
+        id: &ThreadId,
+        trust: &Trust,
+    ) -> Result<ThreadDoc, StateError> {
         let err = |message: String| StateError {
-            path: path.display().to_string(),
+            path: records.doc_name(id),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        let bytes = match records.doc(id) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(err("cannot read: there is none".into())),
+            Err(e) => return Err(err(format!("cannot read: {e}"))),
+        };
         let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| err(format!("not valid JSON: {e}")))?;
+            serde_json::from_slice(&bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
         crate::record::signing::verify_embedded(trust, THREAD_DOMAIN, &v).map_err(err)?;
         let mut body = v;
         if let Some(o) = body.as_object_mut() {

@@ -6,19 +6,16 @@
 //! a torn last line (a crash mid-append) and report it instead of failing.
 
 use super::line::Line;
-use crate::core::ids::now_ts;
+use super::place::{Lines, Records};
+use crate::core::ids::{now_ts, ThreadId};
 use crate::core::redact::Redactor;
 use crate::project::config::Durability;
 use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
 use serde_json::{json, Map, Value};
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The `prev` of the first line.
-pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub(crate) use crate::core::ids::GENESIS;
 
 /// The chain head: the last line's seq and hash.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -29,44 +26,20 @@ pub struct Head {
     pub hash: String,
 }
 
-/// Transcript descriptors held open between appends, process-wide (see [`keep_open`]).
-static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
-
-/// How many transcripts may keep their descriptor open between appends: a quarter of the
-/// process's descriptor limit, so a tree of ten thousand live threads under the common soft limit
-/// of 1,024 never meets EMFILE; past that, a writer opens its file for each append (a few µs).
-fn keep_budget() -> usize {
-    static BUDGET: OnceLock<usize> = OnceLock::new();
-    *BUDGET.get_or_init(|| (open_files_limit() / 4).clamp(8, 4096))
-}
-
-/// The soft limit on open descriptors: read from `/proc/self/limits` where there is one (no
-/// `unsafe` for a syscall), else the common default of 1,024.
-fn open_files_limit() -> usize {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-            let soft = line["Max open files".len()..].split_whitespace().next()?;
-            Some(soft.parse().unwrap_or(usize::MAX))
-        })
-        .unwrap_or(1024)
-}
-
-/// Takes a slot to keep a descriptor open, if the budget has one.
-fn keep_open() -> bool {
-    KEPT_OPEN
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < keep_budget()).then_some(n + 1)
-        })
-        .is_ok()
+impl Head {
+    /// The head of an empty transcript.
+    pub(crate) fn empty() -> Head {
+        Head {
+            seq: -1,
+            hash: GENESIS.into(),
+        }
+    }
 }
 
 /// Appends events to one thread's transcript.
 pub struct TranscriptWriter {
-    /// The open file while this writer holds a slot of the budget; `None`: opened per append.
-    file: Option<File>,
-    path: PathBuf,
+    /// Where the lines go (see `place`).
+    lines: Lines,
     thread_id: String,
     head: Head,
     since_checkpoint: u64,
@@ -76,60 +49,63 @@ pub struct TranscriptWriter {
 }
 
 impl TranscriptWriter {
-    /// Creates a new, empty transcript (fails if it exists: transcripts are never rewritten).
+    /// Creates `id`'s new, empty transcript in `records` (fails if it exists: transcripts are
+    /// never rewritten).
     pub fn create(
-        path: &Path,
-        thread_id: &str,
+        records: &Records,
+        id: &ThreadId,
         signer: Arc<Signer>,
         durability: Durability,
         checkpoint_every: u64,
     ) -> std::io::Result<TranscriptWriter> {
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .create_new(true)
-            .open(path)?;
-        if durability == Durability::Strict {
-            // The new file, and the thread's folder holding it, survive a power loss.
-            crate::record::disk::sync_parent(path)?;
-            if let Some(dir) = path.parent() {
-                crate::record::disk::sync_parent(dir)?;
-            }
-        }
-        Ok(TranscriptWriter {
-            file: keep_open().then_some(file),
-            path: path.to_path_buf(),
-            thread_id: thread_id.into(),
-            head: Head {
-                seq: -1,
-                hash: GENESIS.into(),
-            },
-            since_checkpoint: 0,
-            checkpoint_every: checkpoint_every.max(1),
-            durability,
+        let lines = records.create_transcript(id, durability == Durability::Strict)?;
+        Ok(TranscriptWriter::over(
+            lines,
+            id,
+            Head::empty(),
             signer,
-        })
+            durability,
+            checkpoint_every,
+        ))
     }
 
-    /// Opens an existing transcript for appending after `head` (see [`repair`]).
+    /// Opens `id`'s existing transcript for appending after `head` (see [`repair`]).
     pub fn open_append(
-        path: &Path,
-        thread_id: &str,
+        records: &Records,
+        id: &ThreadId,
         head: Head,
         signer: Arc<Signer>,
         durability: Durability,
         checkpoint_every: u64,
     ) -> std::io::Result<TranscriptWriter> {
-        let file = std::fs::OpenOptions::new().append(true).open(path)?;
-        Ok(TranscriptWriter {
-            file: keep_open().then_some(file),
-            path: path.to_path_buf(),
-            thread_id: thread_id.into(),
+        let lines = records.append_to(id)?;
+        Ok(TranscriptWriter::over(
+            lines,
+            id,
+            head,
+            signer,
+            durability,
+            checkpoint_every,
+        ))
+    }
+
+    fn over(
+        lines: Lines,
+        id: &ThreadId,
+        head: Head,
+        signer: Arc<Signer>,
+        durability: Durability,
+        checkpoint_every: u64,
+    ) -> TranscriptWriter {
+        TranscriptWriter {
+            lines,
+            thread_id: id.to_string(),
             head,
             since_checkpoint: 0,
             checkpoint_every: checkpoint_every.max(1),
             durability,
             signer,
-        })
+        }
     }
 
     /// The current chain head.
@@ -162,11 +138,10 @@ impl TranscriptWriter {
     /// Writes a signed checkpoint line over the current head and fsyncs.
     pub fn checkpoint(&mut self) -> std::io::Result<()> {
         self.checkpoint_line()?;
-        let file = self.file_handle()?;
-        crate::sql::off_workers(|| file.sync_data())
+        self.lines.sync()
     }
 
-    /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::file_handle`]).
+    /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::sync_later`]).
     pub fn checkpoint_line(&mut self) -> std::io::Result<()> {
         let body =
             json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
@@ -177,20 +152,9 @@ impl TranscriptWriter {
         Ok(())
     }
 
-    /// Fsyncs the transcript through a descriptor of its own, opened when this runs: work
-    /// queued off the actor's thread holds no descriptor while it waits (a queue of them ran a
-    /// process with a low descriptor limit out of them).
+    /// Fsyncs the transcript later, on another thread (see `place::Lines::sync_later`).
     pub fn sync_later(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
-        let path = self.path.clone();
-        move || open_append(&path)?.sync_data()
-    }
-
-    /// A handle on the file, to fsync it off the actor's thread.
-    pub fn file_handle(&self) -> std::io::Result<File> {
-        match &self.file {
-            Some(f) => f.try_clone(),
-            None => open_append(&self.path),
-        }
+        self.lines.sync_later()
     }
 
     fn write_line(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
@@ -211,28 +175,10 @@ impl TranscriptWriter {
         let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(std::io::Error::other)?;
         let hash = crate::core::ids::sha256_hex(&line);
         line.push(b'\n');
-        let opened;
-        let file = match &mut self.file {
-            Some(f) => f,
-            None => {
-                opened = open_append(&self.path)?;
-                &opened
-            }
-        };
-        (&*file).write_all(&line)?;
-        if self.durability == Durability::Strict {
-            crate::sql::off_workers(|| file.sync_data())?;
-        }
+        self.lines
+            .write(seq, &line, self.durability == Durability::Strict)?;
         self.head = Head { seq, hash };
         Ok(())
-    }
-}
-
-impl Drop for TranscriptWriter {
-    fn drop(&mut self) {
-        if self.file.take().is_some() {
-            KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 }
 
@@ -251,10 +197,22 @@ pub struct ReadReport {
     pub broken: Option<(usize, String)>,
 }
 
-/// Reads and checks a transcript: chain, seq, checkpoint signatures (when `trust` is given).
-/// Never fails on malformed content: problems are reported in the result.
-pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Result<ReadReport> {
-    let bytes = std::fs::read(path)?;
+/// Reads and checks `id`'s transcript in `records`: chain, seq, checkpoint signatures (when
+/// `trust` is given). Fails only when it cannot be read (NotFound: there is none); malformed
+/// content is reported in the result.
+pub fn read(
+    records: &Records,
+    id: &ThreadId,
+    trust: Option<&Trust>,
+) -> std::io::Result<ReadReport> {
+    let bytes = records
+        .transcript(id)?
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no transcript"))?;
+    Ok(check(&bytes, id.as_str(), trust))
+}
+
+/// Checks a transcript's bytes (see [`read`]).
+pub fn check(bytes: &[u8], thread_id: &str, trust: Option<&Trust>) -> ReadReport {
     let mut rep = ReadReport {
         head: Some(Head {
             seq: -1,
@@ -293,7 +251,7 @@ pub fn read(path: &Path, thread_id: &str, trust: Option<&Trust>) -> std::io::Res
         });
         rep.events.push(v);
     }
-    Ok(rep)
+    rep
 }
 
 fn check_line(
@@ -326,30 +284,20 @@ fn check_line(
     Ok(())
 }
 
-/// Makes a transcript appendable after a crash: a torn last line (bytes after the last newline)
-/// is moved, not dropped, to `transcript.torn` beside it, and the file is cut back to its last
-/// complete line. Returns the head after the last complete line and whether a torn line was kept.
-pub(crate) fn repair(path: &Path) -> std::io::Result<(Head, bool)> {
-    let bytes = std::fs::read(path)?;
+/// Makes `id`'s transcript appendable after a crash: a torn last line (bytes after the last
+/// newline) is moved, not dropped, to `transcript.torn` beside it, and the file is cut back to
+/// its last complete line. Returns the head after the last complete line and whether a torn
+/// line was kept; None when there is no transcript.
+pub(crate) fn repair(records: &Records, id: &ThreadId) -> std::io::Result<Option<(Head, bool)>> {
+    let Some(bytes) = records.transcript(id)? else {
+        return Ok(None);
+    };
     let good_len = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     let torn = good_len < bytes.len();
     if torn {
-        let aside = path.with_extension("torn");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&aside)?;
-        f.write_all(&bytes[good_len..])?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        let t = std::fs::OpenOptions::new().write(true).open(path)?;
-        t.set_len(good_len as u64)?;
-        t.sync_all()?;
+        records.set_aside_torn(id, good_len)?;
     }
-    let mut head = Head {
-        seq: -1,
-        hash: GENESIS.into(),
-    };
+    let mut head = Head::empty();
     for line in bytes[..good_len]
         .split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
@@ -359,23 +307,5 @@ pub(crate) fn repair(path: &Path) -> std::io::Result<(Head, bool)> {
             hash: crate::core::ids::sha256_hex(line),
         };
     }
-    Ok((head, torn))
-}
-
-/// Opens a transcript for appending. Past the descriptor budget a writer opens its file per
-/// line; when the process is out of descriptors for a moment (EMFILE/ENFILE: other threads'
-/// files, sockets, databases), it waits briefly and tries again (up to ~1 s) rather than lose
-/// the line — a lost line ends the thread.
-fn open_append(path: &Path) -> std::io::Result<File> {
-    let mut wait = std::time::Duration::from_millis(1);
-    for _ in 0..10 {
-        match std::fs::OpenOptions::new().append(true).open(path) {
-            Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
-                std::thread::sleep(wait);
-                wait = (wait * 2).min(std::time::Duration::from_millis(200));
-            }
-            other => return other,
-        }
-    }
-    std::fs::OpenOptions::new().append(true).open(path)
+    Ok(Some((head, torn)))
 }

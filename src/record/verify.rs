@@ -4,8 +4,8 @@
 //! Read-only: it never repairs anything, it names the file and the first broken place.
 
 use crate::core::ids::ThreadId;
-use crate::project::Project;
 use crate::record::anchors;
+use crate::record::place::Records;
 use crate::record::signing::Trust;
 use crate::record::thread_doc::ThreadDoc;
 use serde::Serialize;
@@ -35,42 +35,41 @@ pub(crate) struct Witnesses<'a> {
 }
 
 /// Verifies one thread's files and its anchor.
-pub fn verify_thread(project: &Project, trust: &Trust, id: &ThreadId) -> Verdict {
-    let (log, _) = anchors::read_log(&project.anchors_log(), trust);
+pub fn verify_thread(records: &Records, trust: &Trust, id: &ThreadId) -> Verdict {
+    let (log, _) = anchors::read_log(records, trust);
     let no = |_: &ThreadId| false;
     let w = Witnesses {
         log: &log,
         finished: &no,
         deleted: &no,
     };
-    verify_anchored(project, trust, id, &w)
+    verify_anchored(records, trust, id, &w)
 }
 
 /// Verifies one thread's files, and that its final head is where its anchor says (a parent's
 /// `child_finished` line; `roots`, the project's anchor log, for a root): a finished thread
 /// rolled back to an older signed state, its transcript truncated to match, fails here.
 pub(crate) fn verify_anchored(
-    project: &Project,
+    records: &Records,
     trust: &Trust,
     id: &ThreadId,
     w: &Witnesses<'_>,
 ) -> Verdict {
-    let dir = project.thread_dir(id);
-    if !dir.exists() {
+    if !records.has(id).unwrap_or(true) {
         return Verdict {
             id: id.to_string(),
             ok: false,
             problems: vec![format!(
                 "{}: missing: the thread's records are gone",
-                dir.display()
+                records.thread_name(id)
             )],
             torn_last_line: false,
         };
     }
-    let doc_path = dir.join("thread.json");
-    let tr_path = dir.join("transcript.jsonl");
+    let doc_path = records.doc_name(id);
+    let tr_path = records.transcript_name(id);
     let mut problems = Vec::new();
-    let doc = match ThreadDoc::read_verified(&doc_path, trust) {
+    let doc = match ThreadDoc::read_verified(records, id, trust) {
         Ok(d) => Some(d),
         Err(e) => {
             problems.push(e.to_string());
@@ -79,13 +78,13 @@ pub(crate) fn verify_anchored(
     };
     let mut torn = false;
     let mut chain: Vec<String> = Vec::new();
-    match crate::record::transcript::read(&tr_path, id.as_str(), Some(trust)) {
-        Err(e) => problems.push(format!("{}: cannot read: {e}", tr_path.display())),
+    match crate::record::transcript::read(records, id, Some(trust)) {
+        Err(e) => problems.push(format!("{tr_path}: cannot read: {e}")),
         Ok(rep) => {
             torn = rep.torn_last_line;
             chain.clone_from(&rep.hashes);
             if let Some((line, msg)) = &rep.broken {
-                problems.push(format!("{}:{line}: {msg}", tr_path.display()));
+                problems.push(format!("{tr_path}:{line}: {msg}"));
             } else if let Some(doc) = &doc {
                 let want = &doc.transcript_head;
                 let hash_at = usize::try_from(want.seq)
@@ -95,7 +94,7 @@ pub(crate) fn verify_anchored(
                 if !matches {
                     problems.push(format!(
                         "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
-                        doc_path.display(),
+                        doc_path,
                         want.seq + 1,
                         &want.hash[..12.min(want.hash.len())]
                     ));
@@ -104,7 +103,7 @@ pub(crate) fn verify_anchored(
                     if last != want.seq {
                         problems.push(format!(
                             "{}: {} line(s) after the head that the final thread.json signed (line {})",
-                            tr_path.display(),
+                            tr_path,
                             last - want.seq,
                             want.seq + 1
                         ));
@@ -117,12 +116,11 @@ pub(crate) fn verify_anchored(
         if doc.id != *id {
             problems.push(format!(
                 "{}: names thread {}, but sits in the folder of {id} (moved or swapped)",
-                doc_path.display(),
-                doc.id
+                doc_path, doc.id
             ));
         }
-        check_links(project, trust, doc, &doc_path, w, &mut problems);
-        check_anchor(project, trust, doc, &chain, w, &mut problems);
+        check_links(records, trust, doc, &doc_path, w, &mut problems);
+        check_anchor(records, trust, doc, &chain, w, &mut problems);
     }
     Verdict {
         id: id.to_string(),
@@ -136,7 +134,7 @@ pub(crate) fn verify_anchored(
 /// the head its thread.json signs (a message edit appends after it), and thread.json is
 /// terminal: a rollback to an older signed state cannot keep both.
 fn check_anchor(
-    project: &Project,
+    records: &Records,
     trust: &Trust,
     doc: &ThreadDoc,
     chain: &[String],
@@ -146,8 +144,7 @@ fn check_anchor(
     // The log's line is the latest (a message edit re-anchors there); else the parent's.
     let from_parent = || {
         let p = doc.parent_id.as_ref()?;
-        let path = project.thread_dir(p).join("transcript.jsonl");
-        let lines = crate::record::transcript::read(&path, p.as_str(), Some(trust))
+        let lines = crate::record::transcript::read(records, p, Some(trust))
             .ok()?
             .events;
         Some((
@@ -172,7 +169,7 @@ fn check_anchor(
         if since && (w.finished)(&doc.id) {
             problems.push(format!(
                 "{}: anchored nowhere, though the registry says it finished (the anchor log was cut, or its parent's records were changed)",
-                project.thread_dir(&doc.id).display()
+                records.thread_name(&doc.id)
             ));
         }
         return;
@@ -183,7 +180,7 @@ fn check_anchor(
     if !holds {
         problems.push(format!(
             "{}: rolled back: {by} records it finished at line hash {}, which its records no longer end at or after (thread.json is {} at line {})",
-            project.thread_dir(&doc.id).display(),
+            records.thread_name(&doc.id),
             &head[..12.min(head.len())],
             doc.status.as_str(),
             doc.transcript_head.seq + 1
@@ -194,29 +191,27 @@ fn check_anchor(
 /// A continuation chain's links hold both ways: the thread a document continues names it as its
 /// continuation, and the thread it names as its continuation continues it (both signed).
 fn check_links(
-    project: &Project,
+    records: &Records,
     trust: &Trust,
     doc: &ThreadDoc,
-    doc_path: &std::path::Path,
+    doc_path: &str,
     w: &Witnesses<'_>,
     problems: &mut Vec<String>,
 ) {
-    let other = |id: &ThreadId| {
-        ThreadDoc::read_verified(&project.thread_dir(id).join("thread.json"), trust)
-    };
+    let other = |id: &ThreadId| ThreadDoc::read_verified(records, id, trust);
     if let Some(prev) = doc.continuation_of.as_ref().filter(|p| !(w.deleted)(p)) {
         match other(prev) {
             Ok(p) if p.continued_by.as_ref() == Some(&doc.id) => {}
             Ok(p) => problems.push(format!(
                 "{}: continues {prev}, whose thread.json names {} as its continuation",
-                doc_path.display(),
+                doc_path,
                 p.continued_by
                     .as_ref()
                     .map_or("no thread".to_string(), ToString::to_string)
             )),
             Err(e) => problems.push(format!(
                 "{}: continues {prev}, whose thread.json does not verify: {e}",
-                doc_path.display()
+                doc_path
             )),
         }
     }
@@ -225,11 +220,11 @@ fn check_links(
             Ok(n) if n.continuation_of.as_ref() == Some(&doc.id) => {}
             Ok(_) => problems.push(format!(
                 "{}: names {next} as its continuation, which does not continue it",
-                doc_path.display()
+                doc_path
             )),
             Err(e) => problems.push(format!(
                 "{}: names {next} as its continuation, whose thread.json does not verify: {e}",
-                doc_path.display()
+                doc_path
             )),
         }
     }

@@ -7,6 +7,7 @@
 use super::Runtime;
 use crate::core::ids::ThreadId;
 use crate::project::Project;
+use crate::record::place::Records;
 use crate::record::signing::Trust;
 use crate::record::thread_doc::ThreadDoc;
 use crate::registry::{RegistryMsg, Store, ThreadRow};
@@ -114,10 +115,21 @@ pub fn diagnose(project: &Project) -> Checkup {
         return up;
     };
     let (trust, _) = Trust::load(&project.trust_dir());
-    let mut health = thread_health(project, &trust, &rows, &mut up.problems);
+    let records = match project.config() {
+        Ok(c) => Records::of(project, &c),
+        Err(_) => Records::files(project),
+    };
+    let mut health = thread_health(&records, &trust, &rows, &mut up.problems);
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
     let damaged = damaged_rows(project, &mut up.problems);
-    folders_without_rows(project, &trust, &by_id, &damaged, &mut up.problems);
+    folders_without_rows(
+        project,
+        &records,
+        &trust,
+        &by_id,
+        &damaged,
+        &mut up.problems,
+    );
     if let Some(db) = ledger {
         ledger_leftovers(&db, &by_id, &mut up.problems);
     }
@@ -175,7 +187,7 @@ fn registry_rows(project: &Project, broken: &mut Vec<String>) -> Option<Vec<Thre
 /// The figures of the registry's threads (all but the sizes), and the problems of each row's
 /// folder: missing, or its thread.json unverified or disagreeing with the row.
 fn thread_health(
-    project: &Project,
+    records: &Records,
     trust: &Trust,
     rows: &[ThreadRow],
     problems: &mut Vec<Problem>,
@@ -198,12 +210,11 @@ fn thread_health(
         let Ok(id) = ThreadId::parse(&r.id) else {
             continue;
         };
-        let dir = project.thread_dir(&id);
-        if !dir.exists() {
-            problems.push(row_without_folder(r, &dir));
+        if !records.has(&id).unwrap_or(true) {
+            problems.push(row_without_folder(r, &records.thread_name(&id)));
             continue;
         }
-        let (lines, largest) = transcript_figures(&dir.join("transcript.jsonl"));
+        let (lines, largest) = transcript_figures(records, &id);
         health.transcript_lines += lines;
         if largest > 0 {
             ctx_sum += largest;
@@ -213,14 +224,14 @@ fn thread_health(
                 health.context_max_thread = Some(r.id.to_string());
             }
         }
-        problems.extend(doc_problem(r, &dir, trust));
+        problems.extend(doc_problem(r, records, &id, trust));
     }
     health.context_avg_tokens = ctx_sum.checked_div(ctx_n).unwrap_or(0);
     health
 }
 
-/// A registry row whose thread folder `dir` is gone.
-fn row_without_folder(r: &ThreadRow, dir: &std::path::Path) -> Problem {
+/// A registry row whose thread's records (`dir`, as named) are gone.
+fn row_without_folder(r: &ThreadRow, dir: &str) -> Problem {
     let fixable = r.status.is_terminal();
     let how = if fixable {
         "the row is removed by --fix"
@@ -231,18 +242,17 @@ fn row_without_folder(r: &ThreadRow, dir: &std::path::Path) -> Problem {
         "row_without_folder",
         &r.id,
         format!(
-            "registry row ({}) but no folder {}; {how}",
-            r.status,
-            dir.display()
+            "registry row ({}) but no records at {}; {how}",
+            r.status, dir
         ),
         fixable,
     )
 }
 
-/// What is wrong with the thread.json in `dir`, if anything: unverified, or a status that
+/// What is wrong with `id`'s thread.json, if anything: unverified, or a status that
 /// disagrees with the row where either one is terminal.
-fn doc_problem(r: &ThreadRow, dir: &std::path::Path, trust: &Trust) -> Option<Problem> {
-    match ThreadDoc::read_verified(&dir.join("thread.json"), trust) {
+fn doc_problem(r: &ThreadRow, records: &Records, id: &ThreadId, trust: &Trust) -> Option<Problem> {
+    match ThreadDoc::read_verified(records, id, trust) {
         Err(e) => Some(problem(
             "unverified",
             &r.id,
@@ -270,16 +280,16 @@ fn doc_problem(r: &ThreadRow, dir: &std::path::Path, trust: &Trust) -> Option<Pr
 }
 
 /// Lines of a transcript and the largest prompt (input tokens) any of its calls sent.
-fn transcript_figures(path: &std::path::Path) -> (u64, u64) {
-    let Ok(text) = std::fs::read_to_string(path) else {
+fn transcript_figures(records: &Records, id: &ThreadId) -> (u64, u64) {
+    let Ok(Some(bytes)) = records.transcript(id) else {
         return (0, 0);
     };
     let mut largest = 0;
     let mut lines = 0;
-    for l in text.lines() {
+    for l in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         lines += 1;
-        if l.contains("\"llm_call\"") {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(l) {
+        if l.windows(10).any(|w| w == b"\"llm_call\"") {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(l) {
                 largest = largest.max(v["usage"]["input_tokens"].as_u64().unwrap_or(0));
             }
         }
@@ -302,22 +312,34 @@ fn damaged_rows(project: &Project, out: &mut Vec<Problem>) -> Vec<String> {
 
 fn folders_without_rows(
     project: &Project,
+    records: &Records,
     trust: &Trust,
     rows: &HashMap<&str, &ThreadRow>,
     damaged: &[String],
     out: &mut Vec<Problem>,
 ) {
-    let Ok(entries) = std::fs::read_dir(project.weft().join("threads")) else {
-        return;
+    let names: Vec<String> = match records.on_files() {
+        true => match std::fs::read_dir(project.weft().join("threads")) {
+            Ok(entries) => entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect(),
+            Err(_) => return,
+        },
+        false => records
+            .thread_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
     };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
+    for name in names {
         if rows.contains_key(name.as_str()) || damaged.contains(&name) {
             continue;
         }
         let detail = match ThreadId::parse(&name) {
-            Err(_) => format!("{} is not a thread folder; --fix moves it to .weft/lost+found", e.path().display()),
-            Ok(id) => match ThreadDoc::read_verified(&project.thread_dir(&id).join("thread.json"), trust) {
+            Err(_) => format!("{} is not a thread folder; --fix moves it to .weft/lost+found", project.weft().join("threads").join(&name).display()),
+            Ok(id) => match ThreadDoc::read_verified(records, &id, trust) {
                 Ok(doc) => format!("a folder with a verified thread.json ({}) but no registry row; --fix registers it", doc.status.as_str()),
                 Err(err) => format!("a folder without a registry row or a verified thread.json ({err}); --fix moves it to .weft/lost+found"),
             },
@@ -385,7 +407,7 @@ impl Runtime {
                     Err(e) => format!("not fixed: {e}"),
                 },
                 ("folder_without_row", Ok(id)) => {
-                    match ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
+                    match ThreadDoc::read_verified(ctx.store.records(), &id, &ctx.trust) {
                         Ok(doc) => {
                             let row = Box::new(row_of_doc(&doc));
                             match ractor::call!(ctx.registry, |reply| RegistryMsg::Register {
@@ -397,12 +419,14 @@ impl Runtime {
                                 other => format!("not fixed: {other:?}"),
                             }
                         }
-                        Err(_) => lost_and_found(&ctx.project, &p.thread),
+                        Err(_) => lost_and_found(&ctx.project, ctx.store.records(), &p.thread),
                     }
                 }
-                ("folder_without_row", Err(_)) => lost_and_found(&ctx.project, &p.thread),
+                ("folder_without_row", Err(_)) => {
+                    lost_and_found(&ctx.project, ctx.store.records(), &p.thread)
+                }
                 ("status_mismatch", Ok(id)) => {
-                    match ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
+                    match ThreadDoc::read_verified(ctx.store.records(), &id, &ctx.trust) {
                         Ok(doc) => {
                             let row = Box::new(row_of_doc(&doc));
                             match ractor::call!(ctx.registry, |reply| {
@@ -436,8 +460,13 @@ impl Runtime {
     }
 }
 
-/// Moves a folder nobody can vouch for aside (never deletes it).
-fn lost_and_found(project: &Project, name: &str) -> String {
+/// Moves a folder nobody can vouch for aside (never deletes it). Records on a database server
+/// stay where they are (`weft delete` removes them).
+fn lost_and_found(project: &Project, records: &Records, name: &str) -> String {
+    if !records.on_files() {
+        return "not fixed: records on the database server stay (remove them with `weft delete`)"
+            .into();
+    }
     let aside = project.weft().join("lost+found");
     let from = project.weft().join("threads").join(name);
     match std::fs::create_dir_all(&aside).and_then(|()| std::fs::rename(&from, aside.join(name))) {

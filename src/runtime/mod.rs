@@ -121,6 +121,7 @@ impl RuntimeBuilder {
         let store = Arc::new(
             crate::store::FileStore::new(
                 project.clone(),
+                crate::record::place::Records::of(&project, &config),
                 signer.clone(),
                 trust.clone(),
                 config.durability,

@@ -56,7 +56,7 @@ impl Runtime {
         let mut old = of;
         old.continued_by = Some(handle.id().clone());
         old.updated_at = now_ts();
-        old.write_signed(&store.doc_path(id), &self.ctx.signer, true)
+        old.write_signed(store.records(), &self.ctx.signer, true)
             .map_err(|e| SpawnError::Storage(e.to_string()))?;
         Ok(handle)
     }

@@ -76,6 +76,8 @@ pub(crate) enum Lock {
     Ledger,
     /// Schema migrations.
     Schema,
+    /// The thread records' own log (the anchor log's chain, on a database server).
+    Records,
 }
 
 impl Lock {
@@ -88,6 +90,7 @@ impl Lock {
                 Lock::Ledger => 2,
                 Lock::Store => 3,
                 Lock::Schema => 4,
+                Lock::Records => 5,
             }
     }
 }

@@ -84,7 +84,18 @@ impl Row {
             .ok_or_else(|| SqlError(format!("column {i} is not in the result")))
     }
 
-    /// Column `i` as an integer (NULL is an error).
+    /// Column `i` as bytes.
+    pub(crate) fn blob(&self, i: usize) -> Result<Vec<u8>, SqlError> {
+        match self.at(i)? {
+            Value::Blob(b) => Ok(b.clone()),
+            Value::Text(t) => Ok(t.clone().into_bytes()),
+            other => Err(SqlError(format!(
+                "column {i}: expected bytes, found {other:?}"
+            ))),
+        }
+    }
+
+    /// Column `i` as an integer.
     pub(crate) fn int(&self, i: usize) -> Result<i64, SqlError> {
         self.opt_int(i)?
             .ok_or_else(|| SqlError(format!("column {i} is NULL, an integer was expected")))

@@ -1,12 +1,13 @@
 //! `weft copy --to postgres://…`: a project's whole history from its embedded SQLite files
-//! (registry.db, ledger.db, store.db) into a Postgres database, in one transaction per concern,
-//! rows byte for byte. Transcripts, thread.json and the anchor log are files the copy leaves
-//! where they are, so `weft verify --all` checks the copy against the same signed records.
+//! (registry.db, ledger.db, store.db) and its records (every transcript, thread.json and the
+//! anchor log) into a Postgres database, in one transaction, rows and records byte for byte:
+//! `weft verify --all` on the copy checks the same signed bytes. The files stay as they were.
 //! Refused while a thread of the project runs (a copy of a moving state is no copy) and into a
 //! database that already holds threads (nothing is merged or overwritten).
 
 use super::{storage, StoreError};
 use crate::project::Project;
+use crate::record::place::Records;
 use crate::sql::{DatabaseUrl, Db, Lock, Value};
 
 /// What was copied: rows per table.
@@ -57,6 +58,16 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
             });
         }
     }
+    crate::record::server::open_schema(&mut target)?;
+    for table in crate::record::server::TABLES {
+        let held = target.row(&format!("SELECT COUNT(*) FROM {table}"), &[])?;
+        if held.map_or(Ok(0), |r| r.int(0))? > 0 {
+            return Err(StoreError::Invalid {
+                rule: "copy.target",
+                detail: format!("{to} already holds weft's thread records (`{table}`); copy into an empty database (nothing is merged or overwritten)"),
+            });
+        }
+    }
     let mut tables = Vec::new();
     target.atomic(Lock::Schema, |target| {
         for (file, table, cols) in TABLES {
@@ -69,12 +80,58 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
                 .map_err(|e| storage(format!("{table}: {e}")))?;
             tables.push((table.to_string(), n));
         }
+        tables.extend(copy_records(project, target)?);
         Ok::<(), StoreError>(())
     })?;
     Ok(Copied {
         to: to.to_string(),
         tables,
     })
+}
+
+/// Every thread's transcript and thread.json, and the anchor log, from `project`'s files into
+/// `target` (queued; sent with the commit); returns rows per table. A torn last line (a crash
+/// mid-append that no recovery has set aside yet) is refused: it has no row to go to.
+fn copy_records(project: &Project, target: &Db) -> Result<Vec<(String, u64)>, StoreError> {
+    use crate::record::server::{queue_copy, Copy};
+    let files = Records::files(project);
+    let whole = |name: String, bytes: Vec<u8>| {
+        match bytes.is_empty() || bytes.ends_with(b"\n") {
+        true => Ok(bytes),
+        false => Err(StoreError::Invalid {
+            rule: "copy.torn",
+            detail: format!("{name} ends in a torn line; run `weft recover` (it sets the line aside) and copy again"),
+        }),
+    }
+    };
+    let ids = match files.thread_ids() {
+        Ok(ids) => ids,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(storage(format!("{}: {e}", files.thread_name_all()))),
+    };
+    let (mut lines, mut docs) = (0, 0);
+    for id in &ids {
+        let read = |e: std::io::Error| storage(format!("{}: {e}", files.thread_name(id)));
+        if let Some(bytes) = files.transcript(id).map_err(read)? {
+            let bytes = whole(files.transcript_name(id), bytes)?;
+            lines += queue_copy(target, Copy::Transcript(id.as_str(), &bytes))?;
+        }
+        if let Some(bytes) = files.doc(id).map_err(read)? {
+            docs += queue_copy(target, Copy::Doc(id.as_str(), &bytes))?;
+        }
+    }
+    let log = files
+        .anchors()
+        .map_err(|e| storage(format!("{}: {e}", files.anchors_name())))?;
+    let anchors = queue_copy(target, Copy::Anchors(&whole(files.anchors_name(), log)?))?;
+    target
+        .flush()
+        .map_err(|e| storage(format!("thread records: {e}")))?;
+    Ok(vec![
+        ("transcript_lines".into(), lines),
+        ("thread_docs".into(), docs),
+        ("anchor_lines".into(), anchors),
+    ])
 }
 
 /// Every row of `table` from `source` into `target` (sent pipelined with the commit); returns

@@ -12,6 +12,7 @@ use crate::core::limits::LimitSet;
 use crate::core::status::Status;
 use crate::project::config::Durability;
 use crate::project::Project;
+use crate::record::place::Records;
 use crate::record::signing::{Signer, Trust};
 use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
 use crate::record::transcript::{self, TranscriptWriter};
@@ -33,6 +34,8 @@ pub struct FileStore {
     durability: Durability,
     /// Lines between signed checkpoints.
     checkpoint_every: u64,
+    /// Where transcripts, thread.json and the anchor log are kept.
+    records: Records,
     /// A registry connection of the store's own (std Mutex: no await while held).
     registry: Mutex<Option<Store>>,
     /// The store's own tables (store.db, or the project's Postgres database), opened on first
@@ -47,9 +50,11 @@ pub struct FileStore {
 }
 
 impl FileStore {
-    /// The store of `project`, signing with `signer` and trusting `trust`.
+    /// The store of `project` with its records in `records` (see `Records::of`), signing
+    /// with `signer` and trusting `trust`.
     pub fn new(
         project: Project,
+        records: Records,
         signer: Arc<Signer>,
         trust: Trust,
         durability: Durability,
@@ -57,6 +62,7 @@ impl FileStore {
     ) -> FileStore {
         FileStore {
             project,
+            records,
             signer,
             trust,
             durability,
@@ -79,6 +85,7 @@ impl FileStore {
         std::fs::create_dir_all(project.state_dir()).map_err(storage)?;
         Ok(FileStore::new(
             project.clone(),
+            Records::of(project, &config),
             Arc::new(signer),
             trust,
             config.durability,
@@ -92,14 +99,9 @@ impl FileStore {
         self.project.thread_dir(id)
     }
 
-    /// A thread's transcript file.
-    pub fn transcript_path(&self, id: &ThreadId) -> PathBuf {
-        self.thread_dir(id).join("transcript.jsonl")
-    }
-
-    /// A thread's signed state file.
-    pub fn doc_path(&self, id: &ThreadId) -> PathBuf {
-        self.thread_dir(id).join("thread.json")
+    /// Where the project's transcripts, thread.json and anchor log are kept.
+    pub fn records(&self) -> &Records {
+        &self.records
     }
 
     /// File areas under `root` (`files_root:`, as `Project::files_root` resolves it), not in
@@ -117,7 +119,7 @@ impl FileStore {
         }
     }
 
-    /// Removes everything of a thread's on disk: its folder, and its file area when that
+    /// Removes everything of a thread's: its records, its folder, and its file area when that
     /// lives under `files_root:`.
     pub(crate) fn remove_thread_files(&self, id: &ThreadId) -> std::io::Result<()> {
         if let Some(root) = &self.files_root {
@@ -126,7 +128,11 @@ impl FileStore {
                 _ => {}
             }
         }
-        std::fs::remove_dir_all(self.thread_dir(id))
+        self.records.remove(id)?;
+        match std::fs::remove_dir_all(self.thread_dir(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// The project.
@@ -196,7 +202,7 @@ impl FileStore {
     /// The lines up to the head `id`'s verified thread.json signs: what a resume or a fork
     /// rebuilds from (a line appended past it was never signed).
     pub(crate) fn signed_lines(&self, id: &ThreadId) -> Result<Vec<Value>, StoreError> {
-        let doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust)
+        let doc = ThreadDoc::read_verified(&self.records, id, &self.trust)
             .map_err(|e| storage(e.to_string()))?;
         let mut lines = self.verified_lines(id)?;
         lines.truncate(usize::try_from(doc.transcript_head.seq + 1).unwrap_or(0));
@@ -205,11 +211,11 @@ impl FileStore {
 
     /// [`Self::verified_lines`], and whether a torn last line was left out.
     fn lines(&self, id: &ThreadId) -> Result<(Vec<Value>, bool), StoreError> {
-        let path = self.transcript_path(id);
-        let rep = transcript::read(&path, id.as_str(), Some(&self.trust))
-            .map_err(|e| storage(format!("{}: {e}", path.display())))?;
+        let path = self.records.transcript_name(id);
+        let rep = transcript::read(&self.records, id, Some(&self.trust))
+            .map_err(|e| storage(format!("{path}: {e}")))?;
         if let Some((line, m)) = rep.broken {
-            return Err(storage(format!("{}:{line}: {m}", path.display())));
+            return Err(storage(format!("{path}:{line}: {m}")));
         }
         Ok((rep.events, rep.torn_last_line))
     }
@@ -249,11 +255,9 @@ impl ThreadStore for FileStore {
         } else {
             t.updated_at.clone()
         };
-        let dir = self.thread_dir(&id);
-        std::fs::create_dir_all(&dir).map_err(storage)?;
         let mut w = TranscriptWriter::create(
-            &self.transcript_path(&id),
-            id.as_str(),
+            &self.records,
+            &id,
             self.signer.clone(),
             self.durability,
             self.checkpoint_every,
@@ -306,7 +310,7 @@ impl ThreadStore for FileStore {
             imported: t.imported.clone(),
             caused_by: Vec::new(),
         };
-        doc.write_signed(&self.doc_path(&id), &self.signer, true)
+        doc.write_signed(&self.records, &self.signer, true)
             .map_err(storage)?;
         let row = ThreadRow {
             directive: t.directive,
@@ -327,7 +331,7 @@ impl ThreadStore for FileStore {
         let Some(row) = self.reg(|s| s.get(id.as_str()))? else {
             return Ok(None);
         };
-        let doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust);
+        let doc = ThreadDoc::read_verified(&self.records, id, &self.trust);
         Ok(Some(match doc {
             Ok(d) => ThreadView {
                 row,
@@ -404,14 +408,13 @@ impl ThreadStore for FileStore {
         if !row.status.is_terminal() {
             return Err(StoreError::Running(id.clone()));
         }
-        let path = self.transcript_path(id);
-        // One writer at a time across processes: the transcript's own lock, held to the end.
-        let lock = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| storage(format!("{}: {e}", path.display())))?;
-        lock.lock().map_err(storage)?;
-        let mut doc = ThreadDoc::read_verified(&self.doc_path(id), &self.trust).map_err(storage)?;
+        // One writer at a time across processes: the transcript file's own lock, held to the
+        // end (on a server, a second writer's first line is refused: its seq is taken).
+        let lock = self
+            .records
+            .lock_transcript(id)
+            .map_err(|e| storage(format!("{}: {e}", self.records.transcript_name(id))))?;
+        let mut doc = ThreadDoc::read_verified(&self.records, id, &self.trust).map_err(storage)?;
         if doc.imported.is_some() {
             return Err(StoreError::Invalid {
                 rule: "thread.read_only",
@@ -420,7 +423,9 @@ impl ThreadStore for FileStore {
                 ),
             });
         }
-        let (head, _) = transcript::repair(&path).map_err(storage)?;
+        let head = transcript::repair(&self.records, id)
+            .map_err(storage)?
+            .map_or_else(transcript::Head::empty, |(head, _)| head);
         let (mut lines, _) = self.lines(id)?;
         for e in &events {
             check_event(e)?;
@@ -430,8 +435,8 @@ impl ThreadStore for FileStore {
             lines.push(numbered);
         }
         let mut w = TranscriptWriter::open_append(
-            &path,
-            id.as_str(),
+            &self.records,
+            id,
             head,
             self.signer.clone(),
             self.durability,
@@ -441,11 +446,11 @@ impl ThreadStore for FileStore {
         self.write_events(&mut w, events)?;
         doc.transcript_head = w.head().clone();
         doc.updated_at = now_ts();
-        doc.write_signed(&self.doc_path(id), &self.signer, true)
+        doc.write_signed(&self.records, &self.signer, true)
             .map_err(storage)?;
         // Its new final head is anchored (an older signed thread.json is now a rollback).
         crate::record::anchors::anchor_root(
-            &self.project.anchors_log(),
+            &self.records,
             &self.signer,
             id,
             doc.status,
@@ -463,14 +468,14 @@ impl ThreadStore for FileStore {
         after: Option<i64>,
         limit: usize,
     ) -> Result<TranscriptPage, StoreError> {
-        let path = self.transcript_path(id);
-        let rep = match transcript::read(&path, id.as_str(), None) {
+        let path = self.records.transcript_name(id);
+        let rep = match transcript::read(&self.records, id, None) {
             Ok(rep) => rep,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.row(id)?;
                 return Err(storage(format!("thread {id} has no transcript yet")));
             }
-            Err(e) => return Err(storage(format!("{}: {e}", path.display()))),
+            Err(e) => return Err(storage(format!("{path}: {e}"))),
         };
         Ok(page(id, rep.events, after, limit, rep.torn_last_line))
     }
@@ -496,9 +501,8 @@ impl ThreadStore for FileStore {
             return Err(StoreError::Running(id.clone()));
         }
         // Unverified: indexing reads what is there; `weft verify` judges it.
-        let path = self.transcript_path(id);
-        let lines = transcript::read(&path, id.as_str(), None)
-            .map_err(|e| storage(format!("{}: {e}", path.display())))?
+        let lines = transcript::read(&self.records, id, None)
+            .map_err(|e| storage(format!("{}: {e}", self.records.transcript_name(id))))?
             .events;
         let head = lines.last().and_then(|l| l["seq"].as_i64()).unwrap_or(-1);
         let msgs = messages(&lines);
@@ -540,7 +544,7 @@ impl ThreadStore for FileStore {
         let mut done = Backfill::default();
         for r in &rows {
             let id = &r.id;
-            let Ok(rep) = transcript::read(&self.transcript_path(id), id.as_str(), None) else {
+            let Ok(rep) = transcript::read(&self.records, id, None) else {
                 continue;
             };
             let head = rep

@@ -352,11 +352,10 @@ impl Ctx {
     /// A thread's thread.json, verified against the trust store. The verified document is kept
     /// while the file is unchanged (same mtime and length), so a parent spawning many children is
     /// verified once per transition, not once per child; any change is read and verified again.
+    /// (A thread.json on a database server has no mtime: it is read and verified each time.)
     pub(crate) fn verified_doc(&self, id: &ThreadId) -> Result<ThreadDoc, String> {
-        let path = self.store.doc_path(id);
-        let stamp = std::fs::metadata(&path)
-            .ok()
-            .and_then(|m| Some((m.modified().ok()?, m.len())));
+        let records = self.store.records();
+        let stamp = records.doc_stamp(id);
         if let Ok(cache) = self.verified.lock() {
             if let Some((s, d)) = cache.get(id) {
                 if stamp.is_some() && *s == stamp {
@@ -364,13 +363,13 @@ impl Ctx {
                 }
             }
         }
-        let doc = ThreadDoc::read_verified(&path, &self.trust).map_err(|e| e.to_string())?;
+        let doc = ThreadDoc::read_verified(records, id, &self.trust).map_err(|e| e.to_string())?;
         // A signature proves who wrote a document, not where it belongs: another thread's
         // signed thread.json copied here must not lend its capabilities and limits.
         if doc.id != *id {
             return Err(format!(
                 "{} holds the thread.json of thread {}, not of {id}: refused (restore the thread's own thread.json)",
-                path.display(),
+                records.doc_name(id),
                 doc.id
             ));
         }

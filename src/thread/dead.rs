@@ -209,7 +209,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         own: acct.as_ref().map_or(row.own_spend_nanos, |a| a.own_spent.0),
         max: acct.as_ref().map(|a| a.max),
     };
-    if let Ok(done) = ThreadDoc::read_verified(&ctx.store.doc_path(&id), &ctx.trust) {
+    if let Ok(done) = ThreadDoc::read_verified(ctx.store.records(), &id, &ctx.trust) {
         if done.status.is_terminal() {
             return already_finished(ctx, row, end, rec, done).await;
         }
@@ -319,33 +319,27 @@ fn end_transcript(
     rec: &mut Recovered,
 ) -> Option<crate::record::transcript::Head> {
     let id = &row.id;
-    let tr_path = ctx.store.transcript_path(id);
+    let records = ctx.store.records();
+    let tr_path = records.transcript_name(id);
     // The process may have died between registering the thread and creating its files.
     if let Err(e) = std::fs::create_dir_all(ctx.store.files_dir(id)) {
         rec.problems
             .push(format!("{}: {e}", ctx.store.files_dir(id).display()));
     }
-    let repaired = if tr_path.exists() {
-        crate::record::transcript::repair(&tr_path).map(|(head, torn)| {
+    let repaired = crate::record::transcript::repair(records, id).and_then(|found| match found {
+        Some((head, torn)) => {
             rec.torn_line_kept = torn;
-            (head, false)
-        })
-    } else {
-        std::fs::File::create(&tr_path).map(|_| {
-            (
-                crate::record::transcript::Head {
-                    seq: -1,
-                    hash: crate::record::transcript::GENESIS.into(),
-                },
-                true,
-            )
-        })
-    };
+            Ok((head, false))
+        }
+        None => records
+            .create_transcript(id, true)
+            .map(|_| (crate::record::transcript::Head::empty(), true)),
+    });
     let redactor = ctx.redactor();
     let written = repaired.and_then(|(head, fresh)| {
         let mut w = TranscriptWriter::open_append(
-            &tr_path,
-            id.as_str(),
+            records,
+            id,
             head,
             ctx.signer.clone(),
             Durability::Strict,
@@ -376,12 +370,12 @@ fn end_transcript(
             &redactor,
         );
         if let Err(e) = w.checkpoint() {
-            rec.problems.push(format!("{}: {e}", tr_path.display()));
+            rec.problems.push(format!("{tr_path}: {e}"));
         }
         Ok(w.head().clone())
     });
     written
-        .map_err(|e| rec.problems.push(format!("{}: {e}", tr_path.display())))
+        .map_err(|e| rec.problems.push(format!("{tr_path}: {e}")))
         .ok()
 }
 
@@ -396,16 +390,17 @@ fn end_doc(
     head: Option<crate::record::transcript::Head>,
     rec: &mut Recovered,
 ) -> Option<String> {
-    let doc_path = ctx.store.doc_path(&row.id);
-    let torn_doc = doc_path.exists()
-        && std::fs::read(&doc_path)
-            .map(|b| serde_json::from_slice::<Value>(&b).is_err())
-            .unwrap_or(false);
+    let records = ctx.store.records();
+    let doc_path = records.doc_name(&row.id);
+    let found = records.doc(&row.id).ok().flatten();
+    let torn_doc = found
+        .as_ref()
+        .is_some_and(|b| serde_json::from_slice::<Value>(b).is_err());
     if torn_doc {
-        let _ = std::fs::rename(&doc_path, doc_path.with_extension("json.torn"));
+        let _ = records.set_aside_doc(&row.id);
     }
-    let doc = if doc_path.exists() {
-        ThreadDoc::read_verified(&doc_path, &ctx.trust)
+    let doc = if found.is_some() && !torn_doc {
+        ThreadDoc::read_verified(records, &row.id, &ctx.trust)
             .map_err(|e| format!("{e} (left as is; `weft verify` reports it)"))
     } else {
         Ok(doc_from_row(ctx, row, &row.id, spend.max))
@@ -425,22 +420,22 @@ fn end_doc(
         doc.transcript_head = h;
     }
     doc.transition(end.status);
-    if let Err(e) = doc.write_signed(&doc_path, &ctx.signer, true) {
-        rec.problems.push(format!("{}: {e}", doc_path.display()));
+    if let Err(e) = doc.write_signed(records, &ctx.signer, true) {
+        rec.problems.push(format!("{doc_path}: {e}"));
         return None;
     }
     // In the log whatever its parent: a parent that is gone too never records it.
     {
-        let log = ctx.project.anchors_log();
         let anchored = crate::record::anchors::anchor_root(
-            &log,
+            records,
             &ctx.signer,
             &doc.id,
             doc.status,
             &doc.transcript_head,
         );
         if let Err(e) = anchored {
-            rec.problems.push(format!("{}: {e}", log.display()));
+            rec.problems
+                .push(format!("{}: {e}", records.anchors_name()));
         }
     }
     Some(doc.transcript_head.hash)
@@ -451,8 +446,7 @@ fn end_doc(
 /// last signed checkpoint (the process died), chained but unsigned: a negative cost is never
 /// believed (that reservation is charged at its bound instead).
 async fn settle_recorded(ctx: &Ctx, id: &ThreadId) {
-    let tr = ctx.store.transcript_path(id);
-    let Ok(read) = crate::record::transcript::read(&tr, id.as_str(), None) else {
+    let Ok(read) = crate::record::transcript::read(ctx.store.records(), id, None) else {
         return;
     };
     for line in read.events.iter().map(Line::parse) {
@@ -535,10 +529,7 @@ fn doc_from_row(
         continuation_of: row.continuation_of.clone(),
         continued_by: None,
         chain_root: row.chain_root.clone(),
-        transcript_head: crate::record::transcript::Head {
-            seq: -1,
-            hash: crate::record::transcript::GENESIS.into(),
-        },
+        transcript_head: crate::record::transcript::Head::empty(),
         forked_from: None,
         imported: None,
         caused_by: Vec::new(),

@@ -327,21 +327,20 @@ impl Thread {
         let sync_transcript = self.record.transcript.sync_later();
         let doc = self.doc.clone();
         let signer = self.ctx.signer.clone();
-        let path = self.ctx.store.doc_path(self.id());
-        let anchors = self.ctx.project.anchors_log();
+        let records = self.ctx.store.records().clone();
         let linked = self.parent.is_some();
         let written = self
             .ctx
             .writers
             .run(self.id(), move || {
                 sync_transcript()?;
-                doc.write_signed(&path, &signer, true)?;
+                doc.write_signed(&records, &signer, true)?;
                 // The final head of a thread no running parent records (a root, a deferred child,
                 // their continuations) goes to the project's anchor log; a child's is in its
                 // parent's `child_finished` line.
                 match linked {
                     false => crate::record::anchors::anchor_root(
-                        &anchors,
+                        &records,
                         &signer,
                         &doc.id,
                         doc.status,

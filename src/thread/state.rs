@@ -204,11 +204,10 @@ impl Thread {
     /// Signs and writes thread.json as it stands.
     pub(crate) fn sign_doc(&mut self, fsync: bool) {
         self.refresh_doc();
-        let path = self.ctx.store.doc_path(self.id());
         let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
-        if let Err(e) = self
-            .doc
-            .write_signed(&path, &self.ctx.signer, fsync || strict)
+        if let Err(e) =
+            self.doc
+                .write_signed(self.ctx.store.records(), &self.ctx.signer, fsync || strict)
         {
             tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}");
         }

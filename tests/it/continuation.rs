@@ -231,12 +231,7 @@ async fn verify_checks_the_links_of_a_chain() {
     let signer = weft::internals::Signer::load_or_create(crate::support::weft_home()).unwrap();
     let mut doc = fx.doc(&first);
     doc.continued_by = None;
-    let path = fx
-        .root()
-        .join(".weft/threads")
-        .join(&first)
-        .join("thread.json");
-    doc.write_signed(&path, &signer, false).unwrap();
+    doc.write_signed(&fx.records(), &signer, false).unwrap();
     let bad = fx.verify_all();
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0].id, report.thread_id.as_str());

@@ -75,17 +75,17 @@ fn row_statuses(fx: &Fixture) -> BTreeMap<String, String> {
 }
 
 /// thread.json statuses as written (read, not verified: a torn one reads as absent).
-fn doc_statuses(project: &Path) -> BTreeMap<String, String> {
+fn doc_statuses(fx: &Fixture) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let Ok(dirs) = std::fs::read_dir(project.join(".weft/threads")) else {
-        return out;
-    };
-    for d in dirs.flatten() {
-        let doc: Option<Value> = std::fs::read(d.path().join("thread.json"))
+    let records = fx.records();
+    for id in records.thread_ids().unwrap_or_default() {
+        let doc: Option<Value> = records
+            .doc(&id)
             .ok()
+            .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok());
         if let Some(status) = doc.as_ref().and_then(|d| d["status"].as_str()) {
-            out.insert(d.file_name().to_string_lossy().into(), status.to_string());
+            out.insert(id.to_string(), status.to_string());
         }
     }
     out
@@ -119,7 +119,7 @@ fn trial(backend: Backend, step: &str, n: u32) -> bool {
         String::from_utf8_lossy(&run.stderr)
     );
     let rows_before = row_statuses(&fx);
-    let docs_before = doc_statuses(p);
+    let docs_before = doc_statuses(&fx);
     let rec = weft(p, &["recover", "--json"], None);
     assert!(
         rec.status.success(),
@@ -127,7 +127,7 @@ fn trial(backend: Backend, step: &str, n: u32) -> bool {
         String::from_utf8_lossy(&rec.stderr)
     );
     let rows = row_statuses(&fx);
-    let docs = doc_statuses(p);
+    let docs = doc_statuses(&fx);
     for (id, status) in &rows {
         assert!(terminal(status), "{fp}: {id} left {status} after recovery");
         assert_eq!(

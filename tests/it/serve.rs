@@ -287,14 +287,15 @@ async fn the_api_starts_a_tree_and_its_events_tell_all_of_it() {
             .collect();
         assert!(ns.windows(2).all(|w| w[0] < w[1]), "{ns:?}");
 
-        // The transcript, paged, is the file.
-        let lines = std::fs::read_to_string(
-            fx.root()
-                .join(format!(".weft/threads/{root}/transcript.jsonl")),
-        )
-        .unwrap()
-        .lines()
-        .count();
+        // The transcript, paged, is the record (a file, or rows on the server).
+        let lines = fx
+            .records()
+            .transcript(&weft::ThreadId::parse(&root).unwrap())
+            .unwrap()
+            .unwrap()
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
         let (mut after, mut seen) = (None::<i64>, 0usize);
         loop {
             let q = after.map_or("limit=4".to_string(), |a| format!("limit=4&after={a}"));

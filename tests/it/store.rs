@@ -324,16 +324,27 @@ fn the_store_contract_holds_on_files() {
         contract(&store, &format!("files on {backend:?}"));
         // The appended edits are chained and signed like every line: the project still verifies.
         assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
-        // Nothing of the deleted thread is left on disk.
+        // Nothing of the deleted thread is left on disk or on the server.
         let dirs = std::fs::read_dir(fx.root().join(".weft/threads"))
-            .unwrap()
-            .count();
-        assert_eq!(dirs, 1, "only the garden thread's folder is left");
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let kept = fx.records().thread_ids().unwrap();
+        assert_eq!(
+            kept.len(),
+            1,
+            "only the garden thread's records are left: {kept:?}"
+        );
         if backend == crate::support::Backend::Postgres {
             let state = fx.root().join(".weft/state");
-            for f in ["registry.db", "store.db", "ledger.db"] {
+            for f in ["registry.db", "store.db", "ledger.db", "anchors.jsonl"] {
                 assert!(!state.join(f).exists(), "{f} beside a Postgres database");
             }
+            // The records are on the server: no transcript or thread.json file anywhere.
+            let files = crate::support::files_with_ext(&fx.root().join(".weft"), "jsonl").len()
+                + crate::support::files_with_ext(&fx.root().join(".weft"), "json").len();
+            assert_eq!(files, 0, "record files beside a Postgres database");
+        } else {
+            assert_eq!(dirs, 1, "only the garden thread's folder is left");
         }
     }
 }

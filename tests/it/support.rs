@@ -222,14 +222,14 @@ impl Fixture {
             .unwrap_or_default()
     }
 
+    /// Where the project keeps its thread records (files, or its database server).
+    pub fn records(&self) -> weft::internals::Records {
+        weft::internals::Records::open(&self.project()).unwrap()
+    }
+
     /// The transcript events of a thread.
     pub fn events(&self, id: &str) -> Vec<Value> {
-        let p = self
-            .root()
-            .join(".weft/threads")
-            .join(id)
-            .join("transcript.jsonl");
-        weft::internals::read_transcript(&p, id, None)
+        weft::internals::read_transcript(&self.records(), &weft::ThreadId::parse(id).unwrap(), None)
             .unwrap()
             .events
     }
@@ -238,11 +238,12 @@ impl Fixture {
     pub fn verify_all(&self) -> Vec<weft::internals::Verdict> {
         let project = self.project();
         let (trust, _) = weft::internals::Trust::load(&project.trust_dir());
+        let records = self.records();
         self.rows()
             .iter()
             .map(|r| {
                 weft::internals::verify_thread(
-                    &project,
+                    &records,
                     &trust,
                     &weft::ThreadId::parse(&r.id).unwrap(),
                 )
@@ -256,9 +257,8 @@ impl Fixture {
         let project = self.project();
         let (trust, _) = weft::internals::Trust::load(&project.trust_dir());
         weft::internals::ThreadDoc::read_verified(
-            &project
-                .thread_dir(&weft::ThreadId::parse(id).unwrap())
-                .join("thread.json"),
+            &self.records(),
+            &weft::ThreadId::parse(id).unwrap(),
             &trust,
         )
         .unwrap()

@@ -287,8 +287,7 @@ fn continued_parent(ctx: &Ctx, c: &Continuation) -> Result<Option<ThreadId>, Spa
     match (&c.of.parent_id, &c.of.chain_root) {
         (Some(p), _) => Ok(Some(p.clone())),
         (None, Some(first)) if *first != c.of.id => {
-            let path = ctx.store.doc_path(first);
-            let doc = ThreadDoc::read_verified(&path, &ctx.trust)
+            let doc = ThreadDoc::read_verified(ctx.store.records(), first, &ctx.trust)
                 .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
             Ok(doc.parent_id)
         }

@@ -334,8 +334,8 @@ impl Files {
             }
         }
         let mut transcript = TranscriptWriter::create(
-            &store.transcript_path(&plan.id),
-            plan.id.as_str(),
+            store.records(),
+            &plan.id,
             ctx.signer.clone(),
             ctx.config.durability,
             ctx.config.checkpoint_every,

@@ -1,0 +1,519 @@
+//! Where a project's thread records are kept ([`Records`]): each thread's transcript, its
+//! signed thread.json and the project's anchor log — files under `.weft/` (the embedded
+//! default), or tables on the project's database server (`record/server.rs`). The bytes are
+//! the same either way: a record read from the server is what the file would hold, so the
+//! readers, the verifier and the exporters parse one format.
+//!
+//! The one place that says where a record is. Knows bytes and names, not their format (that is
+//! `transcript`, `thread_doc` and `anchors`).
+
+use super::server::Server;
+use crate::core::ids::ThreadId;
+use crate::project::config::{Config, Durability};
+use crate::project::Project;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Where a project's thread records are kept (cheap to clone).
+#[derive(Clone)]
+pub struct Records {
+    place: Place,
+}
+
+#[derive(Clone)]
+enum Place {
+    /// `.weft/threads/<id>/{transcript.jsonl,thread.json}` and `.weft/state/anchors.jsonl`.
+    Files { threads: PathBuf, anchors: PathBuf },
+    /// The project's database server.
+    Server(Arc<Server>),
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.place {
+            Place::Files { threads, .. } => write!(f, "Records({})", threads.display()),
+            Place::Server(s) => write!(f, "Records({})", s.shown()),
+        }
+    }
+}
+
+impl Records {
+    /// The records of `project` as `config` places them: on its `database:` server, else in
+    /// its files.
+    pub fn of(project: &Project, config: &Config) -> Records {
+        match &config.database {
+            Some(url) => Records {
+                place: Place::Server(Arc::new(Server::new(
+                    url.clone(),
+                    config.durability == Durability::Strict,
+                ))),
+            },
+            None => Records::files(project),
+        }
+    }
+
+    /// The records of `project` as its config places them.
+    pub fn open(project: &Project) -> Result<Records, crate::project::config::ConfigError> {
+        Ok(Records::of(project, &project.config()?))
+    }
+
+    /// The records in `project`'s files, whatever its config says.
+    pub fn files(project: &Project) -> Records {
+        Records {
+            place: Place::Files {
+                threads: project.weft().join("threads"),
+                anchors: project.anchors_log(),
+            },
+        }
+    }
+
+    /// Whether the records are files.
+    pub fn on_files(&self) -> bool {
+        matches!(self.place, Place::Files { .. })
+    }
+
+    fn dir(threads: &Path, id: &ThreadId) -> PathBuf {
+        threads.join(id.as_str())
+    }
+
+    /// How `id`'s transcript is named in messages: its file, or the thread on the server.
+    pub fn transcript_name(&self, id: &ThreadId) -> String {
+        match &self.place {
+            Place::Files { threads, .. } => Self::dir(threads, id)
+                .join("transcript.jsonl")
+                .display()
+                .to_string(),
+            Place::Server(s) => format!("{} transcript of {id}", s.shown()),
+        }
+    }
+
+    /// How `id`'s thread.json is named in messages.
+    pub fn doc_name(&self, id: &ThreadId) -> String {
+        match &self.place {
+            Place::Files { threads, .. } => Self::dir(threads, id)
+                .join("thread.json")
+                .display()
+                .to_string(),
+            Place::Server(s) => format!("{} thread.json of {id}", s.shown()),
+        }
+    }
+
+    /// How the thread `id` is named in messages: its folder, or the thread on the server.
+    pub fn thread_name(&self, id: &ThreadId) -> String {
+        match &self.place {
+            Place::Files { threads, .. } => Self::dir(threads, id).display().to_string(),
+            Place::Server(s) => format!("{} thread {id}", s.shown()),
+        }
+    }
+
+    /// Where every thread's records are, named in messages.
+    pub fn thread_name_all(&self) -> String {
+        match &self.place {
+            Place::Files { threads, .. } => threads.display().to_string(),
+            Place::Server(s) => format!("{} thread records", s.shown()),
+        }
+    }
+
+    /// Every thread with records (a folder, or a line or thread.json on the server).
+    pub fn thread_ids(&self) -> io::Result<Vec<ThreadId>> {
+        let names = match &self.place {
+            Place::Files { threads, .. } => std::fs::read_dir(threads)?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .collect(),
+            Place::Server(s) => s.threads()?,
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| ThreadId::parse(n).ok())
+            .collect())
+    }
+
+    /// How the anchor log is named in messages.
+    pub fn anchors_name(&self) -> String {
+        match &self.place {
+            Place::Files { anchors, .. } => anchors.display().to_string(),
+            Place::Server(s) => format!("{} anchor log", s.shown()),
+        }
+    }
+
+    /// Whether `id` has any record (its folder, or a line or thread.json on the server).
+    pub(crate) fn has(&self, id: &ThreadId) -> io::Result<bool> {
+        match &self.place {
+            Place::Files { threads, .. } => Ok(Self::dir(threads, id).exists()),
+            Place::Server(s) => s.has(id.as_str()),
+        }
+    }
+
+    /// A new, empty transcript for `id` (its folder made; fails if a transcript file exists:
+    /// transcripts are never rewritten). `strict`: the new file and its folder reach the disk.
+    pub(crate) fn create_transcript(&self, id: &ThreadId, strict: bool) -> io::Result<Lines> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let dir = Self::dir(threads, id);
+                std::fs::create_dir_all(&dir)?;
+                let path = dir.join("transcript.jsonl");
+                let file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create_new(true)
+                    .open(&path)?;
+                if strict {
+                    super::disk::sync_parent(&path)?;
+                    super::disk::sync_parent(&dir)?;
+                }
+                Ok(Lines::file(file, path))
+            }
+            Place::Server(s) => Ok(Lines::Server {
+                server: s.clone(),
+                thread: id.to_string(),
+            }),
+        }
+    }
+
+    /// `id`'s existing transcript, to append to.
+    pub(crate) fn append_to(&self, id: &ThreadId) -> io::Result<Lines> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let path = Self::dir(threads, id).join("transcript.jsonl");
+                Ok(Lines::file(open_append(&path)?, path))
+            }
+            Place::Server(s) => Ok(Lines::Server {
+                server: s.clone(),
+                thread: id.to_string(),
+            }),
+        }
+    }
+
+    /// Holds `id`'s transcript for one writer across processes until the returned guard is
+    /// dropped: its file's lock (on a server there is none to take: a second writer's first
+    /// line is refused, its seq being taken).
+    pub(crate) fn lock_transcript(&self, id: &ThreadId) -> io::Result<Option<File>> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(Self::dir(threads, id).join("transcript.jsonl"))?;
+                f.lock()?;
+                Ok(Some(f))
+            }
+            Place::Server(_) => Ok(None),
+        }
+    }
+
+    /// `id`'s transcript bytes (None: it has none).
+    pub fn transcript(&self, id: &ThreadId) -> io::Result<Option<Vec<u8>>> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                read_if_there(&Self::dir(threads, id).join("transcript.jsonl"))
+            }
+            Place::Server(s) => s.transcript(id.as_str()),
+        }
+    }
+
+    /// `id`'s complete lines added since `cursor` (0 at first; this moves it on; a torn last
+    /// line waits for its end), for following a transcript as it grows. None is found where
+    /// there is no transcript yet.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn new_lines(&self, id: &ThreadId, cursor: &mut u64) -> io::Result<Vec<Vec<u8>>> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                use std::io::{Read, Seek};
+                let path = Self::dir(threads, id).join("transcript.jsonl");
+                let Some(mut f) = std::fs::File::open(path).ok() else {
+                    return Ok(Vec::new());
+                };
+                f.seek(io::SeekFrom::Start(*cursor))?;
+                let mut buf = Vec::new();
+                f.read_to_end(&mut buf)?;
+                let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
+                    return Ok(Vec::new());
+                };
+                *cursor += end as u64 + 1;
+                Ok(buf[..end]
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .map(<[u8]>::to_vec)
+                    .collect())
+            }
+            Place::Server(s) => {
+                let lines = s.lines_after(id.as_str(), *cursor as i64 - 1)?;
+                *cursor += lines.len() as u64;
+                Ok(lines)
+            }
+        }
+    }
+
+    /// Cuts `id`'s transcript back to its first `good_len` bytes, the rest (a torn last line)
+    /// moved to `transcript.torn` beside it. Only files have torn lines.
+    pub(crate) fn set_aside_torn(&self, id: &ThreadId, good_len: usize) -> io::Result<()> {
+        let Place::Files { threads, .. } = &self.place else {
+            return Ok(());
+        };
+        let path = Self::dir(threads, id).join("transcript.jsonl");
+        let bytes = std::fs::read(&path)?;
+        if good_len >= bytes.len() {
+            return Ok(());
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path.with_extension("torn"))?;
+        f.write_all(&bytes[good_len..])?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        let t = std::fs::OpenOptions::new().write(true).open(&path)?;
+        t.set_len(good_len as u64)?;
+        t.sync_all()
+    }
+
+    /// Writes `id`'s signed thread.json: the first version created in place, later ones
+    /// replacing it atomically (temp file, rename); `fsync`: on the disk before it returns.
+    pub(crate) fn put_doc(&self, id: &ThreadId, bytes: &[u8], fsync: bool) -> io::Result<()> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                write_doc_file(&Self::dir(threads, id).join("thread.json"), bytes, fsync)
+            }
+            Place::Server(s) => s.put_doc(id.as_str(), bytes),
+        }
+    }
+
+    /// `id`'s thread.json bytes (None: it has none).
+    pub fn doc(&self, id: &ThreadId) -> io::Result<Option<Vec<u8>>> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                read_if_there(&Self::dir(threads, id).join("thread.json"))
+            }
+            Place::Server(s) => s.doc(id.as_str()),
+        }
+    }
+
+    /// What tells whether `id`'s thread.json file changed (its mtime and length); None on a
+    /// server, or when there is no file.
+    pub(crate) fn doc_stamp(&self, id: &ThreadId) -> Option<(std::time::SystemTime, u64)> {
+        let Place::Files { threads, .. } = &self.place else {
+            return None;
+        };
+        let m = std::fs::metadata(Self::dir(threads, id).join("thread.json")).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    }
+
+    /// Moves a torn thread.json (not JSON at all: a crash mid-write) aside to
+    /// `thread.json.torn`. Only files are torn.
+    pub(crate) fn set_aside_doc(&self, id: &ThreadId) -> io::Result<()> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let path = Self::dir(threads, id).join("thread.json");
+                std::fs::rename(&path, path.with_extension("json.torn"))
+            }
+            Place::Server(_) => Ok(()),
+        }
+    }
+
+    /// Appends the line `make` builds from the hash of the last line ([`GENESIS`](crate::core::ids::GENESIS) when the
+    /// log is empty) to the anchor log, every process's appends taking turns; on the disk (or
+    /// committed) before it returns.
+    pub(crate) fn append_anchor(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
+        match &self.place {
+            Place::Files { anchors, .. } => super::log_file::append(anchors, make),
+            Place::Server(s) => s.append_anchor(make),
+        }
+    }
+
+    /// The anchor log's bytes (empty when there is none).
+    pub(crate) fn anchors(&self) -> io::Result<Vec<u8>> {
+        match &self.place {
+            Place::Files { anchors, .. } => Ok(read_if_there(anchors)?.unwrap_or_default()),
+            Place::Server(s) => s.anchors(),
+        }
+    }
+
+    /// Removes `id`'s records (`weft delete`, `weft gc`); its folder goes too (file areas are
+    /// the store's to remove).
+    pub(crate) fn remove(&self, id: &ThreadId) -> io::Result<()> {
+        match &self.place {
+            Place::Files { threads, .. } => match std::fs::remove_dir_all(Self::dir(threads, id)) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            },
+            Place::Server(s) => s.remove(id.as_str()),
+        }
+    }
+}
+
+fn read_if_there(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// thread.json on disk: the first version has nothing to protect and is created in place (one
+/// inode, no rename; a crash mid-write leaves a torn file, which recovery rebuilds from the
+/// registry); later ones go through a temp file and a rename.
+fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
+    use crate::sql::off_workers;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(mut f) => {
+            f.write_all(bytes)?;
+            if fsync {
+                off_workers(|| f.sync_all())?;
+                super::disk::sync_parent(path)?;
+            }
+            return Ok(());
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let tmp = path.with_extension("json.tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        if fsync {
+            off_workers(|| f.sync_all())?;
+        }
+    }
+    std::fs::rename(&tmp, path)?;
+    if fsync {
+        // The rename is only durable once the directory entry is.
+        super::disk::sync_parent(path)?;
+    }
+    Ok(())
+}
+
+/// Where one transcript's lines go: its file, or its rows on the server.
+pub(crate) enum Lines {
+    /// A file: its descriptor kept open while the process's budget allows (else opened for
+    /// each line).
+    File { file: Option<File>, path: PathBuf },
+    /// Rows on the server, each committed as it is written.
+    Server { server: Arc<Server>, thread: String },
+}
+
+impl Lines {
+    fn file(file: File, path: PathBuf) -> Lines {
+        Lines::File {
+            file: keep_open().then_some(file),
+            path,
+        }
+    }
+
+    /// Writes line `seq` (`line` ends with its newline); `strict`: on the disk before it
+    /// returns (on the server, every line is committed).
+    pub(crate) fn write(&mut self, seq: i64, line: &[u8], strict: bool) -> io::Result<()> {
+        match self {
+            Lines::File { file, path } => {
+                let opened;
+                let f = match file {
+                    Some(f) => &*f,
+                    None => {
+                        opened = open_append(path)?;
+                        &opened
+                    }
+                };
+                let mut w = f;
+                w.write_all(line)?;
+                if strict {
+                    crate::sql::off_workers(|| f.sync_data())?;
+                }
+                Ok(())
+            }
+            Lines::Server { server, thread } => {
+                let body = line.strip_suffix(b"\n").unwrap_or(line);
+                server.append_line(thread, seq, body)
+            }
+        }
+    }
+
+    /// On the disk now (lines on the server already are).
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        match self {
+            Lines::File { file: Some(f), .. } => crate::sql::off_workers(|| f.sync_data()),
+            Lines::File { file: None, path } => {
+                let f = open_append(path)?;
+                crate::sql::off_workers(|| f.sync_data())
+            }
+            Lines::Server { .. } => Ok(()),
+        }
+    }
+
+    /// [`Self::sync`] to run later on another thread, through a descriptor of its own opened
+    /// when it runs: work queued off the actor's thread holds no descriptor while it waits.
+    pub(crate) fn sync_later(&self) -> Box<dyn FnOnce() -> io::Result<()> + Send> {
+        match self {
+            Lines::File { path, .. } => {
+                let path = path.clone();
+                Box::new(move || open_append(&path)?.sync_data())
+            }
+            Lines::Server { .. } => Box::new(|| Ok(())),
+        }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        if let Lines::File { file, .. } = self {
+            if file.take().is_some() {
+                KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Transcript descriptors held open between appends, process-wide (see [`keep_open`]).
+static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many transcripts may keep their descriptor open between appends: a quarter of the
+/// process's descriptor limit, so a tree of ten thousand live threads under the common soft limit
+/// of 1,024 never meets EMFILE; past that, a writer opens its file for each append (a few µs).
+fn keep_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| (open_files_limit() / 4).clamp(8, 4096))
+}
+
+/// The soft limit on open descriptors: read from `/proc/self/limits` where there is one (no
+/// `unsafe` for a syscall), else the common default of 1,024.
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+            let soft = line["Max open files".len()..].split_whitespace().next()?;
+            Some(soft.parse().unwrap_or(usize::MAX))
+        })
+        .unwrap_or(1024)
+}
+
+/// Takes a slot to keep a descriptor open, if the budget has one.
+fn keep_open() -> bool {
+    KEPT_OPEN
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < keep_budget()).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+/// Opens a transcript for appending. Past the descriptor budget a writer opens its file per
+/// line; when the process is out of descriptors for a moment (EMFILE/ENFILE: other threads'
+/// files, sockets, databases), it waits briefly and tries again (up to ~1 s) rather than lose
+/// the line — a lost line ends the thread.
+fn open_append(path: &Path) -> io::Result<File> {
+    let mut wait = std::time::Duration::from_millis(1);
+    for _ in 0..10 {
+        match std::fs::OpenOptions::new().append(true).open(path) {
+            Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+    std::fs::OpenOptions::new().append(true).open(path)
+}
