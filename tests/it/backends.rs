@@ -197,12 +197,13 @@ k:
     (r, k, script.to_string())
 }
 
-/// A project whose config names a Postgres database keeps its registry and ledger there: no
-/// registry.db or ledger.db appears, `weft threads` and `weft verify` answer from the server,
-/// the spend is exact, and the password in the URL is never printed or written.
+/// A project whose config names a Postgres database keeps its registry, ledger and thread
+/// records there: no registry.db, ledger.db, transcript or thread.json file appears, `weft
+/// threads` and `weft verify` answer from the server (and catch records changed there), the
+/// spend is exact, and the password in the URL is never printed or written.
 #[cfg(feature = "cli")]
 #[test]
-fn a_project_on_postgres_keeps_its_registry_and_ledger_on_the_server() {
+fn a_project_on_postgres_keeps_its_state_and_records_on_the_server() {
     let Some(server) = crate::pg::server() else {
         return;
     };
@@ -301,6 +302,61 @@ fn a_project_on_postgres_keeps_its_registry_and_ledger_on_the_server() {
             "the password was shown: {text}"
         );
     }
+    records_are_on_the_server(&fx, server, &name);
+}
+
+/// The thread records of a finished tree on Postgres are on the server, not in files, and
+/// `weft verify` judges them as it judges files: an edited line breaks the chain, a line
+/// removed from the end no longer matches the signed head.
+#[cfg(feature = "cli")]
+fn records_are_on_the_server(fx: &Fixture, server: &crate::pg::Server, name: &str) {
+    let files: Vec<_> = walk(&fx.root().join(".weft"))
+        .into_iter()
+        .filter(|f| {
+            let n = f.file_name().unwrap().to_string_lossy();
+            n.starts_with("transcript") || n.starts_with("thread.json") || n.starts_with("anchors")
+        })
+        .collect();
+    assert!(files.is_empty(), "record files beside Postgres: {files:?}");
+    assert_eq!(server.psql(name, "SELECT COUNT(*) FROM thread_docs"), "2");
+    assert_eq!(server.psql(name, "SELECT COUNT(*) FROM anchor_lines"), "1");
+    let rows = crate::support::rows_json(fx.root());
+    let id_of = |d: &str| {
+        rows.iter().find(|r| r["directive"] == d).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (root, kid) = (id_of("r"), id_of("k"));
+    let lines: usize = server
+        .psql(
+            name,
+            &format!("SELECT COUNT(*) FROM transcript_lines WHERE thread='{root}'"),
+        )
+        .parse()
+        .unwrap();
+    assert_eq!(lines, fx.events(&root).len(), "one row per transcript line");
+    let verify = || {
+        let out = weft_cmd(fx.root())
+            .args(["verify", "--all"])
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    // An edited line (its time changed) breaks the chain at the line after it.
+    server.psql(
+        name,
+        &format!("UPDATE transcript_lines SET line = convert_to(replace(convert_from(line, 'UTF8'), '\"ts\":\"2', '\"ts\":\"1'), 'UTF8') WHERE thread='{root}' AND seq=1"),
+    );
+    let (ok, said) = verify();
+    assert!(!ok && said.contains(&root) && said.contains("broken chain"), "{said}");
+    // The child's last line removed: its signed thread.json names a head that is gone.
+    server.psql(
+        name,
+        &format!("DELETE FROM transcript_lines WHERE thread='{kid}' AND seq=(SELECT MAX(seq) FROM transcript_lines WHERE thread='{kid}')"),
+    );
+    let (ok, said) = verify();
+    assert!(!ok && said.contains(&kid) && said.contains("head mismatch"), "{said}");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -392,6 +448,26 @@ fn weft_copy_moves_a_projects_history_into_postgres() {
         .as_str()
         .unwrap()
         .to_string();
+    // The records are the same bytes: an export from the copy is the export from the files,
+    // and with the files moved away the copy still verifies (it reads the server).
+    let export = |on: &dyn Fn(&[&str]) -> std::process::Output| {
+        let out = on(&["export", &root, "--format", "nova"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let on_files = |args: &[&str]| weft_cmd(fx.root()).args(args).output().unwrap();
+    assert_eq!(export(&on_files), export(&on_pg), "the export reads the same records");
+    let threads = fx.root().join(".weft/threads");
+    let aside = fx.root().join("threads-aside");
+    std::fs::rename(&threads, &aside).unwrap();
+    let anchors = fx.root().join(".weft/state/anchors.jsonl");
+    std::fs::rename(&anchors, aside.join("anchors.jsonl")).unwrap();
+    let verify = on_pg(&["verify", "--all"]);
+    assert!(
+        verify.status.success() && String::from_utf8_lossy(&verify.stdout).contains(&root),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
     let resumed = on_pg(&[
         "resume",
         &root,
