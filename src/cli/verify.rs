@@ -28,19 +28,22 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
         .transpose()
         .map_err(usage)?;
     let (trust, _) = crate::record::signing::Trust::load(&project.trust_dir());
+    // Opening the store moves record files an older weft left beside a database server in.
+    let store = crate::store::FileStore::open(&project).ok();
     let records = Records::open(&project).map_err(|e| Exit {
         code: 1,
         message: e.to_string(),
     })?;
     let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
     let finished = registry_finished(&project);
-    let store = crate::store::FileStore::open(&project).ok();
     let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
     if all {
         targets.extend(records.thread_ids().map_err(|e| Exit {
             code: 1,
             message: format!("{}: {e}", records.thread_name_all()),
         })?);
+        // Every thread the registry lists, too: records gone are missing.
+        targets.extend(finished.keys().filter(|id| !deleted(id)).cloned());
         // And every thread the registry or the anchor log knows: a folder gone is missing.
         let known = log.heads.keys().filter(|id| !deleted(id));
         targets.extend(known.cloned());

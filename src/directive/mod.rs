@@ -12,7 +12,6 @@ pub(crate) mod rye;
 
 pub use front::parse;
 pub use io::OutputsError;
-pub(crate) use library::FileStamp;
 pub use library::Library;
 
 use crate::core::limits::LimitSet;

@@ -148,6 +148,28 @@ impl Records {
         }
     }
 
+    /// Whether `id` has a transcript or thread.json file (records kept in files).
+    pub(crate) fn has_record_files(&self, id: &ThreadId) -> bool {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let dir = Self::dir(threads, id);
+                dir.join("transcript.jsonl").exists() || dir.join("thread.json").exists()
+            }
+            Place::Server(_) => false,
+        }
+    }
+
+    /// Runs `f` on a connection to the records' server (an error for records in files).
+    pub(crate) fn with_server<T>(
+        &self,
+        f: impl FnOnce(&mut crate::sql::Db) -> Result<T, crate::sql::SqlError>,
+    ) -> io::Result<T> {
+        match &self.place {
+            Place::Files { .. } => Err(io::Error::other("the records are files, not on a server")),
+            Place::Server(s) => s.with(f),
+        }
+    }
+
     /// A new, empty transcript for `id` (its folder made; fails if a transcript file exists:
     /// transcripts are never rewritten). `strict`: the new file and its folder reach the disk.
     pub(crate) fn create_transcript(&self, id: &ThreadId, strict: bool) -> io::Result<Lines> {
@@ -168,7 +190,7 @@ impl Records {
             }
             Place::Server(s) => Ok(Lines::Server {
                 server: s.clone(),
-                thread: id.to_string(),
+                thread: Arc::from(id.as_str()),
             }),
         }
     }
@@ -182,24 +204,24 @@ impl Records {
             }
             Place::Server(s) => Ok(Lines::Server {
                 server: s.clone(),
-                thread: id.to_string(),
+                thread: Arc::from(id.as_str()),
             }),
         }
     }
 
     /// Holds `id`'s transcript for one writer across processes until the returned guard is
-    /// dropped: its file's lock (on a server there is none to take: a second writer's first
-    /// line is refused, its seq being taken).
-    pub(crate) fn lock_transcript(&self, id: &ThreadId) -> io::Result<Option<File>> {
+    /// dropped: its file's lock, or an advisory lock on the server held by a connection of
+    /// its own (closed with the guard, which releases it).
+    pub(crate) fn lock_transcript(&self, id: &ThreadId) -> io::Result<Box<dyn Send>> {
         match &self.place {
             Place::Files { threads, .. } => {
                 let f = std::fs::OpenOptions::new()
                     .append(true)
                     .open(Self::dir(threads, id).join("transcript.jsonl"))?;
                 f.lock()?;
-                Ok(Some(f))
+                Ok(Box::new(f))
             }
-            Place::Server(_) => Ok(None),
+            Place::Server(s) => Ok(Box::new(s.lock_thread(id.as_str())?)),
         }
     }
 
@@ -276,7 +298,7 @@ impl Records {
             Place::Files { threads, .. } => {
                 write_doc_file(&Self::dir(threads, id).join("thread.json"), bytes, fsync)
             }
-            Place::Server(s) => s.put_doc(id.as_str(), bytes),
+            Place::Server(s) => s.put_doc(id.as_str(), bytes, fsync),
         }
     }
 
@@ -290,14 +312,26 @@ impl Records {
         }
     }
 
-    /// What tells whether `id`'s thread.json file changed (its mtime and length); None on a
-    /// server, or when there is no file.
-    pub(crate) fn doc_stamp(&self, id: &ThreadId) -> Option<(std::time::SystemTime, u64)> {
-        let Place::Files { threads, .. } = &self.place else {
-            return None;
-        };
-        let m = std::fs::metadata(Self::dir(threads, id).join("thread.json")).ok()?;
-        Some((m.modified().ok()?, m.len()))
+    /// What tells whether `id`'s thread.json changed: its file's mtime and length; on a
+    /// server, a number each write of it by this process changes. None: cannot be told (read
+    /// it).
+    pub(crate) fn doc_stamp(&self, id: &ThreadId) -> Option<DocStamp> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                let m = std::fs::metadata(Self::dir(threads, id).join("thread.json")).ok()?;
+                Some(DocStamp::File(m.modified().ok()?, m.len()))
+            }
+            Place::Server(s) => s.doc_stamp(id.as_str()).map(DocStamp::Written),
+        }
+    }
+
+    /// Waits until every record this process wrote so far is stored (on a server they are
+    /// queued; files need nothing): before a step that others see, such as a tool's run.
+    pub(crate) fn settle(&self) -> io::Result<()> {
+        match &self.place {
+            Place::Files { .. } => Ok(()),
+            Place::Server(s) => s.sync(None, false),
+        }
     }
 
     /// Moves a torn thread.json (not JSON at all: a crash mid-write) aside to
@@ -388,13 +422,25 @@ fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// What tells whether a thread.json changed (see [`Records::doc_stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DocStamp {
+    /// A file's mtime and length.
+    File(std::time::SystemTime, u64),
+    /// The number of this process's last write of it.
+    Written(u64),
+}
+
 /// Where one transcript's lines go: its file, or its rows on the server.
 pub(crate) enum Lines {
     /// A file: its descriptor kept open while the process's budget allows (else opened for
     /// each line).
     File { file: Option<File>, path: PathBuf },
-    /// Rows on the server, each committed as it is written.
-    Server { server: Arc<Server>, thread: String },
+    /// Rows on the server, queued (see `behind.rs`).
+    Server {
+        server: Arc<Server>,
+        thread: Arc<str>,
+    },
 }
 
 impl Lines {
@@ -406,7 +452,7 @@ impl Lines {
     }
 
     /// Writes line `seq` (`line` ends with its newline); `strict`: on the disk before it
-    /// returns (on the server, every line is committed).
+    /// returns (on the server, every line is committed; under `strict` it waits for the disk).
     pub(crate) fn write(&mut self, seq: i64, line: &[u8], strict: bool) -> io::Result<()> {
         match self {
             Lines::File { file, path } => {
@@ -427,12 +473,12 @@ impl Lines {
             }
             Lines::Server { server, thread } => {
                 let body = line.strip_suffix(b"\n").unwrap_or(line);
-                server.append_line(thread, seq, body)
+                server.append_line(thread, seq, body, strict)
             }
         }
     }
 
-    /// On the disk now (lines on the server already are).
+    /// On the disk now (on the server: every commit so far).
     pub(crate) fn sync(&self) -> io::Result<()> {
         match self {
             Lines::File { file: Some(f), .. } => crate::sql::off_workers(|| f.sync_data()),
@@ -440,7 +486,7 @@ impl Lines {
                 let f = open_append(path)?;
                 crate::sql::off_workers(|| f.sync_data())
             }
-            Lines::Server { .. } => Ok(()),
+            Lines::Server { server, thread } => server.sync(Some(thread), true),
         }
     }
 
@@ -452,7 +498,10 @@ impl Lines {
                 let path = path.clone();
                 Box::new(move || open_append(&path)?.sync_data())
             }
-            Lines::Server { .. } => Box::new(|| Ok(())),
+            Lines::Server { server, thread } => {
+                let (server, thread) = (server.clone(), thread.clone());
+                Box::new(move || server.sync(Some(&thread), true))
+            }
         }
     }
 }

@@ -2,94 +2,86 @@
 //! same bytes the files hold, in three tables — `transcript_lines` (one row per line, keyed by
 //! thread and seq: a second line at a seq is refused, as a transcript file is never rewritten),
 //! `thread_docs` (each thread's signed thread.json) and `anchor_lines` (the anchor log's
-//! lines in order). A line is committed before its append returns, so a killed process loses
-//! none it reported written, and no line is ever torn.
+//! lines in order). No line is ever torn.
 //!
-//! Connections: a few per process, taken for one statement and given back (records are
-//! written by many thread actors at once; one connection would serialize them all).
+//! Lines and documents go through the write-behind queue (`behind.rs`): committed in batches,
+//! each before any step that relies on it. Reads first wait for what this process queued.
+//!
+//! Durability as with files: under `durability: normal` a batch's commit does not wait for the
+//! WAL to reach the disk (`synchronous_commit = off`: a killed weft process loses nothing the
+//! server has, a crashed server machine may lose the last moments, as a page cache would); a
+//! checkpoint, a thread.json written with fsync and an anchor line wait for the disk (what an
+//! fsync is for the files). `strict`: every commit waits.
+//!
+//! Connections: the queue's writer has its own; reads and anchor lines take one of at most
+//! [`MAX_OPEN`] per process, for one statement each.
 
+use super::behind::{Behind, Op};
+use super::tables::open_schema;
 use crate::core::ids::{sha256_hex, GENESIS};
-use crate::sql::{migrate, params, DatabaseUrl, Db, Lock, SqlError, Step};
+use crate::sql::{params, DatabaseUrl, Db, Lock, SqlError};
+use std::collections::HashMap;
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
-/// The records' tables, step by step (see `sql/migrate.rs`).
-const STEPS: &[Step] = &[Step {
-    sql: "CREATE TABLE IF NOT EXISTS transcript_lines(thread TEXT NOT NULL, seq INTEGER NOT NULL,
-           line BLOB NOT NULL, PRIMARY KEY(thread, seq));
-         CREATE TABLE IF NOT EXISTS thread_docs(thread TEXT PRIMARY KEY, doc BLOB NOT NULL);
-         CREATE TABLE IF NOT EXISTS anchor_lines(n INTEGER PRIMARY KEY, line BLOB NOT NULL);",
-    postgres: None,
-}];
+/// The most connections a process opens for reading records and anchoring.
+const MAX_OPEN: usize = 8;
 
-/// Brings the records' tables of `db` up to date (see `sql/migrate.rs`).
-pub(crate) fn open_schema(db: &mut Db) -> Result<(), SqlError> {
-    migrate(db, "records", STEPS).map(|_| ())
+/// This process's connections for records.
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Db>,
+    /// Connections open (idle or in use).
+    open: usize,
 }
-
-/// The records' tables.
-pub(crate) const TABLES: [&str; 3] = ["transcript_lines", "thread_docs", "anchor_lines"];
-
-/// Queues (see `Db::execute_later`) a file's records as the server keeps them: a transcript's
-/// lines, a thread.json, the anchor log's lines. The bytes must be whole lines (ending in a
-/// newline): a torn last line is refused by the caller. Returns how many rows.
-pub(crate) fn queue_copy(db: &Db, what: Copy<'_>) -> Result<u64, SqlError> {
-    let lines = |bytes: &'_ [u8]| -> Vec<Vec<u8>> {
-        bytes
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(<[u8]>::to_vec)
-            .collect()
-    };
-    match what {
-        Copy::Transcript(thread, bytes) => {
-            let all = lines(bytes);
-            for (seq, line) in all.iter().enumerate() {
-                db.execute_later(
-                    "INSERT INTO transcript_lines(thread, seq, line) VALUES(?1, ?2, ?3)",
-                    params![thread, seq as i64, line.clone()],
-                )?;
-            }
-            Ok(all.len() as u64)
-        }
-        Copy::Doc(thread, bytes) => db
-            .execute_later(
-                "INSERT INTO thread_docs(thread, doc) VALUES(?1, ?2)",
-                params![thread, bytes.to_vec()],
-            )
-            .map(|_| 1),
-        Copy::Anchors(bytes) => {
-            let all = lines(bytes);
-            for (n, line) in all.iter().enumerate() {
-                db.execute_later(
-                    "INSERT INTO anchor_lines(n, line) VALUES(?1, ?2)",
-                    params![n as i64 + 1, line.clone()],
-                )?;
-            }
-            Ok(all.len() as u64)
-        }
-    }
-}
-
-/// What [`queue_copy`] copies.
-pub(crate) enum Copy<'a> {
-    /// A thread's transcript file.
-    Transcript(&'a str, &'a [u8]),
-    /// A thread's thread.json file.
-    Doc(&'a str, &'a [u8]),
-    /// The anchor log file.
-    Anchors(&'a [u8]),
-}
-
-/// Idle connections kept for the next statement.
-const KEEP_IDLE: usize = 8;
 
 /// The records' tables on one database, and this process's connections to it.
 pub(crate) struct Server {
     url: DatabaseUrl,
     /// `durability: strict`: each commit waits for the server's disk.
     strict: bool,
-    idle: Mutex<Vec<Db>>,
+    pool: Mutex<Pool>,
+    /// A connection was given back.
+    freed: Condvar,
+    /// The write-behind queue (started on first write).
+    behind: std::sync::OnceLock<Result<Arc<Behind>, String>>,
+    /// Each thread.json this process wrote: a number that changes with every write (see
+    /// [`Server::doc_stamp`]).
+    stamps: Mutex<HashMap<Arc<str>, u64>>,
+    next_stamp: AtomicU64,
+}
+
+/// A connection lent by the pool: given back when dropped (also when its user panicked), a
+/// transaction it left open rolled back.
+struct Lent<'a> {
+    server: &'a Server,
+    db: Option<Db>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut pool) = self.server.pool.lock() {
+            match self.db.take() {
+                Some(mut db) => {
+                    if db.in_tx() {
+                        db.rollback();
+                    }
+                    pool.idle.push(db);
+                }
+                None => pool.open = pool.open.saturating_sub(1),
+            }
+        }
+        self.server.freed.notify_one();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(Ok(b)) = self.behind.get() {
+            b.stop();
+        }
+    }
 }
 
 fn failed(e: SqlError) -> io::Error {
@@ -102,7 +94,11 @@ impl Server {
         Server {
             url,
             strict,
-            idle: Mutex::new(Vec::new()),
+            pool: Mutex::new(Pool::default()),
+            freed: Condvar::new(),
+            behind: std::sync::OnceLock::new(),
+            stamps: Mutex::new(HashMap::new()),
+            next_stamp: AtomicU64::new(1),
         }
     }
 
@@ -111,45 +107,107 @@ impl Server {
         self.url.to_string()
     }
 
-    /// Runs `f` on a connection of the pool (made, its schema brought up to date, if none is
-    /// idle); a connection left inside a transaction is dropped, not kept.
-    fn with<T>(&self, f: impl FnOnce(&mut Db) -> Result<T, SqlError>) -> io::Result<T> {
-        let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
-        let mut db = match idle {
-            Some(db) => db,
-            None => self.connect().map_err(failed)?,
+    /// Runs `f` on a connection of the pool: an idle one, a new one (its schema brought up
+    /// to date) while fewer than [`MAX_OPEN`] are open, else the next one given back.
+    pub(super) fn with<T>(&self, f: impl FnOnce(&mut Db) -> Result<T, SqlError>) -> io::Result<T> {
+        // What this process queued is there before anything is read.
+        self.queue()?.wait(None, None, false)?;
+        let mut lent = Lent {
+            server: self,
+            db: Some(self.take()?),
         };
-        let out = f(&mut db);
-        if db.in_tx() {
-            db.rollback();
+        match lent.db.as_mut() {
+            Some(db) => f(db).map_err(failed),
+            None => Err(io::Error::other("no connection")),
         }
-        if let Ok(mut v) = self.idle.lock() {
-            if v.len() < KEEP_IDLE {
-                v.push(db);
+    }
+
+    fn take(&self) -> io::Result<Db> {
+        let poisoned = || io::Error::other("the records' connection pool failed earlier");
+        let mut pool = self.pool.lock().map_err(|_| poisoned())?;
+        loop {
+            if let Some(db) = pool.idle.pop() {
+                return Ok(db);
             }
+            if pool.open < MAX_OPEN {
+                pool.open += 1;
+                drop(pool);
+                let made = self.connect();
+                if made.is_err() {
+                    if let Ok(mut pool) = self.pool.lock() {
+                        pool.open -= 1;
+                    }
+                    self.freed.notify_one();
+                }
+                return made.map_err(failed);
+            }
+            pool = crate::sql::off_workers(|| self.freed.wait(pool)).map_err(|_| poisoned())?;
         }
-        out.map_err(failed)
     }
 
     fn connect(&self) -> Result<Db, SqlError> {
         let mut db = Db::postgres(&self.url)?;
-        migrate(&mut db, "records", STEPS)?;
+        open_schema(&mut db)?;
         if self.strict {
             db.set_strict()?;
         }
         Ok(db)
     }
 
-    /// Stores line `seq` of `thread`'s transcript (`line` without its newline); refused if
-    /// that line exists.
-    pub(crate) fn append_line(&self, thread: &str, seq: i64, line: &[u8]) -> io::Result<()> {
-        self.with(|db| {
-            db.execute(
-                "INSERT INTO transcript_lines(thread, seq, line) VALUES(?1, ?2, ?3)",
-                params![thread, seq, line.to_vec()],
-            )
-        })
-        .map(|_| ())
+    /// A connection of its own holding `thread`'s advisory lock (waiting up to the session's
+    /// `lock_timeout` for another process to let it go); dropping it releases the lock.
+    pub(crate) fn lock_thread(&self, thread: &str) -> io::Result<Db> {
+        let hash = sha256_hex(thread.as_bytes());
+        let key = u64::from_str_radix(&hash[..16], 16).unwrap_or(0) as i64;
+        let db = Db::postgres(&self.url).map_err(failed)?;
+        crate::sql::off_workers(|| db.execute("SELECT pg_advisory_lock(?1)", params![key]))
+            .map_err(|e| {
+                io::Error::other(format!(
+                    "thread {thread} is being written by another process: {e}"
+                ))
+            })?;
+        Ok(db)
+    }
+
+    /// The write-behind queue, its writer started on first use.
+    fn queue(&self) -> io::Result<&Arc<Behind>> {
+        self.behind
+            .get_or_init(|| Behind::start(&self.url, self.strict).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| io::Error::other(format!("cannot start the records' writer: {e}")))
+    }
+
+    /// Queues line `seq` of `thread` (without its newline); `wait`: returns once it is
+    /// stored (on the disk under `strict`).
+    pub(crate) fn append_line(
+        &self,
+        thread: &Arc<str>,
+        seq: i64,
+        line: &[u8],
+        wait: bool,
+    ) -> io::Result<()> {
+        let q = self.queue()?;
+        let ticket = q.push(Op::Line {
+            thread: thread.clone(),
+            seq,
+            line: line.to_vec(),
+        })?;
+        match wait {
+            true => q.wait(Some(thread), Some(ticket), false),
+            false => Ok(()),
+        }
+    }
+
+    /// Waits until everything this process queued is stored and, when `disk`, on the
+    /// server's disk; fails if `thread`'s records could not be stored.
+    pub(crate) fn sync(&self, thread: Option<&str>, disk: bool) -> io::Result<()> {
+        self.queue()?.wait(thread, None, disk)
+    }
+
+    /// What tells whether `thread`'s thread.json changed since this process last wrote it
+    /// (None: this process never wrote it; read it).
+    pub(crate) fn doc_stamp(&self, thread: &str) -> Option<u64> {
+        self.stamps.lock().ok()?.get(thread).copied()
     }
 
     /// `thread`'s transcript as the file would hold it (each line ending in a newline); None
@@ -205,16 +263,25 @@ impl Server {
         })
     }
 
-    /// Stores `thread`'s signed thread.json, replacing the one before in one statement.
-    pub(crate) fn put_doc(&self, thread: &str, doc: &[u8]) -> io::Result<()> {
-        self.with(|db| {
-            db.execute(
-                "INSERT INTO thread_docs(thread, doc) VALUES(?1, ?2)
-                 ON CONFLICT(thread) DO UPDATE SET doc=excluded.doc",
-                params![thread, doc.to_vec()],
-            )
-        })
-        .map(|_| ())
+    /// Queues `thread`'s signed thread.json (replacing the one before); `fsync`: returns once
+    /// it is on the server's disk.
+    pub(crate) fn put_doc(&self, thread: &str, doc: &[u8], fsync: bool) -> io::Result<()> {
+        let thread: Arc<str> = Arc::from(thread);
+        let q = self.queue()?;
+        q.push(Op::Doc {
+            thread: thread.clone(),
+            doc: doc.to_vec(),
+        })?;
+        if let Ok(mut s) = self.stamps.lock() {
+            s.insert(
+                thread.clone(),
+                self.next_stamp.fetch_add(1, Ordering::Relaxed),
+            );
+        }
+        match fsync {
+            true => q.wait(Some(&thread), None, true),
+            false => Ok(()),
+        }
     }
 
     /// `thread`'s thread.json, if it has one.
@@ -233,6 +300,19 @@ impl Server {
     /// the records' write lock: appends from every process on the database take turns, so the
     /// chain never forks.
     pub(crate) fn append_anchor(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
+        // The lock waits at most the session's `lock_timeout`; a burst of roots ending in
+        // several processes may wait longer: tried again, up to about a minute (a file's lock
+        // waits as long as it takes).
+        let mut tries = 0;
+        loop {
+            match self.anchor_once(make) {
+                Err(e) if tries < 12 && e.to_string().contains("lock") => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn anchor_once(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
         self.with(|db| {
             db.begin_write(Lock::Records)?;
             let last = db.row(
@@ -248,6 +328,7 @@ impl Server {
                 "INSERT INTO anchor_lines(n, line) VALUES(?1, ?2)",
                 params![n, line],
             )?;
+            db.batch("SET LOCAL synchronous_commit = on")?;
             db.commit()
         })
     }
@@ -267,6 +348,10 @@ impl Server {
     /// Removes `thread`'s transcript and thread.json (`weft delete`, `weft gc`), in one
     /// transaction.
     pub(crate) fn remove(&self, thread: &str) -> io::Result<()> {
+        if let Ok(mut s) = self.stamps.lock() {
+            s.remove(thread);
+        }
+        self.queue()?.forget(thread);
         self.with(|db| {
             db.atomic(Lock::Records, |db| {
                 db.execute(

@@ -96,7 +96,7 @@ pub(crate) fn verify_anchored(
                         "{}: head mismatch: thread.json records line {} with hash {}, which the transcript does not have",
                         doc_path,
                         want.seq + 1,
-                        &want.hash[..12.min(want.hash.len())]
+                        short(&want.hash)
                     ));
                 } else if doc.status.is_terminal() {
                     let last = rep.head.as_ref().map_or(-1, |h| h.seq);
@@ -128,6 +128,14 @@ pub(crate) fn verify_anchored(
         problems,
         torn_last_line: torn,
     }
+}
+
+/// The start of a hash, as shown (a hash from an unchecked source may hold any text: never
+/// cut inside a character).
+fn short(hash: &str) -> &str {
+    hash.char_indices()
+        .nth(12)
+        .map_or(hash, |(i, _)| &hash[..i])
 }
 
 /// A finished thread's anchored final head is still in its transcript's chain, at or before
@@ -181,7 +189,7 @@ fn check_anchor(
         problems.push(format!(
             "{}: rolled back: {by} records it finished at line hash {}, which its records no longer end at or after (thread.json is {} at line {})",
             records.thread_name(&doc.id),
-            &head[..12.min(head.len())],
+            short(&head),
             doc.status.as_str(),
             doc.transcript_head.seq + 1
         ));

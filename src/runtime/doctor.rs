@@ -119,6 +119,12 @@ pub fn diagnose(project: &Project) -> Checkup {
         Ok(c) => Records::of(project, &c),
         Err(_) => Records::files(project),
     };
+    if let Err(e) = crate::record::adopt::adopt_files(&records, project) {
+        up.broken.push(format!(
+            "moving record files to {}: {e}",
+            records.thread_name_all()
+        ));
+    }
     let mut health = thread_health(&records, &trust, &rows, &mut up.problems);
     let by_id: HashMap<&str, &ThreadRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
     let damaged = damaged_rows(project, &mut up.problems);
@@ -344,7 +350,11 @@ fn folders_without_rows(
                 Err(err) => format!("a folder without a registry row or a verified thread.json ({err}); --fix moves it to .weft/lost+found"),
             },
         };
-        out.push(problem("folder_without_row", &name, detail, true));
+        // Records on a server are never moved aside: only a verified one can be fixed.
+        let fixable = records.on_files()
+            || ThreadId::parse(&name)
+                .is_ok_and(|id| ThreadDoc::read_verified(records, &id, trust).is_ok());
+        out.push(problem("folder_without_row", &name, detail, fixable));
     }
 }
 

@@ -118,10 +118,17 @@ impl RuntimeBuilder {
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
+        let records = crate::record::place::Records::of(&project, &config);
+        crate::record::adopt::adopt_files(&records, &project).map_err(|e| {
+            st(format!(
+                "moving record files to {}: {e}",
+                records.thread_name_all()
+            ))
+        })?;
         let store = Arc::new(
             crate::store::FileStore::new(
                 project.clone(),
-                crate::record::place::Records::of(&project, &config),
+                records,
                 signer.clone(),
                 trust.clone(),
                 config.durability,

@@ -183,6 +183,32 @@ impl Db {
         Ok(())
     }
 
+    /// A session setting (`SET …`), kept on a Postgres connection made again.
+    pub(crate) fn set_session(&mut self, sql: &'static str) -> Result<(), SqlError> {
+        match &self.conn {
+            Conn::Sqlite(c) => c.execute_batch(sql).map_err(SqlError::new),
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.set_session(sql),
+        }
+    }
+
+    /// Opens a transaction without a concern's write lock (for rows no other writer
+    /// touches), running `then` (its settings) with the `BEGIN`; a no-op if one is open.
+    pub(crate) fn begin_unlocked(&mut self, then: &str) -> Result<(), SqlError> {
+        if self.in_tx {
+            return Ok(());
+        }
+        match &self.conn {
+            Conn::Sqlite(c) => c
+                .execute_batch(&format!("BEGIN; {then}"))
+                .map_err(SqlError::new)?,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => c.begin(then)?,
+        }
+        self.in_tx = true;
+        Ok(())
+    }
+
     /// Runs one statement; returns the rows it changed.
     pub(crate) fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, SqlError> {
         match &self.conn {

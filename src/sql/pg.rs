@@ -81,6 +81,8 @@ pub(super) struct Client {
     in_tx: std::cell::Cell<bool>,
     /// `durability: strict` (`synchronous_commit = on`), set again on a new connection.
     strict: std::cell::Cell<bool>,
+    /// Session settings of this connection's owner, set again on a new connection.
+    session: RefCell<Vec<&'static str>>,
 }
 
 fn pg_error(e: tokio_postgres::Error) -> SqlError {
@@ -149,6 +151,7 @@ impl Client {
             counts: RefCell::new(HashMap::new()),
             in_tx: std::cell::Cell::new(false),
             strict: std::cell::Cell::new(false),
+            session: RefCell::new(Vec::new()),
         })
     }
 
@@ -166,6 +169,9 @@ impl Client {
             let fresh = super::workers::off_workers(|| connect(&self.url))?;
             if self.strict.get() {
                 block_on(fresh.batch_execute(STRICT)).map_err(pg_error)?;
+            }
+            for sql in self.session.borrow().iter() {
+                block_on(fresh.batch_execute(sql)).map_err(pg_error)?;
             }
             *self.client.borrow_mut() = fresh;
             self.prepared.borrow_mut().clear();
@@ -190,6 +196,19 @@ impl Client {
         let st = self.statement(sql)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
         block_on(self.live()?.execute(&st, &refs)).map_err(pg_error)
+    }
+
+    /// A session setting, on this connection and every later one.
+    pub(super) fn set_session(&self, sql: &'static str) -> Result<(), SqlError> {
+        self.session.borrow_mut().push(sql);
+        self.batch(sql)
+    }
+
+    /// `BEGIN` and `then` (settings of the transaction) in one round trip; no lock.
+    pub(super) fn begin(&self, then: &str) -> Result<(), SqlError> {
+        block_on(self.live()?.batch_execute(&format!("BEGIN; {then}"))).map_err(pg_error)?;
+        self.in_tx.set(true);
+        Ok(())
     }
 
     /// `durability: strict`, on this connection and every later one.

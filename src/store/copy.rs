@@ -58,8 +58,8 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
             });
         }
     }
-    crate::record::server::open_schema(&mut target)?;
-    for table in crate::record::server::TABLES {
+    crate::record::tables::open_schema(&mut target)?;
+    for table in crate::record::tables::TABLES {
         let held = target.row(&format!("SELECT COUNT(*) FROM {table}"), &[])?;
         if held.map_or(Ok(0), |r| r.int(0))? > 0 {
             return Err(StoreError::Invalid {
@@ -93,44 +93,25 @@ pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError
 /// `target` (queued; sent with the commit); returns rows per table. A torn last line (a crash
 /// mid-append that no recovery has set aside yet) is refused: it has no row to go to.
 fn copy_records(project: &Project, target: &Db) -> Result<Vec<(String, u64)>, StoreError> {
-    use crate::record::server::{queue_copy, Copy};
+    use crate::record::adopt::{queue_files, Torn};
     let files = Records::files(project);
-    let whole = |name: String, bytes: Vec<u8>| {
-        match bytes.is_empty() || bytes.ends_with(b"\n") {
-        true => Ok(bytes),
-        false => Err(StoreError::Invalid {
-            rule: "copy.torn",
-            detail: format!("{name} ends in a torn line; run `weft recover` (it sets the line aside) and copy again"),
-        }),
-    }
-    };
     let ids = match files.thread_ids() {
         Ok(ids) => ids,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(storage(format!("{}: {e}", files.thread_name_all()))),
     };
-    let (mut lines, mut docs) = (0, 0);
-    for id in &ids {
-        let read = |e: std::io::Error| storage(format!("{}: {e}", files.thread_name(id)));
-        if let Some(bytes) = files.transcript(id).map_err(read)? {
-            let bytes = whole(files.transcript_name(id), bytes)?;
-            lines += queue_copy(target, Copy::Transcript(id.as_str(), &bytes))?;
-        }
-        if let Some(bytes) = files.doc(id).map_err(read)? {
-            docs += queue_copy(target, Copy::Doc(id.as_str(), &bytes))?;
-        }
-    }
-    let log = files
-        .anchors()
-        .map_err(|e| storage(format!("{}: {e}", files.anchors_name())))?;
-    let anchors = queue_copy(target, Copy::Anchors(&whole(files.anchors_name(), log)?))?;
+    let n =
+        queue_files(&files, target, &ids, true, Torn::Refuse).map_err(|e| StoreError::Invalid {
+            rule: "copy.records",
+            detail: e.to_string(),
+        })?;
     target
         .flush()
         .map_err(|e| storage(format!("thread records: {e}")))?;
     Ok(vec![
-        ("transcript_lines".into(), lines),
-        ("thread_docs".into(), docs),
-        ("anchor_lines".into(), anchors),
+        ("transcript_lines".into(), n.lines),
+        ("thread_docs".into(), n.docs),
+        ("anchor_lines".into(), n.anchors),
     ])
 }
 

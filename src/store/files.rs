@@ -83,9 +83,16 @@ impl FileStore {
         signer.trust_in(&project.trust_dir()).map_err(storage)?;
         let (trust, _) = Trust::load(&project.trust_dir());
         std::fs::create_dir_all(project.state_dir()).map_err(storage)?;
+        let records = Records::of(project, &config);
+        crate::record::adopt::adopt_files(&records, project).map_err(|e| {
+            storage(format!(
+                "moving record files to {}: {e}",
+                records.thread_name_all()
+            ))
+        })?;
         Ok(FileStore::new(
             project.clone(),
-            Records::of(project, &config),
+            records,
             Arc::new(signer),
             trust,
             config.durability,

@@ -113,6 +113,11 @@ impl FileStore {
             c.vacuum(&["msgs", "indexed", "deleted", "kv", "effects", "env"])
                 .map_err(storage)
         })?;
+        if !self.records().on_files() {
+            self.records()
+                .with_server(|db| db.vacuum(&crate::record::tables::TABLES))
+                .map_err(storage)?;
+        }
         Ok((before, size()))
     }
 }

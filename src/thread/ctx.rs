@@ -304,7 +304,7 @@ pub(crate) struct Ctx {
     pub writers: crate::record::writers::Writers,
     /// Verified thread.json documents of running parents (see [`Ctx::verified_doc`]).
     pub verified: std::sync::Mutex<
-        std::collections::HashMap<ThreadId, (crate::directive::FileStamp, ThreadDoc)>,
+        std::collections::HashMap<ThreadId, (Option<crate::record::place::DocStamp>, ThreadDoc)>,
     >,
 }
 

@@ -277,6 +277,11 @@ impl Thread {
             results: HashMap::new(),
             returned: None,
         };
+        // What the tools do is seen outside the thread: the lines that announce them are
+        // stored first (records on a database server are queued until then).
+        if let Err(e) = self.ctx.store.records().settle() {
+            tracing::error!(thread = %self.doc.id, "records not stored before its tools ran: {e}");
+        }
         for call in calls {
             let id = call.id.clone();
             if let Some(outcome) = self.dispatch_tool(call).await {

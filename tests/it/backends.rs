@@ -341,7 +341,10 @@ fn records_are_on_the_server(fx: &Fixture, server: &crate::pg::Server, name: &st
             .args(["verify", "--all"])
             .output()
             .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
     };
     // An edited line (its time changed) breaks the chain at the line after it.
     server.psql(
@@ -349,14 +352,132 @@ fn records_are_on_the_server(fx: &Fixture, server: &crate::pg::Server, name: &st
         &format!("UPDATE transcript_lines SET line = convert_to(replace(convert_from(line, 'UTF8'), '\"ts\":\"2', '\"ts\":\"1'), 'UTF8') WHERE thread='{root}' AND seq=1"),
     );
     let (ok, said) = verify();
-    assert!(!ok && said.contains(&root) && said.contains("broken chain"), "{said}");
+    assert!(
+        !ok && said.contains(&root) && said.contains("broken chain"),
+        "{said}"
+    );
     // The child's last line removed: its signed thread.json names a head that is gone.
     server.psql(
         name,
         &format!("DELETE FROM transcript_lines WHERE thread='{kid}' AND seq=(SELECT MAX(seq) FROM transcript_lines WHERE thread='{kid}')"),
     );
     let (ok, said) = verify();
-    assert!(!ok && said.contains(&kid) && said.contains("head mismatch"), "{said}");
+    assert!(
+        !ok && said.contains(&kid) && said.contains("head mismatch"),
+        "{said}"
+    );
+    // Every record of the child gone from the server: the registry still names it.
+    server.psql(
+        name,
+        &format!("DELETE FROM transcript_lines WHERE thread='{kid}'; DELETE FROM thread_docs WHERE thread='{kid}'"),
+    );
+    let (ok, said) = verify();
+    assert!(
+        !ok && said.contains(&kid) && said.contains("missing"),
+        "{said}"
+    );
+    // A forged anchor line whose head is not a hash: reported, never a crash.
+    let forged = format!("{{\"thread\":\"{root}\",\"head\":\"aaaaaaaaaaaé\"}}");
+    server.psql(
+        name,
+        &format!("INSERT INTO anchor_lines(n, line) VALUES(2, convert_to('{forged}', 'UTF8'))"),
+    );
+    let out = weft_cmd(fx.root())
+        .args(["verify", "--all"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("anchors") || said.contains("anchor log"),
+        "{said}"
+    );
+}
+
+/// A checkpoint and a thread's end on a database server wait for the server's disk: under
+/// `durability: normal` lines commit without waiting for the WAL flush, so those commits
+/// write a row of their own (`record_syncs`) with `synchronous_commit = on` — a commit that
+/// writes nothing would not flush.
+#[cfg(feature = "cli")]
+#[test]
+fn a_thread_on_postgres_syncs_its_records_to_the_servers_disk() {
+    let Some(server) = crate::pg::server() else {
+        return;
+    };
+    let url = server.database();
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    let (r, k, script) = small_tree();
+    let fx = Fixture::new(
+        &[("r", &r), ("k", &k)],
+        &script,
+        &format!("database: \"{url}\"\n"),
+    );
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let syncs: i64 = server
+        .psql(&name, "SELECT COALESCE(SUM(n), 0) FROM record_syncs")
+        .parse()
+        .unwrap();
+    assert!(syncs >= 2, "each thread's end waited for the disk: {syncs}");
+}
+
+/// Record files an older weft left beside a database server (it kept them in files) move
+/// into the server when the project is next opened, and are set aside, not deleted: `weft
+/// verify --all` then checks them on the server.
+#[cfg(feature = "cli")]
+#[test]
+fn record_files_left_beside_a_database_move_into_it() {
+    let Some(server) = crate::pg::server() else {
+        return;
+    };
+    let (r, k, script) = small_tree();
+    let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
+    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let url = server.database();
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    let copy = weft_cmd(fx.root())
+        .args(["copy", "--to", &url])
+        .output()
+        .unwrap();
+    assert!(
+        copy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    // As the earlier weft left it: rows on the server, records only in files.
+    server.psql(
+        &name,
+        "DELETE FROM transcript_lines; DELETE FROM thread_docs; DELETE FROM anchor_lines",
+    );
+    let verify = weft_cmd(fx.root())
+        .args(["--database", &url, "verify", "--all"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verify.stdout);
+    assert!(verify.status.success(), "{said}");
+    assert_eq!(server.psql(&name, "SELECT COUNT(*) FROM thread_docs"), "2");
+    assert_eq!(server.psql(&name, "SELECT COUNT(*) FROM anchor_lines"), "1");
+    let moved = fx.root().join(".weft/records-moved");
+    assert_eq!(
+        crate::support::files_with_ext(&moved, "jsonl").len(),
+        3,
+        "two transcripts and the anchor log set aside"
+    );
+    assert!(crate::support::files_with_ext(&fx.root().join(".weft/threads"), "jsonl").is_empty());
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -452,11 +573,19 @@ fn weft_copy_moves_a_projects_history_into_postgres() {
     // and with the files moved away the copy still verifies (it reads the server).
     let export = |on: &dyn Fn(&[&str]) -> std::process::Output| {
         let out = on(&["export", &root, "--format", "nova"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         out.stdout
     };
     let on_files = |args: &[&str]| weft_cmd(fx.root()).args(args).output().unwrap();
-    assert_eq!(export(&on_files), export(&on_pg), "the export reads the same records");
+    assert_eq!(
+        export(&on_files),
+        export(&on_pg),
+        "the export reads the same records"
+    );
     let threads = fx.root().join(".weft/threads");
     let aside = fx.root().join("threads-aside");
     std::fs::rename(&threads, &aside).unwrap();

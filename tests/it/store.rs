@@ -699,3 +699,62 @@ async fn a_fork_sends_the_copied_conversation_to_a_real_model() {
     assert!(fork_row.spend_nanos > 0 && fork_row.root_id == forked.thread_id.as_str());
     rt.shutdown();
 }
+
+/// Two writers (two stores, as two processes would be) appending to one finished thread at
+/// the same moment, on both backends: every append that reported success is in the signed
+/// lines a resume reads, in one chain, and the project verifies — the thread's lock holds on
+/// a database server as on a file.
+#[test]
+fn appends_from_two_writers_to_one_thread_all_land_signed() {
+    for backend in crate::support::BACKENDS {
+        let Some(fx) = Fixture::on(backend, &[], "", "") else {
+            return;
+        };
+        let store = FileStore::open(&fx.project()).unwrap();
+        let id = store
+            .create(new_thread("notes/both", vec![user("Start.")]))
+            .unwrap();
+        let landed: Vec<String> = std::thread::scope(|s| {
+            let writers: Vec<_> = ["a", "b"]
+                .into_iter()
+                .map(|w| {
+                    let (project, id) = (fx.project(), id.clone());
+                    s.spawn(move || {
+                        let store = FileStore::open(&project).unwrap();
+                        let mut ok = Vec::new();
+                        for n in 0..15 {
+                            let text = format!("{w}{n}");
+                            if store.append(&id, vec![user(&text)]).is_ok() {
+                                ok.push(text);
+                            }
+                        }
+                        ok
+                    })
+                })
+                .collect();
+            writers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        assert!(
+            landed.len() >= 15,
+            "{backend:?}: most appends land: {landed:?}"
+        );
+        let (trust, _) = weft::internals::Trust::load(&fx.project().trust_dir());
+        let verdict = weft::internals::verify_thread(&fx.records(), &trust, &id);
+        assert!(verdict.ok, "{backend:?}: {verdict:?}");
+        let page = store.load(&id, None, 1000).unwrap();
+        let texts: Vec<&str> = page
+            .lines
+            .iter()
+            .filter_map(|l| l["text"].as_str())
+            .collect();
+        for t in &landed {
+            assert!(
+                texts.contains(&t.as_str()),
+                "{backend:?}: `{t}` reported stored but missing: {texts:?}"
+            );
+        }
+    }
+}
