@@ -197,9 +197,12 @@ impl LedgerState {
     /// Persists every change since the last flush in one transaction holding the ledger's
     /// write lock.
     fn persist(&mut self) -> Result<(), LedgerError> {
-        // A call's cost is in its transcript before its settlement is stored: thread records
-        // this process queued for a database server are committed first (files need nothing).
-        crate::record::behind::barrier_all();
+        // A call's cost is in its transcript before its settlement is stored: when the batch
+        // settles or releases a reservation, the thread records this process queued for a
+        // database server are committed first (files need nothing).
+        if !self.removed.is_empty() {
+            crate::record::behind::barrier_all();
+        }
         self.db.begin_write(Lock::Ledger).map_err(st)?;
         let written = self.write_batch();
         match written {

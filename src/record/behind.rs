@@ -36,6 +36,14 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    fn size(&self) -> usize {
+        match self {
+            Op::Line { line, .. } => line.len(),
+            Op::Doc { doc, .. } => doc.len(),
+            Op::Sync => 0,
+        }
+    }
+
     fn thread(&self) -> Option<&Arc<str>> {
         match self {
             Op::Line { thread, .. } | Op::Doc { thread, .. } => Some(thread),
@@ -44,14 +52,18 @@ impl Op {
     }
 }
 
-/// More queued than this and a writer waits (memory stays bounded when the server is slow).
+/// More records or bytes queued than these and a writer waits (memory stays bounded when the
+/// server is slow).
 const MAX_QUEUED: usize = 50_000;
+const MAX_QUEUED_BYTES: usize = 256 << 20;
 /// At most this many records per transaction.
 const MAX_BATCH: usize = 8_192;
 
 #[derive(Default)]
 struct State {
     ops: Vec<Op>,
+    /// Bytes of the records queued.
+    bytes: usize,
     /// The ticket of the last record queued (tickets count from 1).
     queued: u64,
     /// Every ticket up to this one is committed (or failed).
@@ -120,10 +132,11 @@ impl Behind {
         if let Some(e) = op.thread().and_then(|t| s.failed.get(t)) {
             return Err(io::Error::other(e.clone()));
         }
-        while s.ops.len() >= MAX_QUEUED {
+        while s.ops.len() >= MAX_QUEUED || s.bytes >= MAX_QUEUED_BYTES {
             s = crate::sql::off_workers(|| self.settled.wait(s)).map_err(|_| lost())?;
         }
         s.queued += 1;
+        s.bytes += op.size();
         s.ops.push(op);
         let ticket = s.queued;
         drop(s);
@@ -187,19 +200,25 @@ impl Behind {
                     return;
                 }
                 let n = s.ops.len().min(MAX_BATCH);
-                let batch: Vec<Op> = s.ops.drain(..n).collect();
-                let last = s.done + batch.len() as u64;
+                let taken: Vec<Op> = s.ops.drain(..n).collect();
+                s.bytes -= taken.iter().map(Op::size).sum::<usize>();
+                let last = s.done + taken.len() as u64;
+                // A thread whose records failed stores nothing more: a later line would
+                // leave a gap in its chain, a later thread.json would sign lines not stored.
+                let failed = &s.failed;
+                let batch: Vec<Op> = taken
+                    .into_iter()
+                    .filter(|o| o.thread().is_none_or(|t| !failed.contains_key(t)))
+                    .collect();
                 (batch, last)
             };
-            let written = self.write(&mut db, url, &batch, &marker);
+            let failures = self.write_caught(&mut db, url, batch, &marker);
             if let Ok(mut s) = self.state.lock() {
-                if let Err(e) = written {
-                    tracing::error!("thread records not stored: {e}");
-                    for t in batch.iter().filter_map(Op::thread) {
-                        s.failed
-                            .entry(t.clone())
-                            .or_insert_with(|| format!("records not stored: {e}"));
-                    }
+                for (thread, e) in failures {
+                    tracing::error!(thread = %thread, "thread records not stored: {e}");
+                    s.failed
+                        .entry(thread)
+                        .or_insert_with(|| format!("records not stored: {e}"));
                 }
                 s.done = last;
             }
@@ -207,35 +226,72 @@ impl Behind {
         }
     }
 
-    /// Commits `batch`, on a new connection if the first try fails (a failed transaction
-    /// stored nothing, so a second try cannot store twice; a commit whose answer was lost
-    /// is found by the second try's conflict on the lines' keys, and fails).
+    /// [`Self::write`], a panic in it failing the batch's threads (never the writer).
+    fn write_caught(
+        &self,
+        db: &mut Option<Db>,
+        url: &DatabaseUrl,
+        batch: Vec<Op>,
+        marker: &str,
+    ) -> Vec<(Arc<str>, String)> {
+        let threads: Vec<Arc<str>> = batch.iter().filter_map(Op::thread).cloned().collect();
+        let run = std::panic::AssertUnwindSafe(|| self.write(db, url, batch, marker));
+        match std::panic::catch_unwind(run) {
+            Ok(failures) => failures,
+            Err(_) => {
+                *db = None;
+                threads
+                    .into_iter()
+                    .map(|t| (t, "the records' writer failed".to_string()))
+                    .collect()
+            }
+        }
+    }
+
+    /// Commits `batch`; returns the threads whose records could not be stored. A line whose
+    /// seq a thread already has (two writers of one thread) fails that thread alone and the
+    /// rest is tried again. Any other failure is tried again on a new connection, twice, the
+    /// lines then inserted only where missing (a commit whose answer was lost stored the same
+    /// rows); after that every thread of the batch fails.
     fn write(
         &self,
         db: &mut Option<Db>,
         url: &DatabaseUrl,
-        batch: &[Op],
+        mut batch: Vec<Op>,
         marker: &str,
-    ) -> Result<(), SqlError> {
-        let mut tried = 0;
+    ) -> Vec<(Arc<str>, String)> {
+        let (mut failures, mut tried, mut again) = (Vec::new(), 0, false);
         loop {
             let conn = match db.take() {
                 Some(c) => Ok(c),
                 None => self.connect(url),
             };
             let result = conn.and_then(|mut c| {
-                let r = self.commit(&mut c, batch, marker);
-                if r.is_ok() || !c.in_tx() {
-                    *db = Some(c);
-                }
+                let r = self.commit(&mut c, &batch, marker, again);
+                *db = Some(c);
                 r
             });
-            tried += 1;
-            match result {
-                Ok(()) => return Ok(()),
-                Err(e) if tried >= 3 => return Err(e),
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(50 * tried)),
+            let e = match result {
+                Ok(()) => return failures,
+                Err(e) => e,
+            };
+            if let Some(thread) = conflicting(&e) {
+                let before = batch.len();
+                batch.retain(|o| o.thread().is_none_or(|t| **t != *thread));
+                if batch.len() < before {
+                    failures.push((Arc::from(thread.as_str()), e.0));
+                    continue;
+                }
             }
+            tried += 1;
+            if tried >= 3 {
+                let all = batch.iter().filter_map(Op::thread).cloned();
+                failures.extend(all.map(|t| (t, e.0.clone())));
+                return failures;
+            }
+            *db = None;
+            again = true;
+            std::thread::sleep(std::time::Duration::from_millis(50 * tried));
         }
     }
 
@@ -251,7 +307,7 @@ impl Behind {
 
     /// One transaction: the lines, then the latest thread.json of each thread; waiting for
     /// the disk (a write of its own, so its commit flushes) when the batch holds a `Sync`.
-    fn commit(&self, db: &mut Db, batch: &[Op], marker: &str) -> Result<(), SqlError> {
+    fn commit(&self, db: &mut Db, batch: &[Op], marker: &str, again: bool) -> Result<(), SqlError> {
         let sync = !self.strict && batch.iter().any(|o| matches!(o, Op::Sync));
         db.begin_unlocked(match sync {
             true => "SET LOCAL synchronous_commit = on",
@@ -277,10 +333,14 @@ impl Behind {
             .into_iter()
             .map(|(t, d)| vec![Value::Text(t.to_string()), Value::Blob(d.clone())])
             .collect();
+        let missing = match again {
+            true => " ON CONFLICT(thread, seq) DO NOTHING",
+            false => "",
+        };
         let done = insert_rows(
             db,
             "INSERT INTO transcript_lines(thread, seq, line)",
-            "",
+            missing,
             3,
             &lines,
         )
@@ -309,6 +369,14 @@ impl Behind {
             }
         }
     }
+}
+
+/// The thread of a line whose key exists (Postgres names it: `Key (thread, seq)=(id, 3)`).
+fn conflicting(e: &SqlError) -> Option<String> {
+    let at = e.0.find("Key (thread, seq)=(")? + "Key (thread, seq)=(".len();
+    let rest = &e.0[at..];
+    let end = rest.rfind(", ")?;
+    Some(rest[..end].to_string())
 }
 
 /// `rows` inserted by `head VALUES (…),(…)… tail`, in statements of 256, 32, 4 or 1 rows (a

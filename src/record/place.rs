@@ -325,15 +325,6 @@ impl Records {
         }
     }
 
-    /// Waits until every record this process wrote so far is stored (on a server they are
-    /// queued; files need nothing): before a step that others see, such as a tool's run.
-    pub(crate) fn settle(&self) -> io::Result<()> {
-        match &self.place {
-            Place::Files { .. } => Ok(()),
-            Place::Server(s) => s.sync(None, false),
-        }
-    }
-
     /// Moves a torn thread.json (not JSON at all: a crash mid-write) aside to
     /// `thread.json.torn`. Only files are torn.
     pub(crate) fn set_aside_doc(&self, id: &ThreadId) -> io::Result<()> {
@@ -478,6 +469,15 @@ impl Lines {
         }
     }
 
+    /// Every line written so far is stored (in the OS for a file; committed on a server),
+    /// failing if this transcript's lines could not be.
+    pub(crate) fn settle(&self) -> io::Result<()> {
+        match self {
+            Lines::File { .. } => Ok(()),
+            Lines::Server { server, thread } => server.sync(Some(thread), false),
+        }
+    }
+
     /// On the disk now (on the server: every commit so far).
     pub(crate) fn sync(&self) -> io::Result<()> {
         match self {
@@ -498,9 +498,11 @@ impl Lines {
                 let path = path.clone();
                 Box::new(move || open_append(&path)?.sync_data())
             }
+            // Its only caller writes the terminal thread.json next, which waits for the disk
+            // (and with it every line before it): here, committed is enough.
             Lines::Server { server, thread } => {
                 let (server, thread) = (server.clone(), thread.clone());
-                Box::new(move || server.sync(Some(&thread), true))
+                Box::new(move || server.sync(Some(&thread), false))
             }
         }
     }

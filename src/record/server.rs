@@ -273,6 +273,10 @@ impl Server {
             doc: doc.to_vec(),
         })?;
         if let Ok(mut s) = self.stamps.lock() {
+            // Bounded: a stamp forgotten only costs a read.
+            if s.len() >= 65_536 {
+                s.clear();
+            }
             s.insert(
                 thread.clone(),
                 self.next_stamp.fetch_add(1, Ordering::Relaxed),

@@ -152,6 +152,11 @@ impl TranscriptWriter {
         Ok(())
     }
 
+    /// Waits until every line written so far is stored (see `place::Lines::settle`).
+    pub(crate) fn settle(&self) -> std::io::Result<()> {
+        self.lines.settle()
+    }
+
     /// Fsyncs the transcript later, on another thread (see `place::Lines::sync_later`).
     pub fn sync_later(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
         self.lines.sync_later()

@@ -118,13 +118,7 @@ impl RuntimeBuilder {
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
-        let records = crate::record::place::Records::of(&project, &config);
-        crate::record::adopt::adopt_files(&records, &project).map_err(|e| {
-            st(format!(
-                "moving record files to {}: {e}",
-                records.thread_name_all()
-            ))
-        })?;
+        let records = open_records(&project, &config)?;
         let store = Arc::new(
             crate::store::FileStore::new(
                 project.clone(),
@@ -528,4 +522,20 @@ fn no_answer(id: &ThreadId, e: impl std::fmt::Display) -> ControlError {
         id: id.clone(),
         reason: e.to_string(),
     }
+}
+
+/// Where `project` keeps its thread records, record files an older weft left beside a
+/// database server moved in first.
+fn open_records(
+    project: &Project,
+    config: &crate::project::config::Config,
+) -> Result<crate::record::place::Records, OpenError> {
+    let records = crate::record::place::Records::of(project, config);
+    crate::record::adopt::adopt_files(&records, project).map_err(|e| {
+        OpenError::Storage(format!(
+            "moving record files to {}: {e}",
+            records.thread_name_all()
+        ))
+    })?;
+    Ok(records)
 }

@@ -352,13 +352,17 @@ impl Ctx {
     /// A thread's thread.json, verified against the trust store. The verified document is kept
     /// while the file is unchanged (same mtime and length), so a parent spawning many children is
     /// verified once per transition, not once per child; any change is read and verified again.
-    /// (A thread.json on a database server has no mtime: it is read and verified each time.)
+    /// (On a database server the stamp is this process's last write of it, which vouches for
+    /// a running thread's document only: a finished one another process may rewrite is read.)
     pub(crate) fn verified_doc(&self, id: &ThreadId) -> Result<ThreadDoc, String> {
         let records = self.store.records();
         let stamp = records.doc_stamp(id);
         if let Ok(cache) = self.verified.lock() {
             if let Some((s, d)) = cache.get(id) {
-                if stamp.is_some() && *s == stamp {
+                // A stamp of this process's own writes says nothing of another process's:
+                // it vouches only for a running thread's document (its owner alone writes it).
+                let own = matches!(stamp, Some(crate::record::place::DocStamp::Written(_)));
+                if stamp.is_some() && *s == stamp && !(own && d.status.is_terminal()) {
                     return Ok(d.clone());
                 }
             }

@@ -183,6 +183,17 @@ impl Thread {
     }
 
     /// The failure of a transcript append not yet acted on (taken).
+    /// Waits until this thread's records so far are stored (they are queued on a database
+    /// server; files need nothing): before a step others see — a tool's run, a hook's. A
+    /// failure is the thread's record failure (it ends `error`).
+    pub(crate) fn settle_records(&mut self) {
+        if let Err(e) = self.record.transcript.settle() {
+            self.record
+                .failed
+                .get_or_insert(format!("the transcript could not be stored: {e}"));
+        }
+    }
+
     pub(crate) fn record_failure(&mut self) -> Option<String> {
         match self.phase {
             Phase::Done => None,

@@ -59,6 +59,9 @@ impl Thread {
     /// Runs or starts one call that passed the gate (and, if it needed one, a person's
     /// approval).
     pub(crate) async fn run_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
+        // What a tool does is seen outside the thread: the lines announcing it are stored
+        // first (records on a database server are queued until then).
+        self.settle_records();
         if self.record.failed.is_some() {
             // The thread ends once this message is handled: nothing more of it starts.
             return Some(ToolOutcome::err(
@@ -277,11 +280,6 @@ impl Thread {
             results: HashMap::new(),
             returned: None,
         };
-        // What the tools do is seen outside the thread: the lines that announce them are
-        // stored first (records on a database server are queued until then).
-        if let Err(e) = self.ctx.store.records().settle() {
-            tracing::error!(thread = %self.doc.id, "records not stored before its tools ran: {e}");
-        }
         for call in calls {
             let id = call.id.clone();
             if let Some(outcome) = self.dispatch_tool(call).await {

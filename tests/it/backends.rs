@@ -1018,3 +1018,57 @@ fn admission_in_one_batch_takes_exactly_the_free_slots() {
         assert_eq!(s.get("p").unwrap().unwrap().spawn_count, 2, "{backend:?}");
     }
 }
+
+/// A line the server refuses (its seq taken by another writer) fails its thread's records on
+/// Postgres: the next wait says so, and nothing after it is stored — no gap in the chain, no
+/// thread.json signing lines that are not there.
+#[test]
+fn a_refused_line_fails_its_thread_and_nothing_after_it_lands() {
+    let Some(fx) = Fixture::on(crate::support::Backend::Postgres, &[], "", "") else {
+        return;
+    };
+    let server = crate::pg::server().unwrap();
+    let records = fx.records();
+    let id = weft::ThreadId::parse("notes.gap-1795720504897-fe5f40270004").unwrap();
+    let signer = std::sync::Arc::new(
+        weft::internals::Signer::load_or_create(crate::support::weft_home()).unwrap(),
+    );
+    let mut w = weft::internals::TranscriptWriter::create(
+        &records,
+        &id,
+        signer,
+        weft::Durability::Normal,
+        1000,
+    )
+    .unwrap();
+    let url = fx.database.clone().unwrap();
+    let name = url.rsplit("dbname=").next().unwrap().to_string();
+    w.append("note", serde_json::json!({"text": "zero"}))
+        .unwrap();
+    w.checkpoint().unwrap();
+    server.psql(
+        &name,
+        &format!("INSERT INTO transcript_lines(thread, seq, line) VALUES('{id}', 2, convert_to('taken', 'UTF8'))"),
+    );
+    for text in ["two", "three", "four"] {
+        let _ = w.append("note", serde_json::json!({ "text": text }));
+    }
+    let failed = w.checkpoint();
+    assert!(
+        failed.is_err(),
+        "the refused line fails the thread's records"
+    );
+    assert!(
+        w.append("note", serde_json::json!({"text": "five"}))
+            .is_err(),
+        "nothing more is queued for it"
+    );
+    let seqs = server.psql(
+        &name,
+        &format!("SELECT string_agg(CAST(seq AS TEXT), ',' ORDER BY seq) FROM transcript_lines WHERE thread='{id}'"),
+    );
+    assert!(
+        !seqs.contains('3') && !seqs.contains('4'),
+        "no line after the refused one: {seqs}"
+    );
+}
