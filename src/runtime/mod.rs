@@ -119,6 +119,10 @@ impl RuntimeBuilder {
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
         let records = open_records(&project, &config)?;
+        let writers = match records.on_files() {
+            true => Default::default(),
+            false => crate::record::writers::Writers::for_server(),
+        };
         let store = Arc::new(
             crate::store::FileStore::new(
                 project.clone(),
@@ -169,7 +173,7 @@ impl RuntimeBuilder {
             effects_gate: Default::default(),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
-            writers: Default::default(),
+            writers,
             tool_specs: Default::default(),
             deadlines: crate::thread::Deadlines::start(),
             spawn_slots: tokio::sync::Semaphore::new(SPAWN_SLOTS),

@@ -36,8 +36,13 @@ impl Thread {
         if let Some(o) = ctx.as_object_mut() {
             o.insert("event".into(), json!(event));
         }
-        // A hook acts outside the thread (a command, a spawn): what led to it is stored first.
-        self.settle_records();
+        // A hook's command acts outside weft: what led to it is stored first.
+        if firing
+            .iter()
+            .any(|h| matches!(h.action, crate::hooks::Action::Run { .. }))
+        {
+            self.settle_records();
+        }
         for h in firing {
             match self.act(h, event, &ctx, &mut fired) {
                 // The built-in usage record is the usage file's line, not a transcript event.

@@ -59,9 +59,6 @@ impl Thread {
     /// Runs or starts one call that passed the gate (and, if it needed one, a person's
     /// approval).
     pub(crate) async fn run_tool(&mut self, call: ToolCall) -> Option<ToolOutcome> {
-        // What a tool does is seen outside the thread: the lines announcing it are stored
-        // first (records on a database server are queued until then).
-        self.settle_records();
         if self.record.failed.is_some() {
             // The thread ends once this message is handled: nothing more of it starts.
             return Some(ToolOutcome::err(
@@ -70,6 +67,14 @@ impl Thread {
         }
         if let Some(b) = Builtin::parse(&call.name) {
             return self.run_builtin(b, call).await;
+        }
+        // What a command or an MCP server does is seen outside weft: the lines announcing it
+        // are stored first (records on a database server are queued until then).
+        self.settle_records();
+        if self.record.failed.is_some() {
+            return Some(ToolOutcome::err(
+                "not run: the thread's transcript could not be stored",
+            ));
         }
         if call.name.starts_with("mcp__") {
             return self.mcp_tool(call);
