@@ -346,35 +346,32 @@ fn records_are_on_the_server(fx: &Fixture, server: &crate::pg::Server, name: &st
             String::from_utf8_lossy(&out.stdout).to_string(),
         )
     };
+    // Each change made on the server is caught: `verify` fails naming the thread and what.
+    let caught = |sql: String, thread: &str, says: &str| {
+        server.psql(name, &sql);
+        let (ok, said) = verify();
+        assert!(
+            !ok && said.contains(thread) && said.contains(says),
+            "{says}: {said}"
+        );
+    };
     // An edited line (its time changed) breaks the chain at the line after it.
-    server.psql(
-        name,
-        &format!("UPDATE transcript_lines SET line = convert_to(replace(convert_from(line, 'UTF8'), '\"ts\":\"2', '\"ts\":\"1'), 'UTF8') WHERE thread='{root}' AND seq=1"),
-    );
-    let (ok, said) = verify();
-    assert!(
-        !ok && said.contains(&root) && said.contains("broken chain"),
-        "{said}"
+    caught(
+        format!("UPDATE transcript_lines SET line = convert_to(replace(convert_from(line, 'UTF8'), '\"ts\":\"2', '\"ts\":\"1'), 'UTF8') WHERE thread='{root}' AND seq=1"),
+        &root,
+        "broken chain",
     );
     // The child's last line removed: its signed thread.json names a head that is gone.
-    server.psql(
-        name,
-        &format!("DELETE FROM transcript_lines WHERE thread='{kid}' AND seq=(SELECT MAX(seq) FROM transcript_lines WHERE thread='{kid}')"),
-    );
-    let (ok, said) = verify();
-    assert!(
-        !ok && said.contains(&kid) && said.contains("head mismatch"),
-        "{said}"
+    caught(
+        format!("DELETE FROM transcript_lines WHERE thread='{kid}' AND seq=(SELECT MAX(seq) FROM transcript_lines WHERE thread='{kid}')"),
+        &kid,
+        "head mismatch",
     );
     // Every record of the child gone from the server: the registry still names it.
-    server.psql(
-        name,
-        &format!("DELETE FROM transcript_lines WHERE thread='{kid}'; DELETE FROM thread_docs WHERE thread='{kid}'"),
-    );
-    let (ok, said) = verify();
-    assert!(
-        !ok && said.contains(&kid) && said.contains("missing"),
-        "{said}"
+    caught(
+        format!("DELETE FROM transcript_lines WHERE thread='{kid}'; DELETE FROM thread_docs WHERE thread='{kid}'"),
+        &kid,
+        "missing",
     );
     // A forged anchor line whose head is not a hash: reported, never a crash.
     let forged = format!("{{\"thread\":\"{root}\",\"head\":\"aaaaaaaaaaaé\"}}");
