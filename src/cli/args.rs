@@ -261,8 +261,21 @@ pub enum Cmd {
         /// Allow an address other machines can reach.
         #[arg(long)]
         public: bool,
+        /// Join the project's database as node NAME: a lease others see (`weft nodes`),
+        /// renewed while this server runs; refused while another holder's lease runs.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+        /// Seconds a node's lease runs without renewal (renewed every fifth of it).
+        #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+        node_lease: f64,
         #[command(flatten)]
         choice: ChoiceArgs,
+    },
+    /// List the project's nodes (`weft serve --node`): lease, epoch, process, live threads.
+    Nodes {
+        /// JSON array.
+        #[arg(long)]
+        json: bool,
     },
     /// Verify signatures and transcript chains.
     Verify(VerifyArgs),

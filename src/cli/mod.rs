@@ -154,8 +154,17 @@ pub async fn main(cli: Cli) -> i32 {
         Cmd::Serve {
             addr,
             public,
+            node,
+            node_lease,
             choice,
-        } => serve::serve(cli.project, addr, public, choice.into()).await,
+        } => {
+            let node = node.map(|name| serve::NodeArgs {
+                name,
+                lease: node_lease,
+            });
+            serve::serve(cli.project, addr, public, node, choice.into()).await
+        }
+        Cmd::Nodes { json } => serve::nodes(cli.project, json),
         Cmd::Verify(v) => verify::verify(cli.project, v),
     };
     exit_code(res)

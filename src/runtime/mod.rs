@@ -12,6 +12,8 @@ mod effects;
 mod error;
 mod fork;
 mod handle;
+#[cfg(feature = "cli")]
+pub(crate) mod node;
 pub(crate) mod owner;
 mod query;
 pub(crate) mod recovery;

@@ -14,6 +14,21 @@ impl Runtime {
         &self.ctx.store
     }
 
+    /// How many threads this process runs (its registry rows not yet ended).
+    pub fn live_here(&self) -> usize {
+        let live = ThreadFilter {
+            status: vec!["created".into(), "running".into()],
+            ..Default::default()
+        };
+        self.list(&live)
+            .map(|rows| {
+                rows.iter()
+                    .filter(|r| r.owner_pid == std::process::id())
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     /// The project's threads matching `filter` (any process's), newest first.
     pub fn list(&self, filter: &ThreadFilter) -> Result<Vec<ThreadRow>, QueryError> {
         Ok(self.ctx.store.list(filter)?)

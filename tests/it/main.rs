@@ -35,6 +35,8 @@ mod lifecycle;
 mod mcp;
 #[cfg(feature = "cli")]
 mod messages;
+#[cfg(feature = "server")]
+mod nodes;
 #[cfg(feature = "otel")]
 mod otel;
 mod pg;

@@ -1,0 +1,217 @@
+//! Nodes (#26, first step): a `weft serve --node NAME` holds a lease row in the project's
+//! database (`nodes`: the registry's file on SQLite, the project's Postgres database across
+//! machines), renewed every fifth of its length and expiring after it. A name is held by one
+//! live lease at a time: a second node of that name is refused while the lease runs; once it
+//! has expired the next node takes the name with the next epoch, and the old holder's renewals
+//! then fail (its epoch is gone), so it stops (fencing). `weft nodes` lists every node, its
+//! lease and its live threads. Times are the database server's clock, never a node's.
+
+use crate::project::Project;
+use crate::sql::{migrate, params, Db, Engine, Lock, SqlError, Step};
+
+/// The nodes table, step by step (see `sql/migrate.rs`).
+const STEPS: &[Step] = &[Step {
+    sql: "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
+           pid INTEGER NOT NULL, host TEXT NOT NULL, addr TEXT NOT NULL, started_at TEXT NOT NULL,
+           expires_at_ms INTEGER NOT NULL, live_threads INTEGER NOT NULL,
+           max_live_threads INTEGER)",
+    postgres: None,
+}];
+
+/// A node's lease could not be taken, renewed or read.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NodeError(String);
+
+impl From<SqlError> for NodeError {
+    fn from(e: SqlError) -> NodeError {
+        NodeError(format!("nodes: {e}"))
+    }
+}
+
+/// One node as `weft nodes` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Node {
+    /// Its name (`--node`).
+    pub name: String,
+    /// Which holder of the name this is (1, then one more each time the name is taken over).
+    pub epoch: i64,
+    /// Its process.
+    pub pid: i64,
+    /// Its machine.
+    pub host: String,
+    /// Where it serves.
+    pub addr: String,
+    /// When it joined.
+    pub started_at: String,
+    /// Milliseconds its lease still runs (≤ 0: expired).
+    pub lease_left_ms: i64,
+    /// Whether the lease runs.
+    pub alive: bool,
+    /// Threads it ran at its last renewal.
+    pub live_threads: i64,
+    /// Its capacity, if it set one.
+    pub max_live_threads: Option<i64>,
+}
+
+/// The database server's clock in milliseconds, as SQL.
+fn now_ms(db: &Db) -> &'static str {
+    match db.engine() {
+        Engine::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        Engine::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    }
+}
+
+/// The project's nodes table (made if missing).
+fn open(project: &Project) -> Result<Db, NodeError> {
+    let config = project.config().map_err(|e| NodeError(e.to_string()))?;
+    let file = project.state_dir().join("registry.db");
+    let mut db = Db::open(config.database.as_ref(), &file, false)?;
+    migrate(&mut db, "nodes", STEPS)?;
+    Ok(db)
+}
+
+/// This machine's name.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// A held lease: renew it, or give it up.
+pub(crate) struct Lease {
+    db: Db,
+    name: String,
+    epoch: i64,
+    length_ms: i64,
+}
+
+/// What joining as a node needs.
+pub(crate) struct Joining<'a> {
+    /// The node's name.
+    pub name: &'a str,
+    /// Where it serves.
+    pub addr: &'a str,
+    /// Its capacity, if any.
+    pub max_live_threads: Option<i64>,
+    /// How long a lease runs without renewal.
+    pub length: std::time::Duration,
+}
+
+/// Takes the name `j.name` for this process, refused while another holder's lease runs.
+pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeError> {
+    let mut db = open(project)?;
+    let length_ms = i64::try_from(j.length.as_millis()).unwrap_or(i64::MAX / 2);
+    let now = now_ms(&db);
+    db.begin_write(Lock::Registry)?;
+    let held = db.row(
+        &format!("SELECT epoch, pid, host, expires_at_ms - {now} FROM nodes WHERE name=?1"),
+        params![j.name],
+    )?;
+    let epoch = match &held {
+        Some(r) if r.int(3)? > 0 => {
+            db.rollback();
+            return Err(NodeError(format!(
+                "node `{}` is held by pid {} on {} for {} ms more; give it another name, or stop that node",
+                j.name,
+                r.int(1)?,
+                r.text(2)?,
+                r.int(3)?
+            )));
+        }
+        Some(r) => r.int(0)? + 1,
+        None => 1,
+    };
+    db.execute(
+        &format!(
+            "INSERT INTO nodes(name, epoch, pid, host, addr, started_at, expires_at_ms, live_threads, max_live_threads)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, {now} + ?7, 0, ?8)
+             ON CONFLICT(name) DO UPDATE SET epoch=excluded.epoch, pid=excluded.pid, host=excluded.host,
+               addr=excluded.addr, started_at=excluded.started_at, expires_at_ms=excluded.expires_at_ms,
+               live_threads=0, max_live_threads=excluded.max_live_threads"
+        ),
+        params![
+            j.name,
+            epoch,
+            i64::from(std::process::id()),
+            host(),
+            j.addr,
+            crate::core::ids::now_ts(),
+            length_ms,
+            j.max_live_threads
+        ],
+    )?;
+    db.commit()?;
+    Ok(Lease {
+        db,
+        name: j.name.to_string(),
+        epoch,
+        length_ms,
+    })
+}
+
+impl Lease {
+    /// Runs the lease on from now, recording `live` threads; fails when the name was taken
+    /// over meanwhile (this node's lease had expired: it must stop).
+    pub(crate) fn renew(&mut self, live: i64) -> Result<(), NodeError> {
+        let now = now_ms(&self.db);
+        let n = self.db.execute(
+            &format!(
+                "UPDATE nodes SET expires_at_ms = {now} + ?3, live_threads = ?4
+                 WHERE name=?1 AND epoch=?2"
+            ),
+            params![self.name.as_str(), self.epoch, self.length_ms, live],
+        )?;
+        match n {
+            0 => Err(NodeError(format!(
+                "node `{}` lost its lease (epoch {}): another node took the name after it expired",
+                self.name, self.epoch
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Gives the name up now (a clean stop).
+    pub(crate) fn leave(&mut self) {
+        let now = now_ms(&self.db);
+        let _ = self.db.execute(
+            &format!(
+                "UPDATE nodes SET expires_at_ms = {now}, live_threads = 0 WHERE name=?1 AND epoch=?2"
+            ),
+            params![self.name.as_str(), self.epoch],
+        );
+    }
+}
+
+/// Every node of the project, by name.
+pub(crate) fn list(project: &Project) -> Result<Vec<Node>, NodeError> {
+    let db = open(project)?;
+    let now = now_ms(&db);
+    db.query(
+        &format!(
+            "SELECT name, epoch, pid, host, addr, started_at, expires_at_ms - {now}, live_threads,
+               max_live_threads FROM nodes ORDER BY name"
+        ),
+        &[],
+    )?
+    .iter()
+    .map(|r| {
+        let left = r.int(6)?;
+        Ok(Node {
+            name: r.text(0)?,
+            epoch: r.int(1)?,
+            pid: r.int(2)?,
+            host: r.text(3)?,
+            addr: r.text(4)?,
+            started_at: r.text(5)?,
+            lease_left_ms: left,
+            alive: left > 0,
+            live_threads: r.int(7)?,
+            max_live_threads: r.opt_int(8)?,
+        })
+    })
+    .collect::<Result<_, SqlError>>()
+    .map_err(NodeError::from)
+}
