@@ -157,13 +157,7 @@ pub async fn main(cli: Cli) -> i32 {
             node,
             node_lease,
             choice,
-        } => {
-            let node = node.map(|name| serve::NodeArgs {
-                name,
-                lease: node_lease,
-            });
-            serve::serve(cli.project, addr, public, node, choice.into()).await
-        }
+        } => serve::serve(cli.project, addr, public, (node, node_lease), choice.into()).await,
         Cmd::Nodes { json } => serve::nodes(cli.project, json),
         Cmd::Verify(v) => verify::verify(cli.project, v),
     };

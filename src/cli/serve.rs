@@ -54,7 +54,7 @@ pub(super) async fn serve(
     _explicit: Option<PathBuf>,
     _addr: String,
     _public: bool,
-    _node: Option<NodeArgs>,
+    _node: (Option<String>, f64),
     _choice: Choice,
 ) -> Result<i32, Exit> {
     Err(super::failed(
@@ -67,10 +67,11 @@ pub(super) async fn serve(
     explicit: Option<PathBuf>,
     addr: String,
     public: bool,
-    node: Option<NodeArgs>,
+    (node, lease): (Option<String>, f64),
     choice: Choice,
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
+    let node = node.map(|name| NodeArgs { name, lease });
     let sock: std::net::SocketAddr = addr
         .parse()
         .map_err(|e| usage(format!("--addr `{addr}` is not host:port ({e})")))?;
@@ -79,20 +80,19 @@ pub(super) async fn serve(
             "{addr} is reachable from other machines; pass --public to serve there (the bearer token is then all that guards your threads and budget)"
         )));
     }
-    let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
-    let token = crate::server::http::token(&project)
-        .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
     let listener = tokio::net::TcpListener::bind(sock)
         .await
         .map_err(|e| usage(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map_err(super::failed)?;
-    let (lease, lost) = match &node {
-        Some(n) => {
-            let (held, lost) = hold_lease(&project, n, &local.to_string(), &rt)?;
-            (Some(held), lost)
-        }
-        None => (None, tokio::sync::oneshot::channel().1),
+    // The name first: a node refused its name starts nothing (no recovery, no effects).
+    let joined = match &node {
+        Some(n) => Some(join_node(&project, n, &local.to_string())?),
+        None => None,
     };
+    let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
+    let token = crate::server::http::token(&project)
+        .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
+    let lease = joined.map(|(lease, length)| Held::start(lease, length, rt.clone()));
     out!("weft serve: http://{local}/#token={token}");
     out!("  API under http://{local}/v1 — header `Authorization: Bearer <.weft/serve.token>`; Ctrl-C stops");
     let _ = std::io::stdout().flush();
@@ -105,9 +105,15 @@ pub(super) async fn serve(
             let _ = stop_rx.await;
         },
     ));
-    let lost = tokio::select! {
-        _ = wait_for_stop() => None,
-        Ok(why) = lost => Some(why),
+    let lost = match &lease {
+        Some(held) => tokio::select! {
+            _ = wait_for_stop() => None,
+            why = held.lost() => Some(why),
+        },
+        None => {
+            wait_for_stop().await;
+            None
+        }
     };
     match &lost {
         Some(why) => {
@@ -147,68 +153,120 @@ pub(super) async fn serve(
 struct Held {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     renewer: std::thread::JoinHandle<()>,
+    /// Milliseconds after `since` of the last renewal that held; `u64::MAX`: the lease was
+    /// taken over.
+    last_ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    since: std::time::Instant,
+    length: std::time::Duration,
+}
+
+/// The longest lease `--node-lease` takes, in seconds.
+#[cfg(feature = "server")]
+const MAX_LEASE: f64 = 300.0;
+
+/// Joins the project's database as node `n` (refused while another holder's lease runs).
+#[cfg(feature = "server")]
+fn join_node(
+    project: &crate::project::Project,
+    n: &NodeArgs,
+    addr: &str,
+) -> Result<(crate::runtime::node::Lease, std::time::Duration), Exit> {
+    use crate::runtime::node::{join, Joining};
+    if !(n.lease.is_finite() && (0.5..=MAX_LEASE).contains(&n.lease)) {
+        return Err(usage(format!(
+            "--node-lease is between 0.5 and {MAX_LEASE} seconds, not {}",
+            n.lease
+        )));
+    }
+    let fine = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if n.name.is_empty() || n.name.len() > 64 || !n.name.chars().all(fine) {
+        return Err(usage(format!(
+            "--node `{}`: a node's name is 1 to 64 letters, digits, `.`, `_` or `-`",
+            n.name.escape_debug()
+        )));
+    }
+    let length = std::time::Duration::from_secs_f64(n.lease);
+    let joining = Joining {
+        name: &n.name,
+        addr,
+        max_live_threads: None,
+        length,
+    };
+    let lease = join(project, &joining).map_err(super::failed)?;
+    Ok((lease, length))
 }
 
 #[cfg(feature = "server")]
 impl Held {
+    /// Renews `lease` every fifth of `length` with the count of live threads `rt` runs.
+    fn start(
+        mut lease: crate::runtime::node::Lease,
+        length: std::time::Duration,
+        rt: crate::runtime::Runtime,
+    ) -> Held {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let last_ok = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let since = std::time::Instant::now();
+        let (flag, ok) = (stop.clone(), last_ok.clone());
+        let renewer = std::thread::spawn(move || {
+            let mut next = std::time::Instant::now() + length / 5;
+            while !flag.load(Relaxed) {
+                if std::time::Instant::now() < next {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
+                next = std::time::Instant::now() + length / 5;
+                let started = since.elapsed().as_millis() as u64;
+                match lease.renew(rt.live_here() as i64) {
+                    Ok(()) => ok.store(started, Relaxed),
+                    Err(e) if e.is_lost() => {
+                        ok.store(u64::MAX, Relaxed);
+                        return;
+                    }
+                    Err(e) => tracing::warn!("node lease not renewed: {e}"),
+                }
+            }
+            lease.leave();
+        });
+        Held {
+            stop,
+            renewer,
+            last_ok,
+            since,
+            length,
+        }
+    }
+
+    /// Resolves when the lease is lost: taken over, or not renewed for a whole lease length
+    /// (counted from the start of the last renewal that held, whatever the renewer is doing,
+    /// so a hung connection loses it too; another node may take the name from then on).
+    async fn lost(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        loop {
+            tokio::time::sleep(self.length / 10).await;
+            let ok = self.last_ok.load(Relaxed);
+            if ok == u64::MAX {
+                return "the node lost its lease: another node took the name after it expired"
+                    .into();
+            }
+            let since_ok = self
+                .since
+                .elapsed()
+                .saturating_sub(std::time::Duration::from_millis(ok));
+            if since_ok >= self.length {
+                return format!(
+                    "the node's lease ran out: not renewed for {:.1} s",
+                    since_ok.as_secs_f64()
+                );
+            }
+        }
+    }
+
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.renewer.join();
     }
-}
-
-/// Joins as node `n` and renews its lease every fifth of its length with the count of live
-/// threads this process runs; the receiver hears why, if the lease is lost (the name was taken
-/// over after it expired, or the database stayed unreachable past it).
-#[cfg(feature = "server")]
-fn hold_lease(
-    project: &crate::project::Project,
-    n: &NodeArgs,
-    addr: &str,
-    rt: &crate::runtime::Runtime,
-) -> Result<(Held, tokio::sync::oneshot::Receiver<String>), Exit> {
-    use crate::runtime::node::{join, Joining};
-    if !(n.lease.is_finite() && n.lease >= 0.5) {
-        return Err(usage("--node-lease is at least 0.5 seconds"));
-    }
-    let length = std::time::Duration::from_secs_f64(n.lease);
-    let mut lease = join(
-        project,
-        &Joining {
-            name: &n.name,
-            addr,
-            max_live_threads: None,
-            length,
-        },
-    )
-    .map_err(super::failed)?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (flag, rt) = (stop.clone(), rt.clone());
-    let renewer = std::thread::spawn(move || {
-        let every = length / 5;
-        let mut failing_since: Option<std::time::Instant> = None;
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(every);
-            let live = rt.live_here() as i64;
-            match lease.renew(live) {
-                Ok(()) => failing_since = None,
-                Err(e) if e.to_string().contains("lost its lease") => {
-                    let _ = tx.send(e.to_string());
-                    return;
-                }
-                Err(e) => {
-                    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
-                    if since.elapsed() >= length {
-                        let _ = tx.send(format!("its lease ran out: {e}"));
-                        return;
-                    }
-                }
-            }
-        }
-        lease.leave();
-    });
-    Ok((Held { stop, renewer }, rx))
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

@@ -23,6 +23,13 @@ const STEPS: &[Step] = &[Step {
 #[error("{0}")]
 pub(crate) struct NodeError(String);
 
+impl NodeError {
+    /// The name was taken over (this holder's lease had run out): it must stop.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.0.contains("lost its lease")
+    }
+}
+
 impl From<SqlError> for NodeError {
     fn from(e: SqlError) -> NodeError {
         NodeError(format!("nodes: {e}"))
@@ -62,13 +69,21 @@ fn now_ms(db: &Db) -> &'static str {
     }
 }
 
-/// The project's nodes table (made if missing).
-fn open(project: &Project) -> Result<Db, NodeError> {
+/// The project's nodes table (made if missing; None: `make` is false and a project on
+/// SQLite has no registry.db yet, so no node ever joined).
+fn open(project: &Project, make: bool) -> Result<Option<Db>, NodeError> {
     let config = project.config().map_err(|e| NodeError(e.to_string()))?;
     let file = project.state_dir().join("registry.db");
+    if config.database.is_none() {
+        if !make && !file.exists() {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(project.state_dir())
+            .map_err(|e| NodeError(format!("{}: {e}", project.state_dir().display())))?;
+    }
     let mut db = Db::open(config.database.as_ref(), &file, false)?;
     migrate(&mut db, "nodes", STEPS)?;
-    Ok(db)
+    Ok(Some(db))
 }
 
 /// This machine's name.
@@ -102,7 +117,9 @@ pub(crate) struct Joining<'a> {
 
 /// Takes the name `j.name` for this process, refused while another holder's lease runs.
 pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeError> {
-    let mut db = open(project)?;
+    let Some(mut db) = open(project, true)? else {
+        return Err(NodeError("nodes: no database".into()));
+    };
     let length_ms = i64::try_from(j.length.as_millis()).unwrap_or(i64::MAX / 2);
     let now = now_ms(&db);
     db.begin_write(Lock::Registry)?;
@@ -124,13 +141,14 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
         Some(r) => r.int(0)? + 1,
         None => 1,
     };
-    db.execute(
+    let taken = db.execute(
         &format!(
             "INSERT INTO nodes(name, epoch, pid, host, addr, started_at, expires_at_ms, live_threads, max_live_threads)
              VALUES(?1, ?2, ?3, ?4, ?5, ?6, {now} + ?7, 0, ?8)
              ON CONFLICT(name) DO UPDATE SET epoch=excluded.epoch, pid=excluded.pid, host=excluded.host,
                addr=excluded.addr, started_at=excluded.started_at, expires_at_ms=excluded.expires_at_ms,
-               live_threads=0, max_live_threads=excluded.max_live_threads"
+               live_threads=0, max_live_threads=excluded.max_live_threads
+             WHERE nodes.expires_at_ms <= {now}"
         ),
         params![
             j.name,
@@ -144,6 +162,12 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
         ],
     )?;
     db.commit()?;
+    if taken == 0 {
+        return Err(NodeError(format!(
+            "node `{}` was renewed by its holder at this moment; try again",
+            j.name
+        )));
+    }
     Ok(Lease {
         db,
         name: j.name.to_string(),
@@ -160,13 +184,13 @@ impl Lease {
         let n = self.db.execute(
             &format!(
                 "UPDATE nodes SET expires_at_ms = {now} + ?3, live_threads = ?4
-                 WHERE name=?1 AND epoch=?2"
+                 WHERE name=?1 AND epoch=?2 AND expires_at_ms > {now}"
             ),
             params![self.name.as_str(), self.epoch, self.length_ms, live],
         )?;
         match n {
             0 => Err(NodeError(format!(
-                "node `{}` lost its lease (epoch {}): another node took the name after it expired",
+                "node `{}` lost its lease (epoch {}): it ran out (another node may hold the name now)",
                 self.name, self.epoch
             ))),
             _ => Ok(()),
@@ -187,7 +211,9 @@ impl Lease {
 
 /// Every node of the project, by name.
 pub(crate) fn list(project: &Project) -> Result<Vec<Node>, NodeError> {
-    let db = open(project)?;
+    let Some(db) = open(project, false)? else {
+        return Ok(Vec::new());
+    };
     let now = now_ms(&db);
     db.query(
         &format!(

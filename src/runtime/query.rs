@@ -18,6 +18,7 @@ impl Runtime {
     pub fn live_here(&self) -> usize {
         let live = ThreadFilter {
             status: vec!["created".into(), "running".into()],
+            limit: Some(usize::MAX >> 1),
             ..Default::default()
         };
         self.list(&live)

@@ -90,9 +90,39 @@ fn a_node_holds_its_name_while_it_lives_and_loses_it_when_it_dies() {
             n["alive"] == true && n["epoch"] == 2
         });
         assert_eq!(taken["pid"], i64::from(third.id()), "{taken}");
-        third.kill().unwrap();
-        third.wait().unwrap();
+        // A clean stop gives the name up at once.
+        std::process::Command::new("kill")
+            .args(["-TERM", &third.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(third.wait().unwrap().success());
+        let gone = nodes(&fx);
+        assert_eq!(gone[0]["alive"], false, "{gone:?}");
     }
+}
+
+/// A name or a lease weft cannot hold is refused before anything starts, saying what it takes.
+#[test]
+fn a_bad_node_name_or_lease_is_refused() {
+    let fx = Fixture::new(&[], "", "");
+    for (args, says) in [
+        (["--node", "", "--node-lease", "5"], "name"),
+        (["--node", "a b", "--node-lease", "5"], "name"),
+        (["--node", "alpha", "--node-lease", "1000"], "--node-lease"),
+        (["--node", "alpha", "--node-lease", "0.1"], "--node-lease"),
+    ] {
+        let out = weft_cmd(fx.root())
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains(says),
+            "{args:?}: {said}"
+        );
+    }
+    assert!(nodes(&fx).is_empty(), "nothing joined");
 }
 
 /// A node that comes back after its lease ran out (here: stopped with SIGSTOP past it, while
@@ -122,7 +152,7 @@ fn a_node_whose_lease_was_taken_over_stops_when_it_comes_back() {
     let out = exits_within(first, 20, "the fenced node");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.code() == Some(1) && said.contains("lost its lease"),
+        out.status.code() == Some(1) && said.contains("lease"),
         "{:?} {said}",
         out.status
     );
