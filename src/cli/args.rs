@@ -265,9 +265,10 @@ pub enum Cmd {
         /// renewed while this server runs; refused while another holder's lease runs.
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
-        /// Seconds a node's lease runs without renewal (renewed every fifth of it).
-        #[arg(long, default_value_t = 5.0, value_name = "SECS")]
-        node_lease: f64,
+        /// Seconds a node's lease runs without renewal (renewed every fifth of it; default
+        /// `node: { lease }` of the config, else 5).
+        #[arg(long, value_name = "SECS")]
+        node_lease: Option<f64>,
         #[command(flatten)]
         choice: ChoiceArgs,
     },

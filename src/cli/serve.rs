@@ -10,10 +10,37 @@ use crate::provider::Choice;
 use std::io::Write;
 use std::path::PathBuf;
 
-/// `--node NAME` and its lease length in seconds.
+/// The node this server joins as: `--node NAME` / `--node-lease`, over `node:` in the config.
 pub(super) struct NodeArgs {
     pub(super) name: String,
     pub(super) lease: f64,
+    pub(super) max_live_threads: Option<i64>,
+}
+
+#[cfg(feature = "server")]
+impl NodeArgs {
+    /// The flags over the config's `node:` (None: no node).
+    fn resolve(
+        project: &crate::project::Project,
+        name: Option<String>,
+        lease: Option<f64>,
+    ) -> Result<Option<NodeArgs>, Exit> {
+        let config = project.config().map_err(super::failed)?.node;
+        let (name, cfg_lease, max) = match (name, config) {
+            (None, None) => return Ok(None),
+            (Some(n), c) => (
+                n,
+                c.as_ref().map(|c| c.lease),
+                c.and_then(|c| c.max_live_threads),
+            ),
+            (None, Some(c)) => (c.name, Some(c.lease), c.max_live_threads),
+        };
+        Ok(Some(NodeArgs {
+            name,
+            lease: lease.unwrap_or_else(|| cfg_lease.map_or(5.0, |d| d.as_secs_f64())),
+            max_live_threads: max.map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
+        }))
+    }
 }
 
 /// `weft nodes`: every node of the project, its lease and live threads.
@@ -54,7 +81,7 @@ pub(super) async fn serve(
     _explicit: Option<PathBuf>,
     _addr: String,
     _public: bool,
-    _node: (Option<String>, f64),
+    _node: (Option<String>, Option<f64>),
     _choice: Choice,
 ) -> Result<i32, Exit> {
     Err(super::failed(
@@ -67,11 +94,11 @@ pub(super) async fn serve(
     explicit: Option<PathBuf>,
     addr: String,
     public: bool,
-    (node, lease): (Option<String>, f64),
+    (node, lease): (Option<String>, Option<f64>),
     choice: Choice,
 ) -> Result<i32, Exit> {
     let project = find_project(explicit)?;
-    let node = node.map(|name| NodeArgs { name, lease });
+    let node = NodeArgs::resolve(&project, node, lease)?;
     let sock: std::net::SocketAddr = addr
         .parse()
         .map_err(|e| usage(format!("--addr `{addr}` is not host:port ({e})")))?;
@@ -189,7 +216,7 @@ fn join_node(
     let joining = Joining {
         name: &n.name,
         addr,
-        max_live_threads: None,
+        max_live_threads: n.max_live_threads,
         length,
     };
     let lease = join(project, &joining).map_err(super::failed)?;

@@ -103,6 +103,8 @@ struct RawConfig {
     database: Option<String>,
     #[serde(default)]
     files_root: Option<std::path::PathBuf>,
+    #[serde(default)]
+    node: Option<super::node::RawNode>,
 }
 
 /// The YAML text being overlaid, so an error can name the line of the key it is about.
@@ -165,8 +167,11 @@ pub struct Config {
     /// folder several machines share; relative to the project folder. None: each thread's
     /// own folder (`.weft/threads/<id>/files/`).
     pub files_root: Option<std::path::PathBuf>,
+    /// `node:` (see [`NodeConfig`]).
+    pub node: Option<NodeConfig>,
 }
 
+pub(crate) use super::node::NodeConfig;
 pub use super::providers::{MaxTokensField, ProviderConfig, ProviderKind};
 use super::sections::RawFiles;
 pub use super::sections::{BuiltinHooks, FileLimits, McpServerConfig};
@@ -236,6 +241,8 @@ checkpoint_every: 64
 # Where threads' file areas live (<root>/<thread id>/files/), e.g. a folder several machines
 # share; relative to the project folder. Default: each thread's own .weft/threads/<id>/files/.
 # files_root: /srv/weft-files
+# `weft serve` joins the database as a named node (a lease `weft nodes` shows; --node wins):
+# node: { name: a, lease: 5s, max_live_threads: 10000 }
 "#;
 
 impl Default for Config {
@@ -276,6 +283,7 @@ impl Default for Config {
             continuation_threshold: 0.9,
             database: None,
             files_root: None,
+            node: None,
         }
     }
 }
@@ -353,6 +361,9 @@ impl Config {
                 return Err(src.at("files_root", "files_root: empty; name a folder (relative to the project folder) or remove the key".into()));
             }
             self.files_root = Some(root);
+        }
+        if let Some(n) = raw.node.take() {
+            self.node = Some(super::node::check(n).map_err(|e| src.at("node", e))?);
         }
         if let Some(url) = raw.database.take() {
             let url = crate::sql::DatabaseUrl::parse(&url)

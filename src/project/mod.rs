@@ -4,6 +4,7 @@
 
 pub(crate) mod config;
 pub(crate) mod models;
+mod node;
 mod providers;
 mod sections;
 pub(crate) mod yaml;

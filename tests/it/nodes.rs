@@ -162,3 +162,43 @@ fn a_node_whose_lease_was_taken_over_stops_when_it_comes_back() {
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+/// `node:` in the config names the node `weft serve` joins as (no flag needed), with its lease
+/// and capacity; a lease weft cannot hold there is refused naming the key.
+#[test]
+fn the_config_names_the_node() {
+    let fx = Fixture::new(
+        &[],
+        "",
+        "node: { name: beta, lease: 1s, max_live_threads: 7 }\n",
+    );
+    let (mut server, line) =
+        spawn_announcing(weft_cmd(fx.root()).args(["serve", "--addr", "127.0.0.1:0"]));
+    assert!(line.starts_with("weft serve: http://"), "{line}");
+    let start = std::time::Instant::now();
+    let beta = loop {
+        let all = nodes(&fx);
+        if let Some(b) = all
+            .iter()
+            .find(|n| n["name"] == "beta" && n["alive"] == true)
+        {
+            break b.clone();
+        }
+        assert!(start.elapsed().as_secs() < 10, "{all:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(beta["max_live_threads"], 7, "{beta}");
+    assert_eq!(beta["pid"], i64::from(server.id()), "{beta}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let bad = Fixture::new(&[], "", "node: { name: beta, lease: 1h }\n");
+    let out = weft_cmd(bad.root())
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("node: lease"),
+        "{said}"
+    );
+}

@@ -1,0 +1,53 @@
+//! `node:` in `.weft/config.yaml`: the node a project's `weft serve` joins its database as
+//! (see `runtime/node.rs`; `--node` wins).
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// `node:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNode {
+    name: String,
+    #[serde(default)]
+    lease: Option<String>,
+    #[serde(default)]
+    max_live_threads: Option<u64>,
+}
+
+/// `node:`: this project's `weft serve` joins its database as a named node (`--node` wins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// The node's name.
+    pub name: String,
+    /// How long its lease runs without renewal (0.5 s to 5 min; default 5 s).
+    pub lease: Duration,
+    /// Its capacity, shown by `weft nodes`.
+    pub max_live_threads: Option<u64>,
+}
+
+/// `node:` checked: a name of 1 to 64 letters, digits, `.`, `_` or `-`; a lease of 0.5 s to
+/// 5 min (default 5 s).
+pub(crate) fn check(n: RawNode) -> Result<NodeConfig, String> {
+    let fine = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if n.name.is_empty() || n.name.len() > 64 || !n.name.chars().all(fine) {
+        return Err(format!(
+            "node: name `{}`: a node's name is 1 to 64 letters, digits, `.`, `_` or `-`",
+            n.name.escape_debug()
+        ));
+    }
+    let lease = match &n.lease {
+        None => Duration::from_secs(5),
+        Some(l) => humantime::parse_duration(l)
+            .ok()
+            .filter(|d| (Duration::from_millis(500)..=Duration::from_secs(300)).contains(d))
+            .ok_or_else(|| {
+                format!("node: lease `{l}` is not a duration from 0.5s to 5m (e.g. 5s)")
+            })?,
+    };
+    Ok(NodeConfig {
+        name: n.name,
+        lease,
+        max_live_threads: n.max_live_threads,
+    })
+}
