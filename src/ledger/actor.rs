@@ -200,8 +200,8 @@ impl LedgerState {
         // A call's cost is in its transcript before its settlement is stored: when the batch
         // settles or releases a reservation, the thread records this process queued for a
         // database server are committed first (files need nothing).
-        if !self.removed.is_empty() {
-            crate::record::behind::barrier_all();
+        if let (false, Some(url)) = (self.removed.is_empty(), self.db.url()) {
+            crate::record::behind::barrier(url);
         }
         self.db.begin_write(Lock::Ledger).map_err(st)?;
         let written = self.write_batch();

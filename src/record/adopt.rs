@@ -78,6 +78,24 @@ pub(crate) fn adopt_files(records: &Records, project: &Project) -> io::Result<us
     if records.on_files() {
         return Ok(0);
     }
+    // Once a pass found (and moved) everything for this database, later opens skip the scan
+    // of every thread's folder: this weft never writes record files beside a server.
+    let marker = project.state_dir().join("records-adopted");
+    let this = records.thread_name_all();
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == this) {
+        return Ok(0);
+    }
+    let moved = adopt_now(records, project)?;
+    if let Err(e) =
+        std::fs::create_dir_all(project.state_dir()).and_then(|()| std::fs::write(&marker, &this))
+    {
+        tracing::warn!("{}: {e}", marker.display());
+    }
+    Ok(moved)
+}
+
+/// [`adopt_files`]'s pass.
+fn adopt_now(records: &Records, project: &Project) -> io::Result<usize> {
     let files = Records::files(project);
     let found: Vec<ThreadId> = match files.thread_ids() {
         Ok(ids) => ids

@@ -6,7 +6,7 @@
 //! What a later step relies on is committed before that step (the files' rule, "written to the
 //! OS before the step that depends on it", with the server in the OS's place): a read, a
 //! checkpoint, a thread.json written with fsync, the ledger's commit (a call's cost is in the
-//! transcript before its settlement is stored: `barrier_all`), a tool's run and a thread's end
+//! transcript before its settlement is stored: `barrier`), a tool's run and a thread's end
 //! each wait until what was queued before them is committed ([`Behind::wait`]). A killed
 //! process loses only lines nothing had relied on yet: the transcript ends a few lines
 //! earlier, its chain intact, as if the process had died a moment sooner.
@@ -85,16 +85,21 @@ pub(crate) struct Behind {
     strict: bool,
 }
 
-/// Every queue of the process (for [`barrier_all`]).
-static ALL: Mutex<Vec<Weak<Behind>>> = Mutex::new(Vec::new());
+/// Every queue of the process, by the database it writes to (for [`barrier`]).
+static ALL: Mutex<Vec<(String, Weak<Behind>)>> = Mutex::new(Vec::new());
 
-/// Waits until every record queued in this process so far is committed: before the ledger
-/// stores a settlement (a call's cost is in its transcript first).
-pub(crate) fn barrier_all() {
+/// Waits until every record this process queued for the database `url` so far is
+/// committed: before that database's ledger stores a settlement (a call's cost is in its
+/// transcript first). Queues of other databases are not waited for.
+pub(crate) fn barrier(url: &DatabaseUrl) {
+    let shown = url.to_string();
     let all: Vec<Arc<Behind>> = match ALL.lock() {
         Ok(mut v) => {
-            v.retain(|w| w.strong_count() > 0);
-            v.iter().filter_map(Weak::upgrade).collect()
+            v.retain(|(_, w)| w.strong_count() > 0);
+            v.iter()
+                .filter(|(u, _)| *u == shown)
+                .filter_map(|(_, w)| w.upgrade())
+                .collect()
         }
         Err(_) => return,
     };
@@ -116,12 +121,12 @@ impl Behind {
             settled: Condvar::new(),
             strict,
         });
-        let (me, url) = (behind.clone(), url.clone());
+        let (me, url, shown) = (behind.clone(), url.clone(), url.to_string());
         std::thread::Builder::new()
             .name("weft-records".into())
             .spawn(move || me.serve(&url))?;
         if let Ok(mut all) = ALL.lock() {
-            all.push(Arc::downgrade(&behind));
+            all.push((shown, Arc::downgrade(&behind)));
         }
         Ok(behind)
     }

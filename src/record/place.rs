@@ -79,26 +79,23 @@ impl Records {
         threads.join(id.as_str())
     }
 
-    /// How `id`'s transcript is named in messages: its file, or the thread on the server.
-    pub fn transcript_name(&self, id: &ThreadId) -> String {
+    /// How `id`'s record `file` (what it is called as a file) is named in messages: its
+    /// file, or that record of the thread on the server.
+    fn record_name(&self, id: &ThreadId, file: &str, on_server: &str) -> String {
         match &self.place {
-            Place::Files { threads, .. } => Self::dir(threads, id)
-                .join("transcript.jsonl")
-                .display()
-                .to_string(),
-            Place::Server(s) => format!("{} transcript of {id}", s.shown()),
+            Place::Files { threads, .. } => Self::dir(threads, id).join(file).display().to_string(),
+            Place::Server(s) => format!("{} {on_server} of {id}", s.shown()),
         }
+    }
+
+    /// How `id`'s transcript is named in messages.
+    pub fn transcript_name(&self, id: &ThreadId) -> String {
+        self.record_name(id, "transcript.jsonl", "transcript")
     }
 
     /// How `id`'s thread.json is named in messages.
     pub fn doc_name(&self, id: &ThreadId) -> String {
-        match &self.place {
-            Place::Files { threads, .. } => Self::dir(threads, id)
-                .join("thread.json")
-                .display()
-                .to_string(),
-            Place::Server(s) => format!("{} thread.json of {id}", s.shown()),
-        }
+        self.record_name(id, "thread.json", "thread.json")
     }
 
     /// How the thread `id` is named in messages: its folder, or the thread on the server.

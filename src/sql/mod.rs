@@ -151,6 +151,15 @@ impl Db {
         }
     }
 
+    /// The database server this connection is to (None: an SQLite file).
+    pub(crate) fn url(&self) -> Option<&DatabaseUrl> {
+        match &self.conn {
+            Conn::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(c) => Some(c.url()),
+        }
+    }
+
     /// The engine.
     pub(crate) fn engine(&self) -> Engine {
         match &self.conn {

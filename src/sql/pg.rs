@@ -198,6 +198,11 @@ impl Client {
         block_on(self.live()?.execute(&st, &refs)).map_err(pg_error)
     }
 
+    /// The database.
+    pub(super) fn url(&self) -> &DatabaseUrl {
+        &self.url
+    }
+
     /// A session setting, on this connection and every later one.
     pub(super) fn set_session(&self, sql: &'static str) -> Result<(), SqlError> {
         self.session.borrow_mut().push(sql);

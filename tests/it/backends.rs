@@ -197,6 +197,24 @@ k:
     (r, k, script.to_string())
 }
 
+/// A project with [`small_tree`]'s directives and script, and `config`.
+fn tree_fixture(config: &str) -> Fixture {
+    let (r, k, script) = small_tree();
+    Fixture::new(&[("r", &r), ("k", &k)], &script, config)
+}
+
+/// Runs the tree's root `r` in its own process; it must end well (`what` names the run).
+#[cfg(feature = "cli")]
+fn ran_tree(fx: &Fixture, what: &str) -> std::process::Output {
+    let out = exits_within(spawn_run(fx, "r"), 60, what);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A project whose config names a Postgres database keeps its registry, ledger and thread
 /// records there: no registry.db, ledger.db, transcript or thread.json file appears, `weft
 /// threads` and `weft verify` answer from the server (and catch records changed there), the
@@ -215,18 +233,11 @@ fn a_project_on_postgres_keeps_its_state_and_records_on_the_server() {
         "postgres://weft:Hunter2Secret@127.0.0.1:{}/{name}",
         server.port
     );
-    let (r, k, script) = small_tree();
-    let fx = Fixture::new(
-        &[("r", &r), ("k", &k)],
-        &script,
-        &format!("database: \"{url}\"\n"),
-    );
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fx = tree_fixture(&format!(
+        "database: \"{url}\"
+"
+    ));
+    let out = ran_tree(&fx, "the tree on postgres");
     let state = fx.root().join(".weft/state");
     for f in ["registry.db", "ledger.db"] {
         assert!(
@@ -408,18 +419,11 @@ fn a_thread_on_postgres_syncs_its_records_to_the_servers_disk() {
     };
     let url = server.database();
     let name = url.rsplit("dbname=").next().unwrap().to_string();
-    let (r, k, script) = small_tree();
-    let fx = Fixture::new(
-        &[("r", &r), ("k", &k)],
-        &script,
-        &format!("database: \"{url}\"\n"),
-    );
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fx = tree_fixture(&format!(
+        "database: \"{url}\"
+"
+    ));
+    ran_tree(&fx, "the tree on postgres");
     let syncs: i64 = server
         .psql(&name, "SELECT COALESCE(SUM(n), 0) FROM record_syncs")
         .parse()
@@ -436,14 +440,8 @@ fn record_files_left_beside_a_database_move_into_it() {
     let Some(server) = crate::pg::server() else {
         return;
     };
-    let (r, k, script) = small_tree();
-    let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fx = tree_fixture("");
+    ran_tree(&fx, "the tree on SQLite");
     let url = server.database();
     let name = url.rsplit("dbname=").next().unwrap().to_string();
     let copy = weft_cmd(fx.root())
@@ -507,12 +505,7 @@ fn weft_copy_moves_a_projects_history_into_postgres() {
         "  - text: resumed\n    usage: { input_tokens: 300, output_tokens: 30 }\nk:\n",
     );
     let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ran_tree(&fx, "the tree on SQLite");
     let before = crate::support::rows_json(fx.root());
     let url = server.database();
     let copy = weft_cmd(fx.root())
@@ -822,12 +815,7 @@ fn weft_doctor_reads_a_postgres_project_from_the_server() {
     let Some(fx) = Fixture::on(Backend::Postgres, &[("r", &r), ("k", &k)], &script, "") else {
         return;
     };
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on postgres");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ran_tree(&fx, "the tree on postgres");
     let doc = weft_cmd(fx.root())
         .args(["doctor", "--json"])
         .output()
@@ -900,14 +888,8 @@ fn a_copy_with_a_value_postgres_refuses_commits_nothing() {
     let Some(server) = crate::pg::server() else {
         return;
     };
-    let (r, k, script) = small_tree();
-    let fx = Fixture::new(&[("r", &r), ("k", &k)], &script, "");
-    let out = exits_within(spawn_run(&fx, "r"), 60, "the tree on SQLite");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fx = tree_fixture("");
+    ran_tree(&fx, "the tree on SQLite");
     let registry = fx.root().join(".weft/state/registry.db");
     let db = rusqlite::Connection::open(&registry).unwrap();
     db.execute_batch("UPDATE threads SET turns = 'many' WHERE directive = 'k'")

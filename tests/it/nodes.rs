@@ -21,16 +21,7 @@ fn serve_node(fx: &Fixture) -> std::process::Command {
 }
 
 fn nodes(fx: &Fixture) -> Vec<Value> {
-    let out = weft_cmd(fx.root())
-        .args(["nodes", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_value(crate::support::weft_json(fx.root(), &["nodes", "--json"])).unwrap()
 }
 
 /// Polls `weft nodes` until `alpha` satisfies `want` (at most 10 s).

@@ -322,6 +322,18 @@ pub fn weft_cmd(project: &Path) -> std::process::Command {
     c
 }
 
+/// The JSON a `weft` command prints in `project`; the command must succeed.
+#[cfg(feature = "cli")]
+pub fn weft_json(project: &Path, args: &[&str]) -> Value {
+    let out = weft_cmd(project).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "weft {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// `weft threads --json` of `project` (empty before any run).
 #[cfg(feature = "cli")]
 pub fn rows_json(project: &Path) -> Vec<Value> {
