@@ -56,6 +56,8 @@ unsafe impl std::alloc::GlobalAlloc for Alloc {
     }
 }
 
+#[path = "bench/cluster.rs"]
+mod cluster;
 #[path = "bench/pg.rs"]
 mod pg;
 #[path = "bench/scale.rs"]
@@ -1012,6 +1014,7 @@ async fn main() {
         "sse",
         "search",
         "postgres",
+        "cluster",
     ];
     if a.what == "all" {
         // Each scenario in a fresh process, so memory figures are not polluted by the others.
@@ -1067,6 +1070,12 @@ async fn main() {
             "sse" => bench_sse(w, d, if a.tiny { 10 } else { 100 }).await,
             "search" => bench_search(if a.tiny { 300 } else { 10_000 }),
             "postgres" => pg::bench_postgres(w, d, if a.tiny { 50 } else { 1000 }).await,
+            "cluster" => {
+                let calls = if a.tiny { 200 } else { 5000 };
+                tokio::task::spawn_blocking(move || cluster::bench_cluster(calls))
+                    .await
+                    .unwrap()
+            }
             other => {
                 eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
                 std::process::exit(2);

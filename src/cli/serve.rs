@@ -116,7 +116,20 @@ pub(super) async fn serve(
         Some(n) => Some(join_node(&project, n, &local.to_string())?),
         None => None,
     };
+    // On a shared database the node owns what it starts by its lease's number (its writes are
+    // fenced by that lease), so this comes before the runtime opens.
+    let owner = joined.as_ref().and_then(|(lease, _)| lease.owner());
+    if let Some(o) = owner {
+        crate::core::owner::become_node(o);
+    }
     let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
+    let _watch = match (owner, &joined) {
+        (Some(o), Some((_, length))) => Some((
+            rt.watch_nodes(*length / 2),
+            crate::server::control::answer_relayed(&rt, o),
+        )),
+        _ => None,
+    };
     let token = crate::server::http::token(&project)
         .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
     let lease = joined.map(|(lease, length)| Held::start(lease, length, rt.clone()));
@@ -163,7 +176,7 @@ pub(super) async fn serve(
             .list(&mine)
             .unwrap_or_default()
             .iter()
-            .any(|r| r.owner_pid == std::process::id())
+            .any(|r| r.owner_pid == crate::core::owner::me())
     {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

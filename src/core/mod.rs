@@ -9,5 +9,6 @@ pub(crate) mod failpoint;
 pub(crate) mod ids;
 pub(crate) mod limits;
 pub(crate) mod money;
+pub(crate) mod owner;
 pub(crate) mod redact;
 pub(crate) mod status;

@@ -52,6 +52,13 @@ pub enum LedgerMsg {
         /// Reply: its cap.
         reply: RpcReplyPort<Result<Nanos, LedgerError>>,
     },
+    /// Take over the tree of a dead thread being adopted (see `trees.rs`).
+    TakeOver {
+        /// The dead thread.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), LedgerError>>,
+    },
     /// Open again, for a continuation below it, the closed account of a finished thread and its
     /// closed ancestors (see [`Book::reopen`]); nothing if the book holds it.
     Reopen {
@@ -538,6 +545,9 @@ impl Actor for LedgerActor {
                 s.deferred(&me, set, id, parent, reply);
             }
             LedgerMsg::Adopt { id, parent, reply } => s.adopt(&me, id, parent, reply),
+            LedgerMsg::TakeOver { id, reply } => {
+                let _ = reply.send(s.take_over(&id));
+            }
             LedgerMsg::Reopen { id, reply } => {
                 let _ = reply.send(s.reopen(id));
             }

@@ -158,7 +158,7 @@ impl Book {
                 guaranteed: Nanos::ZERO,
                 pool_left: pool,
                 closed: false,
-                owner: std::process::id(),
+                owner: crate::core::owner::me(),
             },
         );
         Ok(())
@@ -243,7 +243,7 @@ impl Book {
         if a.owner != 0 || a.parent.as_ref() != Some(parent) {
             return Err(LedgerError::Exists(id.clone()));
         }
-        a.owner = std::process::id();
+        a.owner = crate::core::owner::me();
         Ok(a.max)
     }
 
@@ -441,7 +441,7 @@ impl Book {
             // children set aside below it (nothing else is in flight on a closed account).
             a.closed = false;
             a.pool_left = Nanos::ZERO;
-            a.owner = std::process::id();
+            a.owner = crate::core::owner::me();
             if let Some(p) = &a.parent {
                 *self.children.entry(p.clone()).or_default() += 1;
             }

@@ -88,6 +88,70 @@ pub(crate) fn closed_chain(db: &Db, id: &ThreadId) -> Result<Vec<Account>, Ledge
     Ok(out)
 }
 
+/// Loads into `book` the open accounts of the ledger (of tree `top` only, when given), their
+/// ancestors, and their open reservations, as they were stored.
+pub(crate) fn load_open(
+    db: &Db,
+    book: &mut Book,
+    top: Option<&ThreadId>,
+) -> Result<(), LedgerError> {
+    let (scope, open, args) = match top {
+        Some(t) => (
+            format!(
+                "WITH RECURSIVE down(id, n) AS (SELECT {}, 0
+                   UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id WHERE d.n < 10000),",
+                db.text_param(1)
+            ),
+            "closed=0 AND id IN (SELECT id FROM down)",
+            params![t.as_str()].to_vec(),
+        ),
+        None => ("WITH RECURSIVE".to_string(), "closed=0", Vec::new()),
+    };
+    let rows = db
+        .query(
+            &format!(
+                "{scope} keep(id) AS (
+                   SELECT id FROM accounts WHERE {open}
+                   UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
+                 SELECT {ACCOUNT_COLS} FROM accounts WHERE id IN (SELECT id FROM keep)"
+            ),
+            &args,
+        )
+        .map_err(st)?;
+    let mut loaded = std::collections::HashSet::new();
+    for row in rows {
+        if let Some(a) = account_of(&row).map_err(st)? {
+            if !book.accounts.contains_key(&a.id) {
+                loaded.insert(a.id.clone());
+                book.accounts.insert(a.id.clone(), a);
+            }
+        }
+    }
+    for id in &loaded {
+        if let Some(p) = book.accounts.get(id).and_then(|a| a.parent.clone()) {
+            *book.children.entry(p).or_default() += 1;
+        }
+    }
+    for row in db.query("SELECT body FROM reservations", &[]).map_err(st)? {
+        let body = row.text(0).map_err(st)?;
+        match serde_json::from_str::<Reservation>(&body) {
+            Ok(r)
+                if r.chain.first().is_none_or(|t| !loaded.contains(t))
+                    || book.reservations.contains_key(&r.id) => {}
+            Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
+                book.next_id = book.next_id.max(r.id.0);
+                book.by_thread
+                    .entry(r.chain[0].clone())
+                    .or_default()
+                    .push(r.id);
+                book.reservations.insert(r.id, r);
+            }
+            _ => tracing::warn!("ledger: unreadable reservation left as is: {body}"),
+        }
+    }
+    Ok(())
+}
+
 /// Loads into `book`, from ledger.db, account `id` and those of its ancestors the book does not
 /// hold, as they were stored (a deferred child's account another process set aside).
 pub(crate) fn load_chain(db: &Db, book: &mut Book, id: &ThreadId) -> Result<(), LedgerError> {
@@ -115,41 +179,7 @@ impl Book {
     /// of those, and every open reservation (so recovery can release them exactly once).
     pub(crate) fn load(db: &Db) -> Result<Book, LedgerError> {
         let mut book = Book::default();
-        let rows = db
-            .query(
-                &format!(
-                    "WITH RECURSIVE keep(id) AS (
-                       SELECT id FROM accounts WHERE closed=0
-                       UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
-                     SELECT {ACCOUNT_COLS} FROM accounts WHERE id IN (SELECT id FROM keep)"
-                ),
-                &[],
-            )
-            .map_err(st)?;
-        for row in rows {
-            if let Some(a) = account_of(&row).map_err(st)? {
-                book.accounts.insert(a.id.clone(), a);
-            }
-        }
-        for a in book.accounts.values() {
-            if let Some(p) = &a.parent {
-                *book.children.entry(p.clone()).or_default() += 1;
-            }
-        }
-        for row in db.query("SELECT body FROM reservations", &[]).map_err(st)? {
-            let body = row.text(0).map_err(st)?;
-            match serde_json::from_str::<Reservation>(&body) {
-                Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
-                    book.next_id = book.next_id.max(r.id.0);
-                    book.by_thread
-                        .entry(r.chain[0].clone())
-                        .or_default()
-                        .push(r.id);
-                    book.reservations.insert(r.id, r);
-                }
-                _ => tracing::warn!("ledger: unreadable reservation left as is: {body}"),
-            }
-        }
+        load_open(db, &mut book, None)?;
         // Ids continue after any earlier process's, with room so two processes rarely meet.
         let mut rnd = [0u8; 3];
         let _ = getrandom::fill(&mut rnd);

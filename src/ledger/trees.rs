@@ -68,6 +68,22 @@ impl LedgerState {
         Ok(())
     }
 
+    /// Takes over the tree of `id`, whose holder is gone (a dead thread being adopted): when
+    /// the tree changes hands, this book's copies of it are dropped and its open accounts and
+    /// reservations read afresh from the ledger, so the adopter settles what the dead holder
+    /// left in flight.
+    pub(super) fn take_over(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
+        let Some(top) = top_of(&self.db, id)? else {
+            return Ok(());
+        };
+        let me = crate::core::owner::me();
+        if take(&mut self.db, &top, me, &*self.alive, None)? {
+            self.book.forget_tree(&top);
+            super::db::load_open(&self.db, &mut self.book, Some(&top))?;
+        }
+        Ok(())
+    }
+
     /// Makes this process the holder of `id`'s tree (see the module's doc); refused while
     /// another live process holds it. Nothing to do for an account the ledger has never seen.
     fn take_tree(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
@@ -83,7 +99,7 @@ impl LedgerState {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let me = std::process::id();
+        let me = crate::core::owner::me();
         if take(&mut self.db, &top, me, &*self.alive, open)? {
             self.book.forget_tree(&top);
         }

@@ -105,6 +105,8 @@ struct RawConfig {
     files_root: Option<std::path::PathBuf>,
     #[serde(default)]
     node: Option<super::node::RawNode>,
+    #[serde(default)]
+    auto_resume: Option<bool>,
 }
 
 /// The YAML text being overlaid, so an error can name the line of the key it is about.
@@ -169,6 +171,9 @@ pub struct Config {
     pub files_root: Option<std::path::PathBuf>,
     /// `node:` (see [`NodeConfig`]).
     pub node: Option<NodeConfig>,
+    /// `auto_resume:`: a node that adopts the threads of a node whose lease ran out resumes
+    /// each interrupted tree as a continuation of its top thread (default false).
+    pub auto_resume: bool,
 }
 
 pub(crate) use super::node::NodeConfig;
@@ -243,6 +248,8 @@ checkpoint_every: 64
 # files_root: /srv/weft-files
 # `weft serve` joins the database as a named node (a lease `weft nodes` shows; --node wins):
 # node: { name: a, lease: 5s, max_live_threads: 10000 }
+# A node that adopts a dead node's threads resumes each interrupted tree where it stopped:
+# auto_resume: true
 "#;
 
 impl Default for Config {
@@ -284,6 +291,7 @@ impl Default for Config {
             database: None,
             files_root: None,
             node: None,
+            auto_resume: false,
         }
     }
 }
@@ -361,6 +369,9 @@ impl Config {
                 return Err(src.at("files_root", "files_root: empty; name a folder (relative to the project folder) or remove the key".into()));
             }
             self.files_root = Some(root);
+        }
+        if let Some(a) = raw.auto_resume.take() {
+            self.auto_resume = a;
         }
         if let Some(n) = raw.node.take() {
             self.node = Some(super::node::check(n).map_err(|e| src.at("node", e))?);

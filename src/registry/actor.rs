@@ -51,6 +51,11 @@ pub enum RegistryMsg {
         /// Reply.
         reply: RpcReplyPort<Result<Vec<ThreadRow>, RegistryError>>,
     },
+    /// The owners of rows still created/running.
+    UnfinishedOwners {
+        /// Reply.
+        reply: RpcReplyPort<Result<Vec<u32>, RegistryError>>,
+    },
     /// Recovery: finalize a row whose owner is gone.
     FinishInterrupted {
         /// The row (status, error, spend set).
@@ -286,7 +291,7 @@ impl Actor for RegistryActor {
                 s.flush();
                 let store = &mut s.store;
                 let _ = reply.send(off_workers(|| {
-                    store.claim(id.as_str(), from, std::process::id())
+                    store.claim(id.as_str(), from, crate::core::owner::me())
                 }));
             }
             RegistryMsg::Get { id, reply } => {
@@ -304,6 +309,9 @@ impl Actor for RegistryActor {
             }
             RegistryMsg::Unfinished { reply } => {
                 let _ = reply.send(s.store.unfinished());
+            }
+            RegistryMsg::UnfinishedOwners { reply } => {
+                let _ = reply.send(s.store.unfinished_owners());
             }
             RegistryMsg::Tree { root, reply } => {
                 let _ = reply.send(s.store.tree(root.as_str()));

@@ -335,6 +335,20 @@ impl Store {
         )
     }
 
+    /// The owners of rows still `created` or `running`.
+    pub(crate) fn unfinished_owners(&self) -> Result<Vec<u32>, RegistryError> {
+        let rows = self
+            .db
+            .query(
+                "SELECT DISTINCT owner_pid FROM threads WHERE status IN ('created','running')",
+                &[],
+            )
+            .map_err(st)?;
+        rows.iter()
+            .map(|r| r.uint(0).map(|o| u32::try_from(o).unwrap_or(0)).map_err(st))
+            .collect()
+    }
+
     /// Claims an unfinished row for repair: moves it from the dead owner `from` to `to` in its
     /// own committed transaction (never inside a batch). True for exactly one of several
     /// processes that race for it; false if another claimed it or it has finished meanwhile.

@@ -39,8 +39,8 @@ pub(super) fn start(ctx: &Arc<Ctx>) {
 /// Run when the runtime opens, before any of its threads can set a budget aside (one whose
 /// effect is not stored yet would look gone).
 pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
-    let state = ctx.project.state_dir();
-    let dead = |pid: u32| super::owner::dead(&state, pid, first_owner);
+    let judge = super::owner::Judge::new(&ctx.project, first_owner);
+    let dead = |owner: u32| judge.dead(owner);
     for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
         let why = format!(
             "interrupted: process {} ended while it ran; not run again",
@@ -76,7 +76,7 @@ async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
     let wanted = move |e: &Effect| in_scope(&c2, scope.as_ref(), e);
     let store = ctx.store.clone();
     let w2 = wanted.clone();
-    let due = tokio::task::spawn_blocking(move || store.claim_due(std::process::id(), &w2))
+    let due = tokio::task::spawn_blocking(move || store.claim_due(crate::core::owner::me(), &w2))
         .await
         .ok()
         .and_then(Result::ok)

@@ -6,10 +6,12 @@
 //! process died. Owns the wiring only: it must never keep thread state itself (that belongs to
 //! thread actors) and never starts a server (the control endpoint is started by whoever serves).
 
+mod adoption;
 mod cancel;
 mod doctor;
 mod effects;
 mod error;
+mod fence;
 mod fork;
 mod handle;
 #[cfg(feature = "cli")]
@@ -216,8 +218,8 @@ async fn start_actors(
     let (registry, _) = Actor::spawn(None, RegistryActor, store)
         .await
         .map_err(|e| st(e.to_string()))?;
-    let state = project.state_dir();
-    let alive: crate::ledger::Alive = Arc::new(move |pid| owner::alive(&state, pid));
+    let judged = project.clone();
+    let alive: crate::ledger::Alive = Arc::new(move |o| owner::owner_alive(&judged, o));
     let (ledger, _) = Actor::spawn(None, LedgerActor, (ledger_db, alive))
         .await
         .map_err(|e| st(e.to_string()))?;
@@ -229,6 +231,25 @@ async fn start_actors(
 pub struct Runtime {
     ctx: Arc<Ctx>,
     recovered: Arc<[Recovered]>,
+}
+
+/// A runtime that does not keep it open (see [`Runtime::downgrade`]).
+#[derive(Clone)]
+pub(crate) struct WeakRuntime(std::sync::Weak<Ctx>);
+
+impl Runtime {
+    /// A handle that does not keep this runtime open.
+    pub(crate) fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime(Arc::downgrade(&self.ctx))
+    }
+
+    /// The runtime of `weak`, while it is open.
+    pub(crate) fn upgrade(weak: &WeakRuntime) -> Option<Runtime> {
+        Some(Runtime {
+            ctx: weak.0.upgrade()?,
+            recovered: Vec::new().into(),
+        })
+    }
 }
 
 /// The provider of a runtime opened `without_provider`: refuses every call.

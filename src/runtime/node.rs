@@ -10,13 +10,20 @@ use crate::project::Project;
 use crate::sql::{migrate, params, Db, Engine, Lock, SqlError, Step};
 
 /// The nodes table, step by step (see `sql/migrate.rs`).
-const STEPS: &[Step] = &[Step {
-    sql: "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
+const STEPS: &[Step] = &[
+    Step {
+        sql: "CREATE TABLE IF NOT EXISTS nodes(name TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
            pid INTEGER NOT NULL, host TEXT NOT NULL, addr TEXT NOT NULL, started_at TEXT NOT NULL,
            expires_at_ms INTEGER NOT NULL, live_threads INTEGER NOT NULL,
            max_live_threads INTEGER)",
-    postgres: None,
-}];
+        postgres: None,
+    },
+    // The owner number of the name's holder on a shared database (see `core/owner.rs`).
+    Step {
+        sql: "ALTER TABLE nodes ADD COLUMN owner INTEGER",
+        postgres: None,
+    },
+];
 
 /// A node's lease could not be taken, renewed or read.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -62,7 +69,7 @@ pub(crate) struct Node {
 }
 
 /// The database server's clock in milliseconds, as SQL.
-fn now_ms(db: &Db) -> &'static str {
+pub(super) fn now_ms(db: &Db) -> &'static str {
     match db.engine() {
         Engine::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
         Engine::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
@@ -71,7 +78,7 @@ fn now_ms(db: &Db) -> &'static str {
 
 /// The project's nodes table (made if missing; None: `make` is false and a project on
 /// SQLite has no registry.db yet, so no node ever joined).
-fn open(project: &Project, make: bool) -> Result<Option<Db>, NodeError> {
+pub(super) fn open(project: &Project, make: bool) -> Result<Option<Db>, NodeError> {
     let config = project.config().map_err(|e| NodeError(e.to_string()))?;
     let file = project.state_dir().join("registry.db");
     if config.database.is_none() {
@@ -101,6 +108,7 @@ pub(crate) struct Lease {
     name: String,
     epoch: i64,
     length_ms: i64,
+    owner: Option<u32>,
 }
 
 /// What joining as a node needs.
@@ -141,13 +149,20 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
         Some(r) => r.int(0)? + 1,
         None => 1,
     };
+    let owner = match next_owner(&db) {
+        Ok(o) => o,
+        Err(e) => {
+            db.rollback();
+            return Err(e);
+        }
+    };
     let taken = db.execute(
         &format!(
-            "INSERT INTO nodes(name, epoch, pid, host, addr, started_at, expires_at_ms, live_threads, max_live_threads)
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6, {now} + ?7, 0, ?8)
+            "INSERT INTO nodes(name, epoch, pid, host, addr, started_at, expires_at_ms, live_threads, max_live_threads, owner)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, {now} + ?7, 0, ?8, ?9)
              ON CONFLICT(name) DO UPDATE SET epoch=excluded.epoch, pid=excluded.pid, host=excluded.host,
                addr=excluded.addr, started_at=excluded.started_at, expires_at_ms=excluded.expires_at_ms,
-               live_threads=0, max_live_threads=excluded.max_live_threads
+               live_threads=0, max_live_threads=excluded.max_live_threads, owner=excluded.owner
              WHERE nodes.expires_at_ms <= {now}"
         ),
         params![
@@ -158,7 +173,8 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
             j.addr,
             crate::core::ids::now_ts(),
             length_ms,
-            j.max_live_threads
+            j.max_live_threads,
+            owner
         ],
     )?;
     db.commit()?;
@@ -173,10 +189,58 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
         name: j.name.to_string(),
         epoch,
         length_ms,
+        owner,
     })
 }
 
+/// The owner number the next holder of a name gets on a shared database: one past every number
+/// ever given (rows are never deleted, and a takeover only raises a row's number). None on
+/// SQLite: nodes there share one machine, whose owner locks judge their threads.
+fn next_owner(db: &Db) -> Result<Option<u32>, NodeError> {
+    if db.engine() == Engine::Sqlite {
+        return Ok(None);
+    }
+    let base = i64::from(crate::core::owner::NODE_BASE);
+    let next = db
+        .row(
+            "SELECT COALESCE(MAX(owner), ?1) + 1 FROM nodes",
+            params![base],
+        )?
+        .map_or(Ok(base + 1), |r| r.int(0))?;
+    u32::try_from(next)
+        .ok()
+        .filter(|n| crate::core::owner::is_node(*n) && *n < u32::MAX >> 1)
+        .map(Some)
+        .ok_or_else(|| NodeError(format!("nodes: owner numbers are used up ({next})")))
+}
+
+/// The owner numbers of the nodes whose lease runs now (by the database's clock).
+pub(crate) fn live_owners_in(db: &Db) -> Result<std::collections::HashSet<u32>, NodeError> {
+    let now = now_ms(db);
+    let rows = db.query(
+        &format!("SELECT owner FROM nodes WHERE owner IS NOT NULL AND expires_at_ms > {now}"),
+        &[],
+    )?;
+    rows.iter()
+        .map(|r| Ok(u32::try_from(r.int(0)?).unwrap_or(0)))
+        .collect::<Result<_, SqlError>>()
+        .map_err(NodeError::from)
+}
+
+/// [`live_owners_in`] the project's database (empty when no node ever joined it).
+pub(crate) fn live_owners(project: &Project) -> Result<std::collections::HashSet<u32>, NodeError> {
+    match open(project, false)? {
+        Some(db) => live_owners_in(&db),
+        None => Ok(Default::default()),
+    }
+}
+
 impl Lease {
+    /// The owner number this lease gave the process (None on SQLite).
+    pub(crate) fn owner(&self) -> Option<u32> {
+        self.owner
+    }
+
     /// Runs the lease on from now, recording `live` threads; fails when the name was taken
     /// over meanwhile (this node's lease had expired: it must stop).
     pub(crate) fn renew(&mut self, live: i64) -> Result<(), NodeError> {

@@ -9,6 +9,8 @@ use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::project::Project;
+
 /// This process's hold on its owner lock in one project, shared by every runtime of the process
 /// on that project (two opens of one file would lock each other out).
 pub(crate) struct OwnerLock {
@@ -86,13 +88,60 @@ pub(crate) fn alive(state_dir: &Path, pid: u32) -> bool {
     }
 }
 
-/// Is the process `pid` that ran threads of this project gone? `first_owner`: this process is
-/// the first owner since the project's last process died, so rows carrying its own pid are
-/// from a dead process that had it.
-pub(crate) fn dead(state_dir: &Path, pid: u32, first_owner: bool) -> bool {
-    if pid == std::process::id() {
-        first_owner
-    } else {
-        !alive(state_dir, pid)
+/// Is `owner` (a pid or a node's number, see `core/owner.rs`) alive? A node's is read from the
+/// nodes' leases; when they cannot be read it counts as alive (never steal when unsure).
+pub(crate) fn owner_alive(project: &Project, owner: u32) -> bool {
+    if Some(owner) == crate::core::owner::node() {
+        return true;
+    }
+    if !crate::core::owner::is_node(owner) {
+        return alive(&project.state_dir(), owner);
+    }
+    match super::node::live_owners(project) {
+        Ok(live) => live.contains(&owner),
+        Err(e) => {
+            tracing::warn!("cannot read the nodes' leases: {e}");
+            true
+        }
+    }
+}
+
+/// Judges which owners of a project's rows are gone: pids by their owner locks, nodes by
+/// their leases (read once, when a node's number is first judged).
+pub(crate) struct Judge<'a> {
+    project: &'a Project,
+    /// This process is the first owner since the project's last process died: rows carrying
+    /// its own pid are from a dead process that had it.
+    first_owner: bool,
+    live_nodes: OnceLock<Option<std::collections::HashSet<u32>>>,
+}
+
+impl<'a> Judge<'a> {
+    /// A judge for `project` (see [`Judge::first_owner`]).
+    pub(crate) fn new(project: &'a Project, first_owner: bool) -> Judge<'a> {
+        Judge {
+            project,
+            first_owner,
+            live_nodes: Default::default(),
+        }
+    }
+
+    /// Whether `owner` is gone.
+    pub(crate) fn dead(&self, owner: u32) -> bool {
+        if owner == std::process::id() {
+            return self.first_owner;
+        }
+        if Some(owner) == crate::core::owner::node() {
+            return false;
+        }
+        if !crate::core::owner::is_node(owner) {
+            return !alive(&self.project.state_dir(), owner);
+        }
+        let live = self.live_nodes.get_or_init(|| {
+            super::node::live_owners(self.project)
+                .map_err(|e| tracing::warn!("cannot read the nodes' leases: {e}"))
+                .ok()
+        });
+        live.as_ref().is_some_and(|l| !l.contains(&owner))
     }
 }

@@ -24,7 +24,7 @@ impl Runtime {
         self.list(&live)
             .map(|rows| {
                 rows.iter()
-                    .filter(|r| r.owner_pid == std::process::id())
+                    .filter(|r| r.owner_pid == crate::core::owner::me())
                     .count()
             })
             .unwrap_or(0)

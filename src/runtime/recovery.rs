@@ -22,8 +22,8 @@ use std::sync::Arc;
 /// Each is claimed in the registry before it is touched, so two processes recovering at once
 /// never repair one thread twice.
 pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered> {
-    let state = ctx.project.state_dir();
-    let dead = |pid: u32| super::owner::dead(&state, pid, first_owner);
+    let judge = super::owner::Judge::new(&ctx.project, first_owner);
+    let dead = |owner: u32| judge.dead(owner);
     let rows = match ractor::call!(ctx.registry, |reply| RegistryMsg::Unfinished { reply }) {
         Ok(Ok(rows)) => rows,
         other => {
@@ -57,8 +57,21 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
         orphans.iter().map(|r| (depth(&r.id), r.clone())).collect();
     order.sort_by_key(|o| std::cmp::Reverse(o.0));
     let mut out = Vec::new();
+    // Whether this process holds each tree (decided at the tree's first thread).
+    let mut held: HashMap<ThreadId, bool> = HashMap::new();
     for (_, row) in order {
         let id = row.id.clone();
+        let holds = match held.get(&row.root_id) {
+            Some(h) => *h,
+            None => {
+                let h = take_tree(ctx, &id).await;
+                held.insert(row.root_id.clone(), h);
+                h
+            }
+        };
+        if !holds {
+            continue;
+        }
         let claimed = ractor::call!(ctx.registry, |reply| RegistryMsg::Claim {
             id,
             from: row.owner_pid,
@@ -76,14 +89,44 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
             status: Status::Error,
             kind: DeadKind::Interrupted,
             error: format!(
-                "interrupted: the process that ran this thread (pid {}) ended while it was {}; `weft resume {}` continues it",
-                row.owner_pid, row.status, row.id
+                "interrupted: {} while this thread was {}; `weft resume {}` continues it",
+                owner_gone(row.owner_pid),
+                row.status,
+                row.id
             ),
         };
         out.push(finalize_dead(ctx, &row, &end).await.recovered);
     }
     close_orphan_accounts(ctx, &dead).await;
     out
+}
+
+/// Makes this process the holder of `id`'s tree in the ledger before it claims the thread,
+/// reading what a dead holder left open (see `ledger/trees.rs`). False when another live process
+/// holds the tree — it is recovering the tree itself: two books writing one tree's accounts
+/// would each overwrite the other's settlements.
+async fn take_tree(ctx: &Ctx, id: &ThreadId) -> bool {
+    let taken = ractor::call!(ctx.ledger, |reply| LedgerMsg::TakeOver {
+        id: id.clone(),
+        reply
+    });
+    match taken {
+        Ok(Ok(())) => true,
+        Ok(Err(crate::ledger::LedgerError::Busy { .. })) => false,
+        other => {
+            tracing::warn!(thread = %id, "recovery: cannot take its tree over in the ledger: {other:?}");
+            true
+        }
+    }
+}
+
+/// How the owner of a thread went: its process ended, or its node's lease ran out.
+fn owner_gone(owner: u32) -> String {
+    if crate::core::owner::is_node(owner) {
+        format!("the node that ran this thread (owner {owner}) lost its lease")
+    } else {
+        format!("the process that ran this thread (pid {owner}) ended")
+    }
 }
 
 /// Closes ledger accounts left open by dead processes that never registered their thread (the
@@ -93,7 +136,7 @@ async fn close_orphan_accounts(ctx: &Arc<Ctx>, dead: &impl Fn(u32) -> bool) {
         ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
     for (id, owner) in open {
         // Owner 0: a deferred child's budget, held for its effect in store.db (see effects.rs).
-        if owner == 0 || !dead(owner) {
+        if owner == 0 || !dead(owner) || !take_tree(ctx, &id).await {
             continue;
         }
         tracing::warn!(thread = %id, "closing the ledger account of a thread whose process (pid {owner}) died before registering it");

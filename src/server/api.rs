@@ -309,7 +309,7 @@ async fn steer(rt: &Runtime, id: &ThreadId, op: &str, body: &Value, reach: Reach
             format!("thread {id} is {}; it can no longer be steered", row.status),
         );
     }
-    if reach == Reach::Local || row.owner_pid == std::process::id() {
+    if reach == Reach::Local || row.owner_pid == crate::core::owner::me() {
         return refuse(
             409,
             format!(

@@ -46,6 +46,28 @@ pub(crate) async fn handle(rt: &Runtime, req: &Value) -> Value {
     json!({ "status": reply.status, "body": reply.body })
 }
 
+/// Answers the API requests relayed through the database to this node (owner `me`; see
+/// `relay.rs`) with [`handle`], until the runtime is gone.
+pub(crate) fn answer_relayed(rt: &Runtime, me: u32) -> tokio::task::JoinHandle<()> {
+    let weak = rt.downgrade();
+    let project = rt.project().clone();
+    tokio::spawn(async move {
+        let mut db = None;
+        loop {
+            tokio::time::sleep(super::relay::LOOK_EVERY).await;
+            let Some(rt) = Runtime::upgrade(&weak) else {
+                return;
+            };
+            let (back, taken) = super::relay::take(project.clone(), db.take(), me).await;
+            db = back;
+            for (id, req) in taken {
+                let reply = handle(&rt, &req).await;
+                db = super::relay::reply_to(db, id, reply.to_string()).await;
+            }
+        }
+    })
+}
+
 #[cfg(unix)]
 mod imp {
     use super::*;

@@ -11,6 +11,7 @@ mod events;
 #[cfg(feature = "server")]
 pub(crate) mod http;
 pub(crate) mod peer;
+pub(crate) mod relay;
 
 /// An SSE `Last-Event-ID`, read (see `events.rs`).
 #[cfg(feature = "server")]

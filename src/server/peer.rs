@@ -31,6 +31,10 @@ pub(crate) fn remove_stale(project: &Project) {
 /// Sends one request to process `pid`'s endpoint and returns its reply.
 #[cfg(unix)]
 pub(crate) async fn request(project: &Project, pid: u32, req: &Value) -> Result<Value, String> {
+    if crate::core::owner::is_node(pid) {
+        // A node on a shared database, maybe on another machine: through the database.
+        return super::relay::ask(project, pid, req).await;
+    }
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::UnixStream;
     let path = socket_path(project, pid);

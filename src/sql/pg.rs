@@ -137,6 +137,11 @@ fn connect(url: &DatabaseUrl) -> Result<tokio_postgres::Client, SqlError> {
         }
     });
     block_on(client.batch_execute(SESSION)).map_err(pg_error)?;
+    if let Some(owner) = crate::core::owner::node() {
+        // The node's fence (see `runtime/fence.rs`): every write of this session is checked
+        // against the lease of owner `owner`.
+        block_on(client.batch_execute(&format!("SET weft.owner = '{owner}'"))).map_err(pg_error)?;
+    }
     Ok(client)
 }
 

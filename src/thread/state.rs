@@ -241,7 +241,7 @@ impl Thread {
             result: self.doc.result.clone(),
             outputs: self.doc.outputs.clone(),
             error: self.doc.error.clone(),
-            owner_pid: std::process::id(),
+            owner_pid: crate::core::owner::me(),
             waiting: self.work.waiting_marker(),
             status_text: self.status_text.clone(),
             ..ThreadRow::new(

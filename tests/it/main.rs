@@ -7,6 +7,8 @@ mod backends;
 mod budget;
 #[cfg(feature = "cli")]
 mod cli;
+#[cfg(feature = "server")]
+mod cluster;
 #[cfg(all(feature = "cli", feature = "js"))]
 mod code;
 mod continuation;

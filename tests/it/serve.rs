@@ -32,10 +32,13 @@ impl Drop for Server {
 impl Server {
     /// Starts `weft serve` on a free loopback port of `fx`'s project, with `extra` arguments.
     pub fn start(fx: &Fixture, extra: &[&str]) -> Server {
+        Server::start_cmd(fx, &mut weft_cmd(fx.root()), extra)
+    }
+
+    /// [`Server::start`] from `cmd` (its environment and pipes already set).
+    pub fn start_cmd(fx: &Fixture, cmd: &mut std::process::Command, extra: &[&str]) -> Server {
         let (child, line) = super::support::spawn_announcing(
-            weft_cmd(fx.root())
-                .args(["serve", "--addr", "127.0.0.1:0"])
-                .args(extra),
+            cmd.args(["serve", "--addr", "127.0.0.1:0"]).args(extra),
         );
         let url = line
             .trim()
@@ -52,6 +55,24 @@ impl Server {
             token: token.to_string(),
             http: client(),
         }
+    }
+
+    /// Waits (at most `secs`) for the server to exit by itself; its exit status and stderr.
+    pub fn exits_within(mut self, secs: u64, what: &str) -> (std::process::ExitStatus, String) {
+        let child = std::mem::replace(
+            &mut self.child,
+            std::process::Command::new("true").spawn().unwrap(),
+        );
+        let out = super::support::exits_within(child, secs, what);
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// `method path` with the token and `body`: (status, JSON body).

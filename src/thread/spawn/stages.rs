@@ -275,7 +275,7 @@ fn first_row(plan: &Plan, req: &SpawnRequest) -> ThreadRow {
         created_at: plan.created_at.clone(),
         updated_at: plan.created_at.clone(),
         model: plan.model.clone(),
-        owner_pid: std::process::id(),
+        owner_pid: crate::core::owner::me(),
         forked_from: req.seed().map(|s| s.from.thread.clone()),
         continuation_of: plan.continuation_of.clone(),
         chain_root: plan.chain_root.clone(),
