@@ -116,23 +116,18 @@ pub(super) async fn serve(
         Some(n) => Some(join_node(&project, n, &local.to_string())?),
         None => None,
     };
-    // On a shared database the node owns what it starts by its lease's number (its writes are
-    // fenced by that lease), so this comes before the runtime opens.
-    let owner = joined.as_ref().and_then(|(lease, _)| lease.owner());
-    if let Some(o) = owner {
-        crate::core::owner::become_node(o);
-    }
+    let node = match joined {
+        Some(j) => Some(Node::start(&project, j)?),
+        None => None,
+    };
     let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
-    let _watch = match (owner, &joined) {
-        (Some(o), Some((_, length))) => Some((
-            rt.watch_nodes(*length / 2),
-            crate::server::control::answer_relayed(&rt, o),
-        )),
-        _ => None,
+    let _tasks = match &node {
+        Some(n) => n.attach(&rt).await,
+        None => None,
     };
     let token = crate::server::http::token(&project)
         .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
-    let lease = joined.map(|(lease, length)| Held::start(lease, length, rt.clone()));
+    let lease = node.map(|n| n.held);
     out!("weft serve: http://{local}/#token={token}");
     out!("  API under http://{local}/v1 — header `Authorization: Bearer <.weft/serve.token>`; Ctrl-C stops");
     let _ = std::io::stdout().flush();
@@ -183,9 +178,70 @@ pub(super) async fn serve(
     rt.drain_hooks().await;
     server.abort();
     if let Some(l) = lease {
-        l.stop();
+        // A lost lease is not given up (another may hold the name), nor waited for: its renewer
+        // may hang on a connection that is gone.
+        match lost {
+            Some(_) => l.abandon(),
+            None => l.stop(),
+        }
     }
     Ok(if lost.is_some() { 1 } else { 0 })
+}
+
+/// A node being served: its lease (renewed from the join on, even while the runtime opens) and
+/// its owner number on a shared database.
+#[cfg(feature = "server")]
+struct Node {
+    held: Held,
+    owner: Option<u32>,
+    length: std::time::Duration,
+    /// The runtime, once open (the renewer reports its live threads).
+    rt: std::sync::Arc<std::sync::OnceLock<crate::runtime::Runtime>>,
+}
+
+#[cfg(feature = "server")]
+impl Node {
+    /// After the join, before the runtime opens: on a shared database the process owns what it
+    /// starts by its lease's number, and every table is fenced (nothing may be adopted before);
+    /// the lease is renewed from now on.
+    fn start(
+        project: &crate::project::Project,
+        (lease, length): (crate::runtime::node::Lease, std::time::Duration),
+    ) -> Result<Node, Exit> {
+        let owner = lease.owner();
+        if let Some(o) = owner {
+            crate::core::owner::become_node(o, length);
+            crate::runtime::fence::fence_now(project).map_err(|e| {
+                super::failed(format!(
+                    "cannot fence the database's tables against nodes that lose their lease ({e}); a node needs Postgres 12+ and a role that may create triggers"
+                ))
+            })?;
+        }
+        let rt = std::sync::Arc::new(std::sync::OnceLock::new());
+        let held = Held::start(lease, length, rt.clone());
+        Ok(Node {
+            held,
+            owner,
+            length,
+            rt,
+        })
+    }
+
+    /// Once the runtime is open: its live threads are reported, dead nodes watched, relayed
+    /// requests answered, and (with `auto_resume`) the threads recovery adopted at the open
+    /// resumed.
+    async fn attach(
+        &self,
+        rt: &crate::runtime::Runtime,
+    ) -> Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> {
+        let _ = self.rt.set(rt.clone());
+        let owner = self.owner?;
+        rt.resume_adopted(rt.recovered()).await;
+        Some((
+            rt.watch_nodes(self.length / 2),
+            crate::server::control::answer_relayed(rt, owner),
+        ))
+    }
 }
 
 /// A node's lease, renewed on a thread of its own until stopped (then given up).
@@ -238,11 +294,12 @@ fn join_node(
 
 #[cfg(feature = "server")]
 impl Held {
-    /// Renews `lease` every fifth of `length` with the count of live threads `rt` runs.
+    /// Renews `lease` every fifth of `length` with the count of live threads `rt` runs (0 until
+    /// it is open).
     fn start(
         mut lease: crate::runtime::node::Lease,
         length: std::time::Duration,
-        rt: crate::runtime::Runtime,
+        rt: std::sync::Arc<std::sync::OnceLock<crate::runtime::Runtime>>,
     ) -> Held {
         use std::sync::atomic::Ordering::Relaxed;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -258,7 +315,8 @@ impl Held {
                 }
                 next = std::time::Instant::now() + length / 5;
                 let started = since.elapsed().as_millis() as u64;
-                match lease.renew(rt.live_here() as i64) {
+                let live = rt.get().map_or(0, |rt| rt.live_here() as i64);
+                match lease.renew(live) {
                     Ok(()) => ok.store(started, Relaxed),
                     Err(e) if e.is_lost() => {
                         ok.store(u64::MAX, Relaxed);
@@ -306,6 +364,11 @@ impl Held {
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.renewer.join();
+    }
+
+    /// Stops renewing without waiting for the renewer.
+    fn abandon(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -34,8 +34,11 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
         code: 1,
         message: e.to_string(),
     })?;
-    let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
+    // The registry before the anchor log: a thread's row says it finished only after its anchor
+    // is stored, so a thread that ends while verify reads (a live project) is not reported as
+    // anchored nowhere.
     let finished = registry_finished(&project);
+    let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
     let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
     if all {
         targets.extend(records.thread_ids().map_err(|e| Exit {

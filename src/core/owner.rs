@@ -13,6 +13,9 @@ pub(crate) const NODE_BASE: u32 = 1 << 30;
 /// This process's node owner number; 0 while it is not a node.
 static NODE: AtomicU32 = AtomicU32::new(0);
 
+/// How long a node's transaction may sit idle before the server ends it, in milliseconds.
+static NODE_IDLE_MS: AtomicU32 = AtomicU32::new(0);
+
 /// This process as an owner: its node's number, else its pid.
 pub(crate) fn me() -> u32 {
     match NODE.load(Ordering::Relaxed) {
@@ -36,7 +39,19 @@ pub(crate) fn is_node(owner: u32) -> bool {
 
 /// From now on this process owns what it starts as node `owner`. Called once, before any
 /// runtime opens (a row written before would carry the pid).
-pub(crate) fn become_node(owner: u32) {
+/// `lease` is its lease's length: a transaction of a node stopped halfway (SIGSTOP) is ended by
+/// the server after twice that (at least 5 s), so its locks do not hold the other nodes up for
+/// longer than adopting its threads takes.
+pub(crate) fn become_node(owner: u32, lease: std::time::Duration) {
     debug_assert!(is_node(owner));
+    let idle = (lease * 2)
+        .max(std::time::Duration::from_secs(5))
+        .as_millis();
+    NODE_IDLE_MS.store(u32::try_from(idle).unwrap_or(u32::MAX), Ordering::Relaxed);
     NODE.store(owner, Ordering::Relaxed);
+}
+
+/// How long a node's transaction may sit idle, in milliseconds (None: not a node).
+pub(crate) fn node_idle_ms() -> Option<u32> {
+    node().map(|_| NODE_IDLE_MS.load(Ordering::Relaxed))
 }

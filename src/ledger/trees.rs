@@ -77,7 +77,9 @@ impl LedgerState {
             return Ok(());
         };
         let me = crate::core::owner::me();
-        if take(&mut self.db, &top, me, &*self.alive, None)? {
+        let changed = take(&mut self.db, &top, me, &*self.alive, None)?;
+        // Also when an earlier take-over committed but its read failed: the book lacks the tree.
+        if changed || self.book.get(&top).is_none() {
             self.book.forget_tree(&top);
             super::db::load_open(&self.db, &mut self.book, Some(&top))?;
         }

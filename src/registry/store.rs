@@ -344,8 +344,9 @@ impl Store {
                 &[],
             )
             .map_err(st)?;
+        // A value weft never writes there (negative, too large) is no owner to adopt from.
         rows.iter()
-            .map(|r| r.uint(0).map(|o| u32::try_from(o).unwrap_or(0)).map_err(st))
+            .map(|r| r.int(0).map(|o| u32::try_from(o).unwrap_or(0)).map_err(st))
             .collect()
     }
 

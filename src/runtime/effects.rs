@@ -39,15 +39,7 @@ pub(super) fn start(ctx: &Arc<Ctx>) {
 /// Run when the runtime opens, before any of its threads can set a budget aside (one whose
 /// effect is not stored yet would look gone).
 pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
-    let judge = super::owner::Judge::new(&ctx.project, first_owner);
-    let dead = |owner: u32| judge.dead(owner);
-    for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
-        let why = format!(
-            "interrupted: process {} ended while it ran; not run again",
-            e.claimed_by.unwrap_or(0)
-        );
-        let _ = ctx.store.finish_effect(&e.id, false, &why);
-    }
+    fail_orphaned(ctx, first_owner);
     let waiting: Vec<String> = ctx
         .store
         .pending_effects(None)
@@ -61,6 +53,23 @@ pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
         if owner == 0 && !waiting.iter().any(|w| *w == id.as_str()) {
             give_back(ctx, id).await;
         }
+    }
+}
+
+/// Fails the effects left `running` by an owner that is gone (a process, or a node whose lease
+/// ran out): never run again.
+pub(super) fn fail_orphaned(ctx: &Ctx, first_owner: bool) {
+    let judge = super::owner::Judge::new(&ctx.project, first_owner);
+    let dead = |owner: u32| judge.dead(owner);
+    for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
+        let who = e.claimed_by.unwrap_or(0);
+        let why = match crate::core::owner::is_node(who) {
+            true => format!(
+                "interrupted: the node (owner {who}) that ran it lost its lease; not run again"
+            ),
+            false => format!("interrupted: process {who} ended while it ran; not run again"),
+        };
+        let _ = ctx.store.finish_effect(&e.id, false, &why);
     }
 }
 

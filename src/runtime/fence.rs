@@ -6,10 +6,12 @@
 //! running by the database's clock. Sessions of other processes name no owner and pass. The
 //! nodes table itself is not fenced (a lease is renewed, given up and taken there).
 //!
-//! A write checked before the lease ran out that commits after it is ordered by the rows it
-//! touches: a claimer's update of the same row waits for it, and a transcript line's key can be
-//! taken once. A claimer judges a lease by the same clock, so anything it reads as expired can
-//! take no further write.
+//! The check holds the node's row in KEY SHARE until the writing transaction ends, and a node
+//! adopts a dead owner's threads only after burying it (`node::bury`: the row locked FOR UPDATE,
+//! which waits for every transaction of that owner still in flight, and its lease set to 0,
+//! which no renewal can extend). So a write that passed the check before the lease ran out is
+//! committed before the adoption starts, and none passes after; a takeover of the name locks the
+//! row the same way. The check costs one row lock per statement of a node's session.
 
 use super::node::NodeError;
 use crate::sql::{Db, Engine, Lock};
@@ -19,8 +21,11 @@ const FENCE: &str = r#"CREATE OR REPLACE FUNCTION weft_fence() RETURNS trigger L
 DECLARE o text := current_setting('weft.owner', true);
 BEGIN
   IF o IS NULL OR o = '' THEN RETURN NULL; END IF;
-  IF NOT EXISTS (SELECT 1 FROM nodes WHERE owner = o::bigint
-       AND expires_at_ms > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)) THEN
+  -- KEY SHARE until this transaction ends: a node burying this owner (`node::bury`) waits for it.
+  PERFORM 1 FROM nodes WHERE owner = o::bigint
+    AND expires_at_ms > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)
+    FOR KEY SHARE;
+  IF NOT FOUND THEN
     RAISE EXCEPTION 'weft node owner % lost its lease: another node adopts its threads; this node writes nothing more', o
       USING ERRCODE = 'WF001';
   END IF;
@@ -53,10 +58,12 @@ pub(crate) fn install(db: &mut Db) -> Result<usize, NodeError> {
         db.batch(FENCE)?;
         for t in &tables {
             let name = t.text(0)?;
+            let table = name.replace('"', "\"\"");
+            // (DROP and CREATE rather than CREATE OR REPLACE TRIGGER: Postgres 12 and 13 too.)
             db.batch(&format!(
-                "CREATE OR REPLACE TRIGGER weft_fence BEFORE INSERT OR UPDATE OR DELETE ON \"{}\"
-                 FOR EACH STATEMENT EXECUTE FUNCTION weft_fence()",
-                name.replace('"', "\"\"")
+                "DROP TRIGGER IF EXISTS weft_fence ON \"{table}\";
+                 CREATE TRIGGER weft_fence BEFORE INSERT OR UPDATE OR DELETE ON \"{table}\"
+                 FOR EACH STATEMENT EXECUTE FUNCTION weft_fence()"
             ))?;
         }
         Ok::<usize, crate::sql::SqlError>(tables.len())
@@ -70,5 +77,13 @@ pub(crate) fn install(db: &mut Db) -> Result<usize, NodeError> {
             db.rollback();
             Err(e.into())
         }
+    }
+}
+
+/// Fences every table of `project`'s database (nothing on SQLite).
+pub(crate) fn fence_now(project: &crate::project::Project) -> Result<(), NodeError> {
+    match super::node::open(project, true)? {
+        Some(mut db) => install(&mut db).map(|_| ()),
+        None => Ok(()),
     }
 }

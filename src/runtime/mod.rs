@@ -11,7 +11,7 @@ mod cancel;
 mod doctor;
 mod effects;
 mod error;
-mod fence;
+pub(crate) mod fence;
 mod fork;
 mod handle;
 #[cfg(feature = "cli")]

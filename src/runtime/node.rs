@@ -131,8 +131,14 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
     let length_ms = i64::try_from(j.length.as_millis()).unwrap_or(i64::MAX / 2);
     let now = now_ms(&db);
     db.begin_write(Lock::Registry)?;
+    // FOR UPDATE on Postgres: a takeover waits for the old holder's writes still in flight (they
+    // hold its row in KEY SHARE, see `fence.rs`).
+    let lock = match db.engine() {
+        Engine::Sqlite => "",
+        Engine::Postgres => " FOR UPDATE",
+    };
     let held = db.row(
-        &format!("SELECT epoch, pid, host, expires_at_ms - {now} FROM nodes WHERE name=?1"),
+        &format!("SELECT epoch, pid, host, expires_at_ms - {now} FROM nodes WHERE name=?1{lock}"),
         params![j.name],
     )?;
     let epoch = match &held {
@@ -225,6 +231,46 @@ pub(crate) fn live_owners_in(db: &Db) -> Result<std::collections::HashSet<u32>, 
         .map(|r| Ok(u32::try_from(r.int(0)?).unwrap_or(0)))
         .collect::<Result<_, SqlError>>()
         .map_err(NodeError::from)
+}
+
+/// Buries `owner`, a node whose lease ran out, before its threads are adopted: locks its row
+/// FOR UPDATE, which waits for every transaction of it still in flight (each holds the row in KEY
+/// SHARE, see `fence.rs`), and sets its lease to 0, which no renewal extends. False when its
+/// lease runs again (a renewal committed meanwhile): adopt nothing of it. An owner whose row is
+/// gone (its name was taken over, which locked the row the same way) counts as buried.
+pub(crate) fn bury(db: &mut Db, owner: u32) -> Result<bool, NodeError> {
+    if db.engine() == Engine::Sqlite {
+        return Ok(true);
+    }
+    let now = now_ms(db);
+    db.begin_unlocked("")?;
+    let done = (|| {
+        let row = db.row(
+            "SELECT expires_at_ms FROM nodes WHERE owner=?1 FOR UPDATE",
+            params![owner],
+        )?;
+        if row.is_none() {
+            return Ok(true);
+        }
+        let n = db.execute(
+            &format!(
+                "UPDATE nodes SET expires_at_ms = 0, live_threads = 0
+                 WHERE owner=?1 AND expires_at_ms <= {now}"
+            ),
+            params![owner],
+        )?;
+        Ok::<bool, SqlError>(n == 1)
+    })();
+    match done {
+        Ok(b) => {
+            db.commit()?;
+            Ok(b)
+        }
+        Err(e) => {
+            db.rollback();
+            Err(e.into())
+        }
+    }
 }
 
 /// [`live_owners_in`] the project's database (empty when no node ever joined it).

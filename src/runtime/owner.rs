@@ -114,6 +114,8 @@ pub(crate) struct Judge<'a> {
     /// its own pid are from a dead process that had it.
     first_owner: bool,
     live_nodes: OnceLock<Option<std::collections::HashSet<u32>>>,
+    /// Node owners judged dead, and whether they were buried (`node::bury`).
+    buried: Mutex<HashMap<u32, bool>>,
 }
 
 impl<'a> Judge<'a> {
@@ -123,6 +125,7 @@ impl<'a> Judge<'a> {
             project,
             first_owner,
             live_nodes: Default::default(),
+            buried: Default::default(),
         }
     }
 
@@ -142,6 +145,25 @@ impl<'a> Judge<'a> {
                 .map_err(|e| tracing::warn!("cannot read the nodes' leases: {e}"))
                 .ok()
         });
-        live.as_ref().is_some_and(|l| !l.contains(&owner))
+        live.as_ref().is_some_and(|l| !l.contains(&owner)) && self.bury(owner)
+    }
+
+    /// Buries node owner `owner` once (see `node::bury`): its writes still in flight are
+    /// waited for and its lease can never run again. Not buried (a renewal held, or the
+    /// database cannot say): not dead.
+    fn bury(&self, owner: u32) -> bool {
+        let Ok(mut buried) = self.buried.lock() else {
+            return false;
+        };
+        *buried.entry(owner).or_insert_with(|| {
+            let db = super::node::open(self.project, false);
+            match db.map(|db| db.map(|mut db| super::node::bury(&mut db, owner))) {
+                Ok(Some(Ok(b))) => b,
+                other => {
+                    tracing::warn!("cannot bury node owner {owner}: {other:?}");
+                    false
+                }
+            }
+        })
     }
 }

@@ -23,7 +23,21 @@ use std::sync::Arc;
 /// never repair one thread twice.
 pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered> {
     let judge = super::owner::Judge::new(&ctx.project, first_owner);
-    let dead = |owner: u32| judge.dead(owner);
+    recover_where(ctx, &|owner: u32| judge.dead(owner)).await
+}
+
+/// [`recover`], for the threads of the owners `buried` only (nodes whose lease ran out and that
+/// `node::bury` has put past writing): what a node adopts while it runs. Rows of processes
+/// (pids) are left to a runtime's start, which judges them by this machine's owner locks.
+pub(crate) async fn recover_owners(
+    ctx: &Arc<Ctx>,
+    buried: &std::collections::HashSet<u32>,
+) -> Vec<Recovered> {
+    recover_where(ctx, &|owner: u32| buried.contains(&owner)).await
+}
+
+/// Finalizes every unfinished thread whose owner `dead` says is gone.
+async fn recover_where(ctx: &Arc<Ctx>, dead: &(dyn Fn(u32) -> bool + Sync)) -> Vec<Recovered> {
     let rows = match ractor::call!(ctx.registry, |reply| RegistryMsg::Unfinished { reply }) {
         Ok(Ok(rows)) => rows,
         other => {
@@ -97,7 +111,7 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
         };
         out.push(finalize_dead(ctx, &row, &end).await.recovered);
     }
-    close_orphan_accounts(ctx, &dead).await;
+    close_orphan_accounts(ctx, dead).await;
     out
 }
 
@@ -113,9 +127,10 @@ async fn take_tree(ctx: &Ctx, id: &ThreadId) -> bool {
     match taken {
         Ok(Ok(())) => true,
         Ok(Err(crate::ledger::LedgerError::Busy { .. })) => false,
+        // Never repair from copies of a tree that may be stale: left for the next recovery.
         other => {
-            tracing::warn!(thread = %id, "recovery: cannot take its tree over in the ledger: {other:?}");
-            true
+            tracing::warn!(thread = %id, "recovery: cannot take its tree over in the ledger (left for the next recovery): {other:?}");
+            false
         }
     }
 }
@@ -131,7 +146,7 @@ fn owner_gone(owner: u32) -> String {
 
 /// Closes ledger accounts left open by dead processes that never registered their thread (the
 /// process died between opening the account and registering): nothing was spent on them.
-async fn close_orphan_accounts(ctx: &Arc<Ctx>, dead: &impl Fn(u32) -> bool) {
+async fn close_orphan_accounts(ctx: &Arc<Ctx>, dead: &(dyn Fn(u32) -> bool + Sync)) {
     let open =
         ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
     for (id, owner) in open {

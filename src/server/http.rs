@@ -63,6 +63,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let hub = Hub::start(&rt);
+    // A node hears its own threads; the other nodes' it reads from the shared records.
+    let remote = crate::core::owner::node().map(|_| super::remote::follow(&rt, hub.clone()));
     let app = Arc::new(App { rt, hub, token });
     let router = Router::new()
         .route("/", axum::routing::get(page))
@@ -71,9 +73,13 @@ pub async fn serve(
         .fallback(|| async { reply(404, json!({ "error": "not found (the API is under /v1)" })) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app);
-    axum::serve(listener, router)
+    let served = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    if let Some(r) = remote {
+        r.abort();
+    }
+    served
 }
 
 async fn page() -> Response {

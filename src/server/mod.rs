@@ -12,6 +12,8 @@ mod events;
 pub(crate) mod http;
 pub(crate) mod peer;
 pub(crate) mod relay;
+#[cfg(feature = "server")]
+mod remote;
 
 /// An SSE `Last-Event-ID`, read (see `events.rs`).
 #[cfg(feature = "server")]

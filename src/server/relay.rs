@@ -109,7 +109,11 @@ pub(super) async fn take(
         let taken = match rows {
             Ok(rows) => rows
                 .iter()
-                .filter_map(|r| Some((r.int(0).ok()?, serde_json::from_str(&r.text(1).ok()?).ok()?)))
+                .filter_map(|r| {
+                    // A request that does not parse is answered too (400), never left waiting.
+                    let req = r.text(1).ok().and_then(|t| serde_json::from_str(&t).ok());
+                    Some((r.int(0).ok()?, req.unwrap_or(Value::Null)))
+                })
                 .collect(),
             Err(e) => {
                 tracing::warn!("relay: {e}");

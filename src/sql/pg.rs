@@ -137,10 +137,16 @@ fn connect(url: &DatabaseUrl) -> Result<tokio_postgres::Client, SqlError> {
         }
     });
     block_on(client.batch_execute(SESSION)).map_err(pg_error)?;
-    if let Some(owner) = crate::core::owner::node() {
+    if let (Some(owner), Some(idle)) = (
+        crate::core::owner::node(),
+        crate::core::owner::node_idle_ms(),
+    ) {
         // The node's fence (see `runtime/fence.rs`): every write of this session is checked
-        // against the lease of owner `owner`.
-        block_on(client.batch_execute(&format!("SET weft.owner = '{owner}'"))).map_err(pg_error)?;
+        // against the lease of owner `owner`; a transaction it leaves idle ends sooner.
+        block_on(client.batch_execute(&format!(
+            "SET weft.owner = '{owner}'; SET idle_in_transaction_session_timeout = '{idle}ms'"
+        )))
+        .map_err(pg_error)?;
     }
     Ok(client)
 }

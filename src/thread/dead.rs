@@ -180,6 +180,10 @@ pub struct Recovered {
     pub torn_line_kept: bool,
     /// Anything recovery could not do (e.g. an unverifiable thread.json), naming the file.
     pub problems: Vec<String>,
+    /// Its signed thread.json was already terminal: recovery only brought its registry row in
+    /// line (it ended as its records say, and is not resumed as interrupted).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub had_ended: bool,
 }
 
 /// Ends thread `row`, whose actor is gone (its process died, or it was killed or panicked),
@@ -193,6 +197,7 @@ pub(crate) async fn finalize_dead(ctx: &Arc<Ctx>, row: &ThreadRow, end: &DeadEnd
         owner_pid: row.owner_pid,
         torn_line_kept: false,
         problems: vec![],
+        had_ended: false,
     };
     let id = row.id.clone();
     ctx.forget(&id);
@@ -286,6 +291,7 @@ async fn already_finished(
     mut rec: Recovered,
     done: ThreadDoc,
 ) -> Finalized {
+    rec.had_ended = true;
     let mut fin = row.clone();
     fin.status = done.status;
     fin.error = done.error.clone();

@@ -100,11 +100,27 @@ async fn start_tree(srv: &Server) -> String {
     body["thread_id"].as_str().unwrap().to_string()
 }
 
-/// The tree is running on one node: its root and three leaves, every leaf's call in flight.
+/// The tree is running on one node: its root and three leaves, every leaf's call in flight
+/// (reserved in the ledger).
 fn running_tree(fx: &Fixture) -> Vec<weft::internals::ThreadRow> {
-    rows_when(fx, "the tree runs", 30, |rows| {
+    let rows = rows_when(fx, "the tree runs", 30, |rows| {
         rows.len() == 4 && rows.iter().all(|r| r.status.as_str() == "running")
-    })
+    });
+    let start = Instant::now();
+    loop {
+        let n = fx.query(
+            "ledger.db",
+            "SELECT COUNT(DISTINCT thread) FROM reservations WHERE thread LIKE 'leaf-%'",
+        );
+        if n == [["3"]] {
+            return rows;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "three calls in flight: {n:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// After an adoption: every thread of the first tree ended `interrupted`, the tree's spend
@@ -306,6 +322,8 @@ async fn a_cancel_sent_to_one_node_ends_a_tree_another_node_runs() {
     };
     let a = node(&fx, "a");
     let b = node(&fx, "b");
+    // Node a's clients see node b's tree live, from its start to its end.
+    let mut seen = Box::pin(a.events("/v1/events", None).await);
     let root = start_tree(&b).await;
     let first = running_tree(&fx);
     let (s, one) = a.call("GET", &format!("/v1/threads/{root}"), None).await;
@@ -344,6 +362,18 @@ async fn a_cancel_sent_to_one_node_ends_a_tree_another_node_runs() {
         took.as_secs_f64()
     );
     assert!(took < Duration::from_millis(1500), "{took:?}");
+    let got =
+        crate::serve::until_root_finishes(&mut seen, |d| d["thread_id"] == root.as_str()).await;
+    for f in &first {
+        let id = f.id.as_str();
+        assert!(
+            got.iter()
+                .any(|(name, _, d)| name == "thread_started" && d["thread_id"] == id),
+            "node a's stream has {id} start: {got:?}"
+        );
+    }
+    let end = &got.last().unwrap().2;
+    assert_eq!(end["status"], "cancelled", "{end}");
     ledger_closed(&fx);
     drop((a, b));
 }

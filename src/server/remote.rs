@@ -1,0 +1,128 @@
+//! Live events of threads that other processes run — the other nodes of a cluster (#26). A node's
+//! SSE clients watch the whole project, but its runtime only hears its own threads; so the node
+//! follows, in the shared records, the transcripts of every thread another owner runs and
+//! publishes their lines to its clients as it publishes its own (tool calls and results, costs,
+//! starts and ends). It looks every 250 ms: threads another owner runs or has just finished
+//! (from the registry), then the lines each added since the last look (one page read each). A
+//! thread is followed until its end line is published; at most [`MAX_FOLLOWED`] at a time.
+//! Threads already running when the node starts are followed from their current end.
+
+use super::events::{line_item, Hub};
+use crate::core::ids::ThreadId;
+use crate::registry::ThreadFilter;
+use crate::runtime::Runtime;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the records are read.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// Threads followed at once, at most.
+const MAX_FOLLOWED: usize = 500;
+
+/// Follows other owners' threads for `hub` while the runtime lives.
+pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()> {
+    let weak = rt.downgrade();
+    tokio::spawn(async move {
+        // Thread → the last seq published.
+        let mut followed: HashMap<ThreadId, i64> = HashMap::new();
+        let mut first = true;
+        let mut since = crate::core::ids::now_ts();
+        loop {
+            let Some(rt) = Runtime::upgrade(&weak) else {
+                return;
+            };
+            let (hub2, mut f) = (hub.clone(), std::mem::take(&mut followed));
+            let looked = crate::core::ids::now_ts();
+            let from = since.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                look(&rt, &hub2, &mut f, &from, first);
+                f
+            })
+            .await;
+            followed = done.unwrap_or_default();
+            first = false;
+            // A little overlap: a row updated as the last look read is read again.
+            since = earlier(&looked);
+            tokio::time::sleep(LOOK_EVERY).await;
+        }
+    })
+}
+
+/// `ts` less a second (stored times sort as text).
+fn earlier(ts: &str) -> String {
+    humantime::parse_rfc3339(ts)
+        .ok()
+        .and_then(|t| t.checked_sub(Duration::from_secs(1)))
+        .map(|t| humantime::format_rfc3339_millis(t).to_string())
+        .unwrap_or_else(|| ts.to_string())
+}
+
+/// One look: new threads of other owners into `followed`, then their new lines to `hub`.
+fn look(rt: &Runtime, hub: &Hub, followed: &mut HashMap<ThreadId, i64>, since: &str, first: bool) {
+    let me = crate::core::owner::me();
+    let live = ThreadFilter {
+        status: vec!["created".into(), "running".into()],
+        limit: Some(MAX_FOLLOWED),
+        ..Default::default()
+    };
+    let recent = ThreadFilter {
+        updated_since: Some(since.to_string()),
+        limit: Some(MAX_FOLLOWED),
+        ..Default::default()
+    };
+    for filter in [live, recent] {
+        for row in rt.list(&filter).unwrap_or_default() {
+            if row.owner_pid == me || followed.len() >= MAX_FOLLOWED {
+                continue;
+            }
+            if let std::collections::hash_map::Entry::Vacant(e) = followed.entry(row.id.clone()) {
+                // Already running when this node started: from its current end.
+                let from = match first {
+                    true => last_seq(rt, &row.id),
+                    false => -1,
+                };
+                e.insert(from);
+            }
+        }
+    }
+    followed.retain(|id, seq| publish_new(rt, hub, id, seq));
+}
+
+/// The seq of `id`'s last line (-1: none).
+fn last_seq(rt: &Runtime, id: &ThreadId) -> i64 {
+    let mut after = -1;
+    while let Ok(page) = rt.transcript(id, Some(after), 10_000) {
+        after = page
+            .lines
+            .last()
+            .and_then(|l| l["seq"].as_i64())
+            .unwrap_or(after);
+        if page.next.is_none() {
+            break;
+        }
+    }
+    after
+}
+
+/// Publishes `id`'s lines after `seq`; false once its end was published (follow no more).
+fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> bool {
+    let Ok(page) = rt.transcript(id, Some(*seq), 1_000) else {
+        return true;
+    };
+    let mut ended = false;
+    for l in &page.lines {
+        let (n, kind) = (l["seq"].as_i64().unwrap_or(*seq), l["type"].as_str());
+        *seq = n.max(*seq);
+        ended |= kind == Some("thread_finished");
+        let Some((name, data)) = kind.and_then(|k| line_item(id, n, k, l)) else {
+            continue;
+        };
+        let parent = (name == "thread_started")
+            .then(|| l["parent"].as_str().and_then(|p| ThreadId::parse(p).ok()))
+            .flatten();
+        hub.publish(name, Some(id.clone()), parent, &data);
+    }
+    !ended
+}
