@@ -52,6 +52,27 @@ pub enum LedgerMsg {
         /// Reply: its cap.
         reply: RpcReplyPort<Result<Nanos, LedgerError>>,
     },
+    /// Mark a deferred child's account placed on another node (see `placed.rs`).
+    Place {
+        /// The deferred child.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<(), LedgerError>>,
+    },
+    /// Take a placed account over as the top of what this process holds; reply: its cap.
+    AdoptPlaced {
+        /// The placed child.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    },
+    /// Settle a placed subtree that ended (from its stored final row) and close its account.
+    SettlePlaced {
+        /// The placed child.
+        id: ThreadId,
+        /// Reply.
+        reply: RpcReplyPort<Result<Account, LedgerError>>,
+    },
     /// Take over the tree of a dead thread being adopted (see `trees.rs`).
     TakeOver {
         /// The dead thread.
@@ -194,7 +215,7 @@ impl LedgerState {
 
     /// Drops `id` and its closed ancestors from the book once nothing below them is open,
     /// keeping their final rows for the next commit.
-    fn prune(&mut self, id: &ThreadId) {
+    pub(super) fn prune(&mut self, id: &ThreadId) {
         for a in self.book.prune(id) {
             self.dirty.remove(&a.id);
             self.dropped.push(a);
@@ -231,12 +252,12 @@ impl LedgerState {
         for a in rows {
             self.db
                 .execute_later(
-                    "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner)
-                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)
+                    "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed)
+                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)
                      ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
                        spent=excluded.spent, own_spent=excluded.own_spent, inflight=excluded.inflight,
                        guaranteed=excluded.guaranteed, pool_left=excluded.pool_left,
-                       closed=excluded.closed, owner=excluded.owner",
+                       closed=excluded.closed, owner=excluded.owner, placed=excluded.placed",
                     params![
                         a.id.as_str(),
                         a.parent.as_ref().map(ThreadId::as_str),
@@ -247,7 +268,8 @@ impl LedgerState {
                         a.guaranteed.0,
                         a.pool_left.0,
                         a.closed,
-                        a.owner
+                        a.owner,
+                        a.placed
                     ],
                 )
                 .map_err(st)?;
@@ -545,6 +567,9 @@ impl Actor for LedgerActor {
                 s.deferred(&me, set, id, parent, reply);
             }
             LedgerMsg::Adopt { id, parent, reply } => s.adopt(&me, id, parent, reply),
+            LedgerMsg::Place { id, reply } => s.place(&me, id, reply),
+            LedgerMsg::AdoptPlaced { id, reply } => s.adopt_placed(&me, id, reply),
+            LedgerMsg::SettlePlaced { id, reply } => s.settle_placed(&me, id, reply),
             LedgerMsg::TakeOver { id, reply } => {
                 let _ = reply.send(s.take_over(&id));
             }

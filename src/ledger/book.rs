@@ -49,7 +49,12 @@ impl Book {
             .accounts
             .get(id)
             .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
-        while let Some(p) = &cur.parent {
+        let me = crate::core::owner::me();
+        while let Some(p) = cur
+            .parent
+            .as_ref()
+            .filter(|_| !(cur.placed && cur.owner == me))
+        {
             if out.len() > 10_000 || out.contains(p) {
                 break;
             }
@@ -159,6 +164,7 @@ impl Book {
                 pool_left: pool,
                 closed: false,
                 owner: crate::core::owner::me(),
+                placed: false,
             },
         );
         Ok(())
@@ -224,6 +230,7 @@ impl Book {
                 pool_left: amount,
                 closed: false,
                 owner: 0,
+                placed: false,
             },
         );
         Ok(amount)
@@ -286,6 +293,17 @@ impl Book {
             cache_read_tokens: 0,
             cache_write_tokens: 0,
         });
+        let reservation = self.hold_amount(id, amount)?;
+        Ok(Grant {
+            reservation,
+            max_output_tokens: out,
+            amount,
+        })
+    }
+
+    /// Holds `amount` in flight for `id` and up its chain, drawn from the pools (guarantees) on
+    /// the way first; the caller has checked that it fits.
+    fn hold_amount(&mut self, id: &ThreadId, amount: Nanos) -> Result<ReservationId, LedgerError> {
         let chain = self.chain(id)?;
         let mut carry = amount;
         let mut edges = Vec::with_capacity(chain.len());
@@ -308,11 +326,31 @@ impl Book {
         };
         self.by_thread.entry(id.clone()).or_default().push(r.id);
         self.reservations.insert(r.id, r);
-        Ok(Grant {
-            reservation: ReservationId(self.next_id),
-            max_output_tokens: out,
-            amount,
-        })
+        Ok(ReservationId(self.next_id))
+    }
+
+    /// The end of a subtree placed on another node (its account `id`, set aside here by
+    /// [`Book::defer`]): what it spent there (`spent`, `own` its thread's own) is settled here
+    /// as one reservation covered by its guarantee, and the rest of the guarantee goes back up
+    /// the chain as the account closes. Its spend never exceeds the guarantee (its holder's book
+    /// capped it there); anything beyond is charged all the same, never dropped.
+    pub fn settle_placed(
+        &mut self,
+        id: &ThreadId,
+        spent: Nanos,
+        own: Nanos,
+    ) -> Result<Account, LedgerError> {
+        let a = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if a.closed {
+            return Ok(a.clone());
+        }
+        let r = self.hold_amount(id, spent)?;
+        self.settle(r, spent);
+        self.acct_mut(id).own_spent = own;
+        self.close(id)
     }
 
     /// Settles a reservation with the actual cost (exactly once; a second settle is a no-op).
@@ -381,7 +419,9 @@ impl Book {
             self.settle(r, Nanos::ZERO);
         }
         let left = self.acct(id).pool_left;
-        if left > Nanos::ZERO {
+        // A placed subtree's top held here: its guarantee is its parent's node's to give back.
+        let top_here = self.acct(id).placed && self.acct(id).owner == crate::core::owner::me();
+        if left > Nanos::ZERO && !top_here {
             if let Some(p) = self.acct(id).parent.clone() {
                 let chain = self.chain(&p)?;
                 self.acct_mut(&p).guaranteed = self.acct(&p).guaranteed.minus(left);

@@ -12,16 +12,23 @@ pub(super) fn st(e: SqlError) -> LedgerError {
 }
 
 /// The ledger's schema, step by step (see `sql/migrate.rs`).
-const SCHEMA: &[Step] = &[Step {
-    sql:
-        "CREATE TABLE IF NOT EXISTS accounts(
+const SCHEMA: &[Step] = &[
+    Step {
+        sql:
+            "CREATE TABLE IF NOT EXISTS accounts(
            id TEXT PRIMARY KEY, parent TEXT, max INTEGER NOT NULL, spent INTEGER NOT NULL,
            own_spent INTEGER NOT NULL, inflight INTEGER NOT NULL, guaranteed INTEGER NOT NULL,
            pool_left INTEGER NOT NULL, closed INTEGER NOT NULL, owner INTEGER NOT NULL);
          CREATE TABLE IF NOT EXISTS reservations(
            id INTEGER NOT NULL, thread TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY(thread, id));",
-    postgres: None,
-}];
+        postgres: None,
+    },
+    // A subtree placed on another node (see `Account::placed`).
+    Step {
+        sql: "ALTER TABLE accounts ADD COLUMN placed INTEGER NOT NULL DEFAULT 0",
+        postgres: None,
+    },
+];
 
 /// Opens (creating) the ledger: on the Postgres database `url`, or in the file `path` (WAL
 /// mode) when `url` is None; brings its schema up to date.
@@ -32,7 +39,7 @@ pub(crate) fn open_db(url: Option<&DatabaseUrl>, path: &Path) -> Result<Db, Ledg
 }
 
 const ACCOUNT_COLS: &str =
-    "id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner";
+    "id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed";
 
 /// An `accounts` row read with [`ACCOUNT_COLS`].
 fn account_of(r: &Row) -> Result<Option<Account>, SqlError> {
@@ -51,10 +58,11 @@ fn account_of(r: &Row) -> Result<Option<Account>, SqlError> {
         pool_left: Nanos(r.int(7)?),
         closed: r.flag(8)?,
         owner: u32::try_from(owner).unwrap_or(0),
+        placed: r.flag(10)?,
     }))
 }
 
-fn account(db: &Db, id: &ThreadId) -> Result<Option<Account>, LedgerError> {
+pub(super) fn account(db: &Db, id: &ThreadId) -> Result<Option<Account>, LedgerError> {
     let row = db
         .row(
             &format!("SELECT {ACCOUNT_COLS} FROM accounts WHERE id=?1"),

@@ -23,6 +23,7 @@ use crate::core::money::Nanos;
 mod actor;
 mod book;
 mod db;
+mod placed;
 mod trees;
 
 pub use crate::core::ids::ReservationId;
@@ -91,6 +92,9 @@ pub struct Account {
     pub closed: bool,
     /// Process that opened the account (recovery closes accounts of dead processes).
     pub owner: u32,
+    /// Placed on another node (#26): its subtree runs there from a guarantee carved out of its
+    /// parent's chain, and its holder (`owner`) treats it as the top of what it holds.
+    pub placed: bool,
 }
 
 impl Account {

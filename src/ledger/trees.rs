@@ -109,16 +109,16 @@ impl LedgerState {
     }
 }
 
-/// The top of `id`'s account chain in the ledger (its tree's first account).
+/// The top of `id`'s account chain in the ledger (its tree's first account, or the placed account
+/// its chain stops at: a subtree another node holds).
 fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
     let top = db
         .row(
-            "WITH RECURSIVE up(id, parent, n) AS (
-               SELECT id, parent, 0 FROM accounts WHERE id=?1
-               UNION ALL SELECT a.id, a.parent, u.n + 1 FROM accounts a JOIN up u ON a.id=u.parent
-               WHERE u.n < 10000)
-             SELECT id FROM up WHERE parent IS NULL OR parent NOT IN (SELECT id FROM accounts)
-             ORDER BY n DESC LIMIT 1",
+            "WITH RECURSIVE up(id, parent, placed, n) AS (
+               SELECT id, parent, placed, 0 FROM accounts WHERE id=?1
+               UNION ALL SELECT a.id, a.parent, a.placed, u.n + 1 FROM accounts a JOIN up u ON a.id=u.parent
+               WHERE u.n < 10000 AND u.placed = 0)
+             SELECT id FROM up ORDER BY n DESC LIMIT 1",
             params![id.as_str()],
         )
         .map_err(st)?;

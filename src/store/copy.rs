@@ -22,7 +22,7 @@ pub struct Copied {
 /// The tables of each concern and the columns copied (a generated column is made again).
 const TABLES: &[(&str, &str, &str)] = &[
     ("registry.db", "threads", "id,directive,parent,root,status,created_at,updated_at,model,turns,tokens_in,tokens_out,own_spend,spend,spawn_count,result,outputs,error,owner_pid,continuation_of,chain_root,waiting,status_text,forked_from,meta"),
-    ("ledger.db", "accounts", "id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner"),
+    ("ledger.db", "accounts", "id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed"),
     ("ledger.db", "reservations", "id,thread,body"),
     ("store.db", "msgs", "thread,directive,n,seq,role,text"),
     ("store.db", "indexed", "thread,head"),

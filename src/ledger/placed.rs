@@ -1,0 +1,203 @@
+//! Subtrees placed on another node (#26; see ARCHITECTURE.md, "Nodes"): the parent's node sets
+//! the child's budget aside as a deferred child's (`Defer`) and marks the account placed
+//! (`Place`); the node that runs the child takes the account over as the top of what it holds
+//! (`AdoptPlaced`: that one account read from the ledger, never the tree above it), and its book
+//! stops every chain there; at the child's end the parent's node settles what the subtree spent
+//! (`SettlePlaced`: the account's final row, as its holder stored it) against the guarantee and
+//! gives back the rest.
+
+use super::actor::{LedgerMsg, LedgerState};
+use super::{Account, LedgerError};
+use crate::core::ids::ThreadId;
+use crate::core::money::Nanos;
+use ractor::{ActorRef, RpcReplyPort};
+
+impl LedgerState {
+    /// Marks deferred account `id` placed (a fact of this batch).
+    pub(super) fn place(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        reply: RpcReplyPort<Result<(), LedgerError>>,
+    ) {
+        let Some(a) = self.book.accounts.get_mut(&id) else {
+            let _ = reply.send(Err(LedgerError::Unknown(id)));
+            return;
+        };
+        a.placed = true;
+        self.touch(std::slice::from_ref(&id));
+        self.hold(
+            me,
+            Box::new(move |e| drop(reply.send(e.map_or(Ok(()), Err)))),
+        );
+    }
+
+    /// Takes placed account `id` over for this process, once; returns its cap.
+    pub(super) fn adopt_placed(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        reply: RpcReplyPort<Result<Nanos, LedgerError>>,
+    ) {
+        let taken = self.take_placed(&id);
+        match taken {
+            Ok(cap) => {
+                self.touch(std::slice::from_ref(&id));
+                self.hold(
+                    me,
+                    Box::new(move |e| drop(reply.send(e.map_or(Ok(cap), Err)))),
+                );
+            }
+            Err(e) => drop(reply.send(Err(e))),
+        }
+    }
+
+    fn take_placed(&mut self, id: &ThreadId) -> Result<Nanos, LedgerError> {
+        // Always the stored row: a copy this book loaded at its start may be stale.
+        let stored =
+            super::db::account(&self.db, id)?.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if !stored.placed || stored.owner != 0 {
+            return Err(LedgerError::Exists(id.clone()));
+        }
+        if stored.closed {
+            return Err(LedgerError::Closed(id.clone()));
+        }
+        let mut a = stored;
+        a.owner = crate::core::owner::me();
+        let cap = a.max;
+        self.book.accounts.insert(id.clone(), a);
+        Ok(cap)
+    }
+
+    /// Settles placed account `id` from its final stored row (its holder closed it) and closes
+    /// it here; returns the account.
+    pub(super) fn settle_placed(
+        &mut self,
+        me: &ActorRef<LedgerMsg>,
+        id: ThreadId,
+        reply: RpcReplyPort<Result<Account, LedgerError>>,
+    ) {
+        let settled = super::db::account(&self.db, &id).and_then(|row| {
+            let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+            self.book.settle_placed(&id, row.spent, row.own_spent)
+        });
+        match settled {
+            Ok(a) => {
+                let ids = self.book.chain(&id).unwrap_or_default();
+                self.touch(&ids);
+                self.prune(&id);
+                self.hold(
+                    me,
+                    Box::new(move |e| drop(reply.send(e.map_or(Ok(a), Err)))),
+                );
+            }
+            Err(e) => drop(reply.send(Err(e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Book;
+    use crate::core::ids::ThreadId;
+    use crate::core::money::Nanos;
+
+    fn id(s: &str) -> ThreadId {
+        ThreadId::parse(s).unwrap()
+    }
+
+    /// The parent's book: a placed child's guarantee is held up the chain while it runs
+    /// elsewhere; its end settles what it spent there and gives the rest back, to the nano.
+    #[test]
+    fn a_placed_subtree_settles_its_spend_and_gives_the_rest_back() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.open(
+            &id("mid"),
+            Some(&id("root")),
+            Nanos(800),
+            Nanos::ZERO,
+            Nanos::ZERO,
+        )
+        .unwrap();
+        let set = b
+            .defer(&id("kid"), &id("mid"), Nanos(300), false, Nanos(1))
+            .unwrap();
+        assert_eq!(set, Nanos(300));
+        assert_eq!(b.get(&id("mid")).unwrap().guaranteed, Nanos(300));
+        assert_eq!(b.get(&id("root")).unwrap().inflight, Nanos(300));
+        let a = b.settle_placed(&id("kid"), Nanos(120), Nanos(70)).unwrap();
+        assert!(a.closed);
+        assert_eq!((a.spent, a.own_spent), (Nanos(120), Nanos(70)));
+        for up in ["mid", "root"] {
+            let u = b.get(&id(up)).unwrap();
+            assert_eq!(
+                (u.spent, u.inflight, u.guaranteed),
+                (Nanos(120), Nanos::ZERO, Nanos::ZERO),
+                "{up}"
+            );
+        }
+        // Settled once: a second report changes nothing.
+        b.settle_placed(&id("kid"), Nanos(120), Nanos(70)).unwrap();
+        assert_eq!(b.get(&id("root")).unwrap().spent, Nanos(120));
+    }
+
+    /// The holder's book: a placed account it took over is the top of every chain below it.
+    #[test]
+    fn a_held_placed_account_is_the_top_of_its_chains() {
+        let mut b = Book::default();
+        b.open(
+            &id("kid"),
+            Some(&id("elsewhere")),
+            Nanos(300),
+            Nanos::ZERO,
+            Nanos::ZERO,
+        )
+        .unwrap_err();
+        let mut kid = super::super::Account {
+            id: id("kid"),
+            parent: Some(id("elsewhere")),
+            max: Nanos(300),
+            spent: Nanos::ZERO,
+            own_spent: Nanos::ZERO,
+            inflight: Nanos::ZERO,
+            guaranteed: Nanos::ZERO,
+            pool_left: Nanos(300),
+            closed: false,
+            owner: crate::core::owner::me(),
+            placed: true,
+        };
+        b.accounts.insert(id("kid"), kid.clone());
+        b.open(
+            &id("leaf"),
+            Some(&id("kid")),
+            Nanos(500),
+            Nanos::ZERO,
+            Nanos::ZERO,
+        )
+        .unwrap();
+        assert_eq!(b.chain(&id("leaf")).unwrap(), vec![id("leaf"), id("kid")]);
+        let price = crate::core::money::Price {
+            input: 1_000_000,
+            output: 1_000_000,
+            cache_read: 0,
+            cache_write: 0,
+        };
+        let g = b.reserve(&id("leaf"), &price, 100, 1000, 16).unwrap();
+        assert_eq!(
+            g.max_output_tokens, 200,
+            "capped by the guarantee the kid holds"
+        );
+        assert!(b.settle(g.reservation, Nanos(250)));
+        let closed = b.close(&id("kid")).unwrap();
+        assert_eq!(closed.spent, Nanos(250));
+        // Held by another process: not a top here.
+        kid.owner = 0;
+        b.accounts.insert(id("kid"), kid);
+        assert!(
+            b.chain(&id("kid")).is_err(),
+            "its parent is not in this book"
+        );
+    }
+}
