@@ -209,6 +209,8 @@ impl Node {
         (lease, length): (crate::runtime::node::Lease, std::time::Duration),
     ) -> Result<Node, Exit> {
         let owner = lease.owner();
+        let rt = std::sync::Arc::new(std::sync::OnceLock::new());
+        let held = Held::start(lease, length, rt.clone());
         if let Some(o) = owner {
             crate::core::owner::become_node(o, length);
             crate::runtime::fence::fence_now(project).map_err(|e| {
@@ -217,8 +219,6 @@ impl Node {
                 ))
             })?;
         }
-        let rt = std::sync::Arc::new(std::sync::OnceLock::new());
-        let held = Held::start(lease, length, rt.clone());
         Ok(Node {
             held,
             owner,

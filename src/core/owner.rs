@@ -40,12 +40,15 @@ pub(crate) fn is_node(owner: u32) -> bool {
 /// From now on this process owns what it starts as node `owner`. Called once, before any
 /// runtime opens (a row written before would carry the pid).
 /// `lease` is its lease's length: a transaction of a node stopped halfway (SIGSTOP) is ended by
-/// the server after twice that (at least 5 s), so its locks do not hold the other nodes up for
+/// the server after twice that (5 to 60 s), so its locks do not hold the other nodes up for
 /// longer than adopting its threads takes.
 pub(crate) fn become_node(owner: u32, lease: std::time::Duration) {
     debug_assert!(is_node(owner));
     let idle = (lease * 2)
-        .max(std::time::Duration::from_secs(5))
+        .clamp(
+            std::time::Duration::from_secs(5),
+            std::time::Duration::from_secs(60),
+        )
         .as_millis();
     NODE_IDLE_MS.store(u32::try_from(idle).unwrap_or(u32::MAX), Ordering::Relaxed);
     NODE.store(owner, Ordering::Relaxed);

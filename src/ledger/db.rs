@@ -97,7 +97,9 @@ pub(crate) fn closed_chain(db: &Db, id: &ThreadId) -> Result<Vec<Account>, Ledge
 }
 
 /// Loads into `book` the open accounts of the ledger (of tree `top` only, when given), their
-/// ancestors, and their open reservations, as they were stored.
+/// ancestors, and their open reservations, as they were stored. Neither crosses a placed
+/// account: the subtree below one is its holder's, and the chain above one is its parent's
+/// node's.
 pub(crate) fn load_open(
     db: &Db,
     book: &mut Book,
@@ -107,7 +109,8 @@ pub(crate) fn load_open(
         Some(t) => (
             format!(
                 "WITH RECURSIVE down(id, n) AS (SELECT {}, 0
-                   UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id WHERE d.n < 10000),",
+                   UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
+                   WHERE d.n < 10000 AND a.placed = 0),",
                 db.text_param(1)
             ),
             "closed=0 AND id IN (SELECT id FROM down)",
@@ -120,7 +123,8 @@ pub(crate) fn load_open(
             &format!(
                 "{scope} keep(id) AS (
                    SELECT id FROM accounts WHERE {open}
-                   UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id WHERE a.parent IS NOT NULL)
+                   UNION SELECT a.parent FROM accounts a JOIN keep k ON a.id=k.id
+                   WHERE a.parent IS NOT NULL AND a.placed = 0)
                  SELECT {ACCOUNT_COLS} FROM accounts WHERE id IN (SELECT id FROM keep)"
             ),
             &args,

@@ -79,6 +79,10 @@ impl LedgerState {
     ) {
         let settled = super::db::account(&self.db, &id).and_then(|row| {
             let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+            // Its holder still spends from the guarantee until it closes the account.
+            if !row.closed {
+                return Err(LedgerError::Exists(id.clone()));
+            }
             self.book.settle_placed(&id, row.spent, row.own_spent)
         });
         match settled {

@@ -76,9 +76,11 @@ impl Runtime {
         for r in &recovered {
             tracing::warn!(thread = %r.id, owner = r.owner_pid, "adopted and finalized as interrupted: its node's lease ran out");
         }
-        let ctx = self.ctx.clone();
-        let _ =
-            tokio::task::spawn_blocking(move || super::effects::fail_orphaned(&ctx, false)).await;
+        let (ctx, owners) = (self.ctx.clone(), buried.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            super::effects::fail_orphaned_of(&ctx, &|o| owners.contains(&o))
+        })
+        .await;
         self.resume_adopted(&recovered).await;
     }
 

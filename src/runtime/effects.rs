@@ -60,7 +60,11 @@ pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
 /// ran out): never run again.
 pub(super) fn fail_orphaned(ctx: &Ctx, first_owner: bool) {
     let judge = super::owner::Judge::new(&ctx.project, first_owner);
-    let dead = |owner: u32| judge.dead(owner);
+    fail_orphaned_of(ctx, &|owner: u32| judge.dead(owner));
+}
+
+/// [`fail_orphaned`] for the owners `dead` says are gone.
+pub(super) fn fail_orphaned_of(ctx: &Ctx, dead: &dyn Fn(u32) -> bool) {
     for e in ctx.store.orphaned_effects(dead).unwrap_or_default() {
         let who = e.claimed_by.unwrap_or(0);
         let why = match crate::core::owner::is_node(who) {

@@ -18,6 +18,7 @@ use crate::sql::{Db, Engine, Lock};
 
 /// The trigger function: refuses the statement of a session whose node's lease is not running.
 const FENCE: &str = r#"CREATE OR REPLACE FUNCTION weft_fence() RETURNS trigger LANGUAGE plpgsql AS $f$
+-- weft fence v2
 DECLARE o text := current_setting('weft.owner', true);
 BEGIN
   IF o IS NULL OR o = '' THEN RETURN NULL; END IF;
@@ -42,6 +43,17 @@ const UNFENCED: &str = "SELECT c.relname FROM pg_catalog.pg_class c
                     WHERE t.tgrelid = c.oid AND t.tgname = 'weft_fence')
   ORDER BY c.relname";
 
+/// Whether the trigger function is this version's (an older one is replaced).
+fn current(db: &Db) -> Result<bool, NodeError> {
+    let src = db.row(
+        "SELECT prosrc FROM pg_catalog.pg_proc WHERE proname = 'weft_fence' LIMIT 1",
+        &[],
+    )?;
+    Ok(src
+        .and_then(|r| r.text(0).ok())
+        .is_some_and(|s| s.contains("weft fence v2")))
+}
+
 /// Puts the fence on every table of `db`'s schema that lacks it (nothing on SQLite, whose
 /// nodes share one machine and judge each other by owner locks). Returns how many it fenced;
 /// no DDL at all when every table has it.
@@ -49,7 +61,7 @@ pub(crate) fn install(db: &mut Db) -> Result<usize, NodeError> {
     if db.engine() == Engine::Sqlite {
         return Ok(0);
     }
-    if db.query(UNFENCED, &[])?.is_empty() {
+    if db.query(UNFENCED, &[])?.is_empty() && current(db)? {
         return Ok(0);
     }
     db.begin_write(Lock::Schema)?;

@@ -130,6 +130,16 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
     };
     let length_ms = i64::try_from(j.length.as_millis()).unwrap_or(i64::MAX / 2);
     let now = now_ms(&db);
+    // A running lease is refused before any lock is taken (locking its row would wait behind
+    // the holder's writes, with the registry's lock held).
+    if let Some(r) = db.row(
+        &format!("SELECT pid, host, expires_at_ms - {now} FROM nodes WHERE name=?1"),
+        params![j.name],
+    )? {
+        if r.int(2)? > 0 {
+            return Err(held_by(j.name, r.int(0)?, &r.text(1)?, r.int(2)?));
+        }
+    }
     db.begin_write(Lock::Registry)?;
     // FOR UPDATE on Postgres: a takeover waits for the old holder's writes still in flight (they
     // hold its row in KEY SHARE, see `fence.rs`).
@@ -144,13 +154,7 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
     let epoch = match &held {
         Some(r) if r.int(3)? > 0 => {
             db.rollback();
-            return Err(NodeError(format!(
-                "node `{}` is held by pid {} on {} for {} ms more; give it another name, or stop that node",
-                j.name,
-                r.int(1)?,
-                r.text(2)?,
-                r.int(3)?
-            )));
+            return Err(held_by(j.name, r.int(1)?, &r.text(2)?, r.int(3)?));
         }
         Some(r) => r.int(0)? + 1,
         None => 1,
@@ -197,6 +201,13 @@ pub(crate) fn join(project: &Project, j: &Joining<'_>) -> Result<Lease, NodeErro
         length_ms,
         owner,
     })
+}
+
+/// A name another holder's running lease keeps.
+fn held_by(name: &str, pid: i64, host: &str, left_ms: i64) -> NodeError {
+    NodeError(format!(
+        "node `{name}` is held by pid {pid} on {host} for {left_ms} ms more; give it another name, or stop that node"
+    ))
 }
 
 /// The owner number the next holder of a name gets on a shared database: one past every number

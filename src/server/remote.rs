@@ -27,6 +27,9 @@ pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()>
     tokio::spawn(async move {
         // Thread → the last seq published.
         let mut followed: HashMap<ThreadId, i64> = HashMap::new();
+        // Threads whose end was published, kept while the registry may still list them as
+        // recently updated (never followed again: their lines were all published).
+        let mut ended: HashMap<ThreadId, std::time::Instant> = HashMap::new();
         let mut first = true;
         let mut since = crate::core::ids::now_ts();
         loop {
@@ -34,14 +37,16 @@ pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()>
                 return;
             };
             let (hub2, mut f) = (hub.clone(), std::mem::take(&mut followed));
+            let mut e = std::mem::take(&mut ended);
             let looked = crate::core::ids::now_ts();
             let from = since.clone();
             let done = tokio::task::spawn_blocking(move || {
-                look(&rt, &hub2, &mut f, &from, first);
-                f
+                look(&rt, &hub2, (&mut f, &mut e), &from, first);
+                (f, e)
             })
             .await;
-            followed = done.unwrap_or_default();
+            (followed, ended) = done.unwrap_or_default();
+            ended.retain(|_, at| at.elapsed() < Duration::from_secs(10));
             first = false;
             // A little overlap: a row updated as the last look read is read again.
             since = earlier(&looked);
@@ -59,8 +64,18 @@ fn earlier(ts: &str) -> String {
         .unwrap_or_else(|| ts.to_string())
 }
 
-/// One look: new threads of other owners into `followed`, then their new lines to `hub`.
-fn look(rt: &Runtime, hub: &Hub, followed: &mut HashMap<ThreadId, i64>, since: &str, first: bool) {
+/// One look: new threads of other owners into `followed` (none that `ended` lists), then their
+/// new lines to `hub`; a thread whose end line is published moves to `ended`.
+fn look(
+    rt: &Runtime,
+    hub: &Hub,
+    (followed, ended): (
+        &mut HashMap<ThreadId, i64>,
+        &mut HashMap<ThreadId, std::time::Instant>,
+    ),
+    since: &str,
+    first: bool,
+) {
     let me = crate::core::owner::me();
     let live = ThreadFilter {
         status: vec!["created".into(), "running".into()],
@@ -74,7 +89,8 @@ fn look(rt: &Runtime, hub: &Hub, followed: &mut HashMap<ThreadId, i64>, since: &
     };
     for filter in [live, recent] {
         for row in rt.list(&filter).unwrap_or_default() {
-            if row.owner_pid == me || followed.len() >= MAX_FOLLOWED {
+            if row.owner_pid == me || followed.len() >= MAX_FOLLOWED || ended.contains_key(&row.id)
+            {
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(e) = followed.entry(row.id.clone()) {
@@ -87,7 +103,13 @@ fn look(rt: &Runtime, hub: &Hub, followed: &mut HashMap<ThreadId, i64>, since: &
             }
         }
     }
-    followed.retain(|id, seq| publish_new(rt, hub, id, seq));
+    followed.retain(|id, seq| {
+        let more = publish_new(rt, hub, id, seq);
+        if more == Some(false) {
+            ended.insert(id.clone(), std::time::Instant::now());
+        }
+        more == Some(true)
+    });
 }
 
 /// The seq of `id`'s last line (-1: none).
@@ -106,10 +128,12 @@ fn last_seq(rt: &Runtime, id: &ThreadId) -> i64 {
     after
 }
 
-/// Publishes `id`'s lines after `seq`; false once its end was published (follow no more).
-fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> bool {
+/// Publishes `id`'s lines after `seq`: Some(false) once its end was published, None when its
+/// transcript cannot be read (not followed; a thread still running is found again by the next
+/// look, from its start).
+fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> Option<bool> {
     let Ok(page) = rt.transcript(id, Some(*seq), 1_000) else {
-        return true;
+        return None;
     };
     let mut ended = false;
     for l in &page.lines {
@@ -124,5 +148,5 @@ fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> bool {
             .flatten();
         hub.publish(name, Some(id.clone()), parent, &data);
     }
-    !ended
+    Some(!ended)
 }

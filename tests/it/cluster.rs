@@ -36,6 +36,24 @@ fn tree(extra: &str) -> Option<Fixture> {
     tree_with(extra, "60s")
 }
 
+/// A second checkout of `fx`'s project (its own folder, so its own `.weft/`) on the same
+/// database: a process there is judged by lock files this checkout does not have.
+fn other_checkout(fx: &Fixture) -> Fixture {
+    let url = fx.database.clone().unwrap();
+    let perms =
+        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
+    let mut other = Fixture::new(
+        &[
+            ("root", &directive(perms, "Root.")),
+            ("leaf", &directive("limits: { tokens: 2000 }", "Leaf.")),
+        ],
+        &SCRIPT.replace("LEAF_DELAY", "60s"),
+        &format!("database: \"{url}\"\n"),
+    );
+    other.database = Some(url);
+    other
+}
+
 /// [`tree`], each leaf's call taking `delay`.
 fn tree_with(extra: &str, delay: &str) -> Option<Fixture> {
     let perms =
@@ -376,4 +394,68 @@ async fn a_cancel_sent_to_one_node_ends_a_tree_another_node_runs() {
     assert_eq!(end["status"], "cancelled", "{end}");
     ledger_closed(&fx);
     drop((a, b));
+}
+
+/// A node adopts the threads of dead nodes only: a live `weft run` of another checkout on the
+/// same database (a pid whose owner lock is on that checkout, or another machine) is left
+/// running, though this node finds no lock file for it.
+#[tokio::test]
+async fn a_node_adopts_no_thread_of_a_live_process_it_cannot_see() {
+    let Some(fx) = tree("") else {
+        return;
+    };
+    let a = node(&fx, "a");
+    let b = node(&fx, "b");
+    let other = other_checkout(&fx);
+    let run = Killed(crate::support::spawn_run(&other, "root"));
+    let run_pid = run.0.id();
+    let elsewhere = rows_when(&fx, "the other checkout's tree runs", 30, |rows| {
+        rows.iter()
+            .filter(|r| r.owner_pid == run_pid && r.status.as_str() == "running")
+            .count()
+            == 4
+    });
+    start_tree(&b).await;
+    let dead_owner = rows_when(&fx, "node b's tree runs", 30, |rows| {
+        rows.iter()
+            .filter(|r| {
+                crate::support::is_node_owner(r.owner_pid) && r.status.as_str() == "running"
+            })
+            .count()
+            == 4
+    })
+    .into_iter()
+    .find(|r| crate::support::is_node_owner(r.owner_pid))
+    .unwrap()
+    .owner_pid;
+    std::process::Command::new("kill")
+        .args(["-9", &b.pid().to_string()])
+        .status()
+        .unwrap();
+    rows_when(&fx, "node b's tree adopted", 20, |rows| {
+        rows.iter().filter(|r| r.owner_pid == dead_owner).count() == 0
+            && rows.iter().filter(|r| r.status.as_str() == "error").count() == 4
+    });
+    // Two more looks of node a: the other checkout's threads still run, still its own.
+    std::thread::sleep(Duration::from_millis(1200));
+    let rows = fx.rows();
+    for e in &elsewhere {
+        let now = rows.iter().find(|r| r.id == e.id).unwrap();
+        assert_eq!(
+            (now.status.as_str(), now.owner_pid),
+            ("running", run_pid),
+            "{now:?}"
+        );
+    }
+    drop((run, a, b));
+}
+
+/// A child process killed when dropped (a failing test leaves nothing running).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

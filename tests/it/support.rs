@@ -280,6 +280,11 @@ pub fn expected_spend(fx: &Fixture) -> i64 {
     total
 }
 
+/// Whether a registry row's owner is a node's lease number rather than a pid (`core/owner.rs`).
+pub fn is_node_owner(owner: u32) -> bool {
+    owner >= 1 << 30
+}
+
 /// A directive text.
 pub fn directive(front: &str, body: &str) -> String {
     format!("---\n{front}\n---\n{body}\n")
