@@ -40,13 +40,9 @@ fn tree(extra: &str) -> Option<Fixture> {
 /// database: a process there is judged by lock files this checkout does not have.
 fn other_checkout(fx: &Fixture) -> Fixture {
     let url = fx.database.clone().unwrap();
-    let perms =
-        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
+    let [root, leaf] = directives();
     let mut other = Fixture::new(
-        &[
-            ("root", &directive(perms, "Root.")),
-            ("leaf", &directive("limits: { tokens: 2000 }", "Leaf.")),
-        ],
+        &[("root", &root), ("leaf", &leaf)],
         &SCRIPT.replace("LEAF_DELAY", "60s"),
         &format!("database: \"{url}\"\n"),
     );
@@ -56,17 +52,23 @@ fn other_checkout(fx: &Fixture) -> Fixture {
 
 /// [`tree`], each leaf's call taking `delay`.
 fn tree_with(extra: &str, delay: &str) -> Option<Fixture> {
-    let perms =
-        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
+    let [root, leaf] = directives();
     Fixture::on(
         Backend::Postgres,
-        &[
-            ("root", &directive(perms, "Root.")),
-            ("leaf", &directive("limits: { tokens: 2000 }", "Leaf.")),
-        ],
+        &[("root", &root), ("leaf", &leaf)],
         &SCRIPT.replace("LEAF_DELAY", delay),
         extra,
     )
+}
+
+/// The tree's two directives: `root` (may spend `CAP`) and `leaf`.
+fn directives() -> [String; 2] {
+    let perms =
+        "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
+    [
+        directive(perms, "Root."),
+        directive("limits: { tokens: 2000 }", "Leaf."),
+    ]
 }
 
 /// Node `name` of `fx`'s project, its lease one second.
@@ -175,16 +177,7 @@ fn adopted_cleanly(fx: &Fixture, first: &[weft::internals::ThreadRow], dead_owne
         "spend {} within the cap {CAP}",
         root.spend_nanos
     );
-    let verify = weft_cmd(fx.root())
-        .args(["verify", "--all"])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&verify.stdout),
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    crate::support::verify_cli_clean(fx.root());
 }
 
 /// Nothing is open in the ledger, and no account spent past its bound.

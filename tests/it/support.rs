@@ -280,6 +280,21 @@ pub fn expected_spend(fx: &Fixture) -> i64 {
     total
 }
 
+/// `weft verify --all` of `project` passes (its output shown when it does not).
+#[cfg(feature = "cli")]
+pub fn verify_cli_clean(project: &Path) {
+    let verify = weft_cmd(project)
+        .args(["verify", "--all"])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
 /// Whether a registry row's owner is a node's lease number rather than a pid (`core/owner.rs`).
 pub fn is_node_owner(owner: u32) -> bool {
     owner >= 1 << 30
