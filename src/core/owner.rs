@@ -14,6 +14,7 @@ pub(crate) const NODE_BASE: u32 = 1 << 30;
 static NODE: AtomicU32 = AtomicU32::new(0);
 
 /// How long a node's transaction may sit idle before the server ends it, in milliseconds.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 static NODE_IDLE_MS: AtomicU32 = AtomicU32::new(0);
 
 /// This process as an owner: its node's number, else its pid.
@@ -42,6 +43,7 @@ pub(crate) fn is_node(owner: u32) -> bool {
 /// `lease` is its lease's length: a transaction of a node stopped halfway (SIGSTOP) is ended by
 /// the server after twice that (5 to 60 s), so its locks do not hold the other nodes up for
 /// longer than adopting its threads takes.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn become_node(owner: u32, lease: std::time::Duration) {
     debug_assert!(is_node(owner));
     let idle = (lease * 2)
@@ -55,6 +57,7 @@ pub(crate) fn become_node(owner: u32, lease: std::time::Duration) {
 }
 
 /// How long a node's transaction may sit idle, in milliseconds (None: not a node).
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn node_idle_ms() -> Option<u32> {
     node().map(|_| NODE_IDLE_MS.load(Ordering::Relaxed))
 }

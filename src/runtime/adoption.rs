@@ -10,6 +10,9 @@
 //! `auto_resume: true` each interrupted tree's root is then resumed here as a continuation, which
 //! draws on the tree's one account.
 
+// Used by `weft serve --node` (the `cli` feature) only.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use super::{fence, node, Runtime};
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;

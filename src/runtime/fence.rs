@@ -13,6 +13,9 @@
 //! committed before the adoption starts, and none passes after; a takeover of the name locks the
 //! row the same way. The check costs one row lock per statement of a node's session.
 
+// Used by `weft serve --node` (the `cli` feature) only.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use super::node::NodeError;
 use crate::sql::{Db, Engine, Lock};
 

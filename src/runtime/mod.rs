@@ -14,7 +14,6 @@ mod error;
 pub(crate) mod fence;
 mod fork;
 mod handle;
-#[cfg(feature = "cli")]
 pub(crate) mod node;
 pub(crate) mod owner;
 mod query;
@@ -235,8 +234,10 @@ pub struct Runtime {
 
 /// A runtime that does not keep it open (see [`Runtime::downgrade`]).
 #[derive(Clone)]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) struct WeakRuntime(std::sync::Weak<Ctx>);
 
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 impl Runtime {
     /// A handle that does not keep this runtime open.
     pub(crate) fn downgrade(&self) -> WeakRuntime {

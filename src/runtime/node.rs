@@ -6,6 +6,9 @@
 //! then fail (its epoch is gone), so it stops (fencing). `weft nodes` lists every node, its
 //! lease and its live threads. Times are the database server's clock, never a node's.
 
+// Used by `weft serve --node` (the `cli` feature) only.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 use crate::project::Project;
 use crate::sql::{migrate, params, Db, Engine, Lock, SqlError, Step};
 

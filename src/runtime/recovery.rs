@@ -29,6 +29,7 @@ pub(crate) async fn recover(ctx: &Arc<Ctx>, first_owner: bool) -> Vec<Recovered>
 /// [`recover`], for the threads of the owners `buried` only (nodes whose lease ran out and that
 /// `node::bury` has put past writing): what a node adopts while it runs. Rows of processes
 /// (pids) are left to a runtime's start, which judges them by this machine's owner locks.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) async fn recover_owners(
     ctx: &Arc<Ctx>,
     buried: &std::collections::HashSet<u32>,
