@@ -49,7 +49,11 @@ fn block_on<F: Future>(f: F) -> F::Output {
     }
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
+    // Outside tokio's cooperative budget: called from inside a task (an actor's handler, an
+    // async test) whose budget has run out, a tokio future (the driver's join handle) would
+    // defer its wake-up until that task yields to its scheduler — which this thread, parked
+    // here, never does: it would wait forever.
+    let mut f = std::pin::pin!(tokio::task::unconstrained(f));
     loop {
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;

@@ -1051,3 +1051,33 @@ fn a_refused_line_fails_its_thread_and_nothing_after_it_lands() {
         "no line after the refused one: {seqs}"
     );
 }
+
+/// weft's Postgres calls block their thread; made many times from inside one async task
+/// without it yielding (an actor's long handler, an async test polling the registry), they
+/// once spent the task's cooperative budget, and the next call's wake-up was deferred to a
+/// scheduler that never ran again: the thread waited forever.
+#[test]
+fn many_postgres_calls_inside_one_async_task_never_hang() {
+    let Some(fx) = Fixture::on(Backend::Postgres, &[], "", "") else {
+        return;
+    };
+    let fx = std::sync::Arc::new(fx);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let f2 = fx.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            for _ in 0..300 {
+                let _ = f2.rows_so_far();
+            }
+        });
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok(),
+        "300 registry reads from one async task did not end within a minute"
+    );
+}
