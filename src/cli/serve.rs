@@ -116,8 +116,9 @@ pub(super) async fn serve(
         Some(n) => Some(join_node(&project, n, &local.to_string())?),
         None => None,
     };
+    let max_live = node.as_ref().and_then(|n| n.max_live_threads);
     let node = match joined {
-        Some(j) => Some(Node::start(&project, j)?),
+        Some(j) => Some(Node::start(&project, j, max_live)?),
         None => None,
     };
     let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
@@ -195,6 +196,8 @@ struct Node {
     held: Held,
     owner: Option<u32>,
     length: std::time::Duration,
+    /// Its capacity: at this many live threads, new children go to nodes with room.
+    max_live: Option<i64>,
     /// The runtime, once open (the renewer reports its live threads).
     rt: std::sync::Arc<std::sync::OnceLock<crate::runtime::Runtime>>,
 }
@@ -207,6 +210,7 @@ impl Node {
     fn start(
         project: &crate::project::Project,
         (lease, length): (crate::runtime::node::Lease, std::time::Duration),
+        max_live: Option<i64>,
     ) -> Result<Node, Exit> {
         let owner = lease.owner();
         let rt = std::sync::Arc::new(std::sync::OnceLock::new());
@@ -223,24 +227,32 @@ impl Node {
             held,
             owner,
             length,
+            max_live,
             rt,
         })
     }
 
     /// Once the runtime is open: its live threads are reported, dead nodes watched, relayed
-    /// requests answered, and (with `auto_resume`) the threads recovery adopted at the open
-    /// resumed.
+    /// requests answered, children placed on nodes with room when it is full and queued ones
+    /// taken while it has room, and (with `auto_resume`) the threads recovery adopted at the
+    /// open resumed.
     async fn attach(
         &self,
         rt: &crate::runtime::Runtime,
-    ) -> Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> {
+    ) -> Option<[tokio::task::JoinHandle<()>; 3]> {
         let _ = self.rt.set(rt.clone());
         let owner = self.owner?;
         rt.resume_adopted(rt.recovered()).await;
-        Some((
+        let max = self
+            .max_live
+            .map(|m| usize::try_from(m).unwrap_or(usize::MAX));
+        let placer = crate::server::placement::NodePlacer::new(rt, max);
+        rt.set_placer(placer.clone());
+        Some([
             rt.watch_nodes(self.length / 2),
             crate::server::control::answer_relayed(rt, owner),
-        ))
+            crate::server::placement::take_queued(rt, placer),
+        ])
     }
 }
 

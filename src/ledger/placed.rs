@@ -79,11 +79,13 @@ impl LedgerState {
     ) {
         let settled = super::db::account(&self.db, &id).and_then(|row| {
             let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
-            // Its holder still spends from the guarantee until it closes the account.
-            if !row.closed {
-                return Err(LedgerError::Exists(id.clone()));
+            match (row.closed, row.owner) {
+                (true, _) => self.book.settle_placed(&id, row.spent, row.own_spent),
+                // Never taken by a node (withdrawn, or its start failed): all of it comes back.
+                (false, 0) => self.book.settle_placed(&id, Nanos::ZERO, Nanos::ZERO),
+                // Its holder still spends from the guarantee until it closes the account.
+                (false, _) => Err(LedgerError::Exists(id.clone())),
             }
-            self.book.settle_placed(&id, row.spent, row.own_spent)
         });
         match settled {
             Ok(a) => {

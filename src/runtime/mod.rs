@@ -16,6 +16,7 @@ mod fork;
 mod handle;
 pub(crate) mod node;
 pub(crate) mod owner;
+pub(crate) mod placement;
 mod query;
 pub(crate) mod recovery;
 mod resume;
@@ -100,9 +101,7 @@ impl RuntimeBuilder {
         let signer = Arc::new(Signer::load_or_create(&crate::project::user_dir())?);
         signer.trust_in(&project.trust_dir())?;
         let (trust, warnings) = Trust::load(&project.trust_dir());
-        for w in warnings {
-            tracing::warn!("{w}");
-        }
+        warnings.iter().for_each(|w| tracing::warn!("{w}"));
         let providers = match (self.custom, self.no_provider) {
             (_, true) => Providers::single("none", Arc::new(NoProvider)),
             (Some(p), false) => {
@@ -180,6 +179,7 @@ impl RuntimeBuilder {
             tool_specs: Default::default(),
             deadlines: crate::thread::Deadlines::start(),
             spawn_slots: tokio::sync::Semaphore::new(SPAWN_SLOTS),
+            placement: Default::default(),
         });
         ctx.refresh_secrets();
         let recovered = recovery::recover(&ctx, first_owner).await;

@@ -11,6 +11,7 @@ mod events;
 #[cfg(feature = "server")]
 pub(crate) mod http;
 pub(crate) mod peer;
+pub(crate) mod placement;
 pub(crate) mod relay;
 #[cfg(feature = "server")]
 mod remote;

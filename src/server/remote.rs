@@ -30,8 +30,8 @@ pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()>
         // Threads whose end was published, kept while the registry may still list them as
         // recently updated (never followed again: their lines were all published).
         let mut ended: HashMap<ThreadId, std::time::Instant> = HashMap::new();
-        let mut first = true;
-        let mut since = crate::core::ids::now_ts();
+        let started = crate::core::ids::now_ts();
+        let mut since = started.clone();
         loop {
             let Some(rt) = Runtime::upgrade(&weak) else {
                 return;
@@ -39,15 +39,14 @@ pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()>
             let (hub2, mut f) = (hub.clone(), std::mem::take(&mut followed));
             let mut e = std::mem::take(&mut ended);
             let looked = crate::core::ids::now_ts();
-            let from = since.clone();
+            let (from, began) = (since.clone(), started.clone());
             let done = tokio::task::spawn_blocking(move || {
-                look(&rt, &hub2, (&mut f, &mut e), &from, first);
+                look(&rt, &hub2, (&mut f, &mut e), &from, &began);
                 (f, e)
             })
             .await;
             (followed, ended) = done.unwrap_or_default();
             ended.retain(|_, at| at.elapsed() < Duration::from_secs(10));
-            first = false;
             // A little overlap: a row updated as the last look read is read again.
             since = earlier(&looked);
             tokio::time::sleep(LOOK_EVERY).await;
@@ -64,8 +63,9 @@ fn earlier(ts: &str) -> String {
         .unwrap_or_else(|| ts.to_string())
 }
 
-/// One look: new threads of other owners into `followed` (none that `ended` lists), then their
-/// new lines to `hub`; a thread whose end line is published moves to `ended`.
+/// One look: new threads of other owners into `followed` (none that `ended` lists; one created
+/// before `started` from its current end), then their new lines to `hub`; a thread whose end
+/// line is published moves to `ended`.
 fn look(
     rt: &Runtime,
     hub: &Hub,
@@ -74,7 +74,7 @@ fn look(
         &mut HashMap<ThreadId, std::time::Instant>,
     ),
     since: &str,
-    first: bool,
+    started: &str,
 ) {
     let me = crate::core::owner::me();
     let live = ThreadFilter {
@@ -94,8 +94,8 @@ fn look(
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(e) = followed.entry(row.id.clone()) {
-                // Already running when this node started: from its current end.
-                let from = match first {
+                // Started before this node began following: from its current end.
+                let from = match row.created_at.as_str() < started {
                     true => last_seq(rt, &row.id),
                     false => -1,
                 };

@@ -72,6 +72,7 @@ impl Actor for ThreadActor {
             provider: a.provider,
             directive: a.directive,
             parent: a.parent,
+            report_to: a.report_to,
             limits: a.limits,
             price: a.price,
             inputs: a.inputs,

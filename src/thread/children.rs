@@ -38,8 +38,21 @@ impl Thread {
         req.parent_span = self.work.spans.get(&call_id).cloned();
         req.withdrawn = Some(self.life.cancel.clone());
         let (ctx, me) = (self.ctx.clone(), self.me.clone());
+        let parent = self.doc.id.clone();
         tokio::spawn(async move {
-            match super::spawn::spawn(&ctx, req, None).await {
+            // A hook's spawn and a child given files start here (files stay on this node).
+            let placeable = req.attach.is_empty() && req.hook.is_none();
+            let placer = ctx
+                .placement
+                .placer
+                .get()
+                .filter(|p| placeable && p.full())
+                .cloned();
+            let started = match placer {
+                Some(p) => super::placed::place(&ctx, p, &req, (parent, me.clone())).await,
+                None => super::spawn::spawn(&ctx, req, None).await,
+            };
+            match started {
                 Ok((child, actor)) => {
                     let msg = ThreadMsg::ChildSpawned {
                         call_id,

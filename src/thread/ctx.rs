@@ -280,6 +280,8 @@ pub(crate) struct Ctx {
     pub spawn_slots: tokio::sync::Semaphore,
     /// Every thread's duration limit, on one timer task.
     pub deadlines: super::deadlines::Deadlines,
+    /// Children placed on other nodes (see `thread/placed.rs`).
+    pub placement: super::placer::Placement,
     /// Tool lists offered to threads, shared between threads offered the same.
     pub tool_specs: super::specs::SpecCache,
     /// The MCP tool servers (`mcp_servers:`), started on first use.

@@ -366,6 +366,12 @@ impl Thread {
         if let Some((_, parent)) = &self.parent {
             let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
         }
+        if let (Some(parent), Some(placer)) =
+            (self.report_to.clone(), self.ctx.placement.placer.get())
+        {
+            let told = placer.report(parent, report.clone());
+            self.ctx.track(tokio::spawn(told));
+        }
         if let Some(ended) = self.life.ended.take() {
             let _ = ended.send(());
         }

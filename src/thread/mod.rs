@@ -35,6 +35,8 @@ mod hook_run;
 mod messages;
 mod msg;
 mod parts;
+pub(crate) mod placed;
+pub(crate) mod placer;
 mod report;
 mod spans;
 mod spawn;

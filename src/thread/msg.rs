@@ -113,6 +113,8 @@ pub(crate) struct ThreadArgs {
     pub calls_made: u64,
     /// Parent id and actor.
     pub parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
+    /// A placed child's parent, on another node: told of its end there.
+    pub report_to: Option<ThreadId>,
     /// Resolved limits.
     pub limits: Limits,
     /// Model price.

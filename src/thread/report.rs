@@ -4,11 +4,11 @@
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
 use crate::core::status::Status;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What a finished thread reports to its parent (and to `weft run`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadReport {
     /// Thread id.
     pub thread_id: ThreadId,

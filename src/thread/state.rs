@@ -100,6 +100,8 @@ pub(crate) struct Thread {
     pub(crate) directive: Arc<Directive>,
     /// Its parent's id and actor (None for a root).
     pub(crate) parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
+    /// Its parent on another node, if it was placed here (see `thread/placed.rs`).
+    pub(crate) report_to: Option<ThreadId>,
     /// Its resolved limits (a `limit` hook may lift turns or tokens once).
     pub(crate) limits: Limits,
     /// Its model's price.

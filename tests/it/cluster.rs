@@ -67,12 +67,17 @@ fn directives() -> [String; 2] {
         "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
     [
         directive(perms, "Root."),
-        directive("limits: { tokens: 2000 }", "Leaf."),
+        directive("limits: { tokens: 2000, spend: 0.01 }", "Leaf."),
     ]
 }
 
 /// Node `name` of `fx`'s project, its lease one second.
 fn node(fx: &Fixture, name: &str) -> Server {
+    node_leased(fx, name, "1")
+}
+
+/// Node `name` of `fx`'s project, its lease `secs` long.
+fn node_leased(fx: &Fixture, name: &str, secs: &str) -> Server {
     let script = fx.root().join("script.yaml");
     Server::start(
         fx,
@@ -82,7 +87,7 @@ fn node(fx: &Fixture, name: &str) -> Server {
             "--node",
             name,
             "--node-lease",
-            "1",
+            secs,
         ],
     )
 }
@@ -451,4 +456,128 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A tree started on a full node (`max_live_threads: 1`: its root fills it) has its children
+/// placed on the nodes with room; each reports its end to the root across nodes, and the tree
+/// completes with exactly the spend of the same tree on one node.
+#[tokio::test]
+async fn a_full_nodes_children_run_on_nodes_with_room_and_spend_the_same() {
+    let completed = |root: String| {
+        move |rows: &[weft::internals::ThreadRow]| {
+            rows.iter()
+                .any(|r| r.id.as_str() == root && r.status.as_str() == "completed")
+        }
+    };
+    // The same tree on one node: what it spends.
+    let Some(one) = tree_with("", "300ms") else {
+        return;
+    };
+    let solo = node(&one, "solo");
+    let root = start_tree(&solo).await;
+    let rows = rows_when(
+        &one,
+        "the tree on one node completes",
+        30,
+        completed(root.clone()),
+    );
+    let expected = rows
+        .iter()
+        .find(|r| r.id.as_str() == root)
+        .unwrap()
+        .spend_nanos;
+    drop(solo);
+    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "300ms") else {
+        return;
+    };
+    let a = node_leased(&fx, "a", "3");
+    let b = node_leased(&fx, "b", "3");
+    let c = node_leased(&fx, "c", "3");
+    let root = start_tree(&a).await;
+    let rows = rows_when(
+        &fx,
+        "the spread tree completes",
+        60,
+        completed(root.clone()),
+    );
+    let seen: Vec<_> = rows
+        .iter()
+        .map(|r| (r.id.to_string(), r.status, r.owner_pid, r.error.clone()))
+        .collect();
+    assert_eq!(rows.len(), 4, "{seen:#?}");
+    assert!(
+        rows.iter().all(|r| r.status.as_str() == "completed"),
+        "{rows:#?}"
+    );
+    let root_row = rows.iter().find(|r| r.id.as_str() == root).unwrap();
+    let elsewhere: std::collections::HashSet<u32> = rows
+        .iter()
+        .filter(|r| r.parent_id.is_some())
+        .map(|r| r.owner_pid)
+        .collect();
+    assert!(
+        !elsewhere.contains(&root_row.owner_pid) && elsewhere.len() == 2,
+        "the leaves ran on the two nodes with room: {rows:#?}"
+    );
+    assert_eq!(
+        root_row.spend_nanos, expected,
+        "the same spend as on one node"
+    );
+    ledger_closed(&fx);
+    crate::support::verify_cli_clean(fx.root());
+    drop((a, b, c));
+}
+
+/// A tree spread over three nodes (its root on a full node a, its leaves on b and c) ends
+/// whole when a cancel for its root is sent to node c: the cancel reaches the root on a through
+/// the database, and the root's cancel reaches its leaves on b and c the same way.
+#[tokio::test]
+async fn a_cancel_sent_to_any_node_ends_a_tree_spread_over_three() {
+    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "60s") else {
+        return;
+    };
+    let a = node_leased(&fx, "a", "3");
+    let b = node_leased(&fx, "b", "3");
+    let c = node_leased(&fx, "c", "3");
+    let root = start_tree(&a).await;
+    // Each node runs one thread: the root fills a, a leaf each b and c; the third leaf waits
+    // in the queue for a node with room.
+    let rows = rows_when(&fx, "the leaves run on b and c", 30, |rows| {
+        rows.len() == 3 && rows.iter().all(|r| r.status.as_str() == "running")
+    });
+    let owners: std::collections::HashSet<u32> = rows.iter().map(|r| r.owner_pid).collect();
+    assert_eq!(owners.len(), 3, "one tree on three nodes: {owners:?}");
+    let asked = Instant::now();
+    let (s, said) = c
+        .call(
+            "POST",
+            &format!("/v1/threads/{root}/cancel"),
+            Some(json!({})),
+        )
+        .await;
+    assert!((200..300).contains(&s), "{s} {said}");
+    let ended = rows_when(&fx, "the whole tree cancelled", 15, |rows| {
+        rows.len() == 3 && rows.iter().all(|r| r.status.as_str() == "cancelled")
+    });
+    // The queued leaf was withdrawn: it never started anywhere, and nothing waits in the queue.
+    let queued = fx.query("registry.db", "SELECT COUNT(*) FROM placements");
+    assert_eq!(queued, [["0"]], "the queue is empty");
+    let events = fx.events(&root);
+    assert!(
+        events.iter().any(|e| e["type"] == "child_finished"
+            && e["status"] == "cancelled"
+            && e["error"]
+                .as_str()
+                .is_some_and(|t| t.contains("waited for a node with room"))),
+        "the waiting leaf's end is in its parent's record: {events:?}"
+    );
+    eprintln!(
+        "a cancel through node c ended a tree on a, b and c in {:.3} s",
+        asked.elapsed().as_secs_f64()
+    );
+    let root_row = ended.iter().find(|r| r.id.as_str() == root).unwrap();
+    assert!(root_row.spend_nanos <= CAP, "{root_row:?}");
+    ledger_closed(&fx);
+    crate::support::verify_cli_clean(fx.root());
+    drop((a, b, c));
 }

@@ -191,6 +191,7 @@ fn arguments(
         &plan.provider_name,
         &plan.model,
     );
+    let report_to = req.placed.then(|| req.parent_id().cloned()).flatten();
     let (messages, calls_made, parent) = match req.origin {
         Origin::Continue(c, p) => (c.messages, c.calls_made, p),
         Origin::Fork(s) => (s.messages, s.calls_made, None),
@@ -203,6 +204,7 @@ fn arguments(
         messages,
         calls_made,
         parent: parent.map(|p| (p.id, p.actor)),
+        report_to,
         limits: plan.limits,
         price: plan.price,
         doc,

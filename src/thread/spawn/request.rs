@@ -75,6 +75,9 @@ pub(crate) struct SpawnRequest {
     /// Cancelled, it withdraws the request while it waits for a spawn slot (the parent was
     /// cancelled: the child is not started only to be cancelled).
     pub withdrawn: Option<tokio_util::sync::CancellationToken>,
+    /// A deferred child placed here by its parent's node (`thread/placed.rs`): it takes its
+    /// placed account over and reports its end to its parent's node.
+    pub placed: bool,
 }
 
 impl SpawnRequest {
@@ -95,6 +98,7 @@ impl SpawnRequest {
             route: None,
             parent_span: None,
             withdrawn: None,
+            placed: false,
         }
     }
 

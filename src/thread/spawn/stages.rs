@@ -52,6 +52,7 @@ impl Account {
             id: Some(plan.id.clone()),
         };
         let opened = match &req.origin {
+            Origin::Deferred(_) if req.placed => adopt_placed(ctx, plan).await,
             Origin::Deferred(_) => adopt(ctx, plan).await,
             _ => open_new(ctx, plan, req.reserve).await,
         };
@@ -126,6 +127,18 @@ async fn adopt(ctx: &Ctx, plan: &mut Plan) -> Result<(), SpawnError> {
     let held = ractor::call!(ctx.ledger, |reply| LedgerMsg::Adopt {
         id: plan.id.clone(),
         parent,
+        reply
+    })
+    .map_or_else(|e| Err(unanswered(e)), |r| r.map_err(SpawnError::from))?;
+    plan.limits.spend = plan.limits.spend.min(held);
+    Ok(())
+}
+
+/// A placed child takes over the account its parent's node set aside and placed: the top of
+/// what this node holds (see `ledger/placed.rs`); its spend limit is what it holds.
+async fn adopt_placed(ctx: &Ctx, plan: &mut Plan) -> Result<(), SpawnError> {
+    let held = ractor::call!(ctx.ledger, |reply| LedgerMsg::AdoptPlaced {
+        id: plan.id.clone(),
         reply
     })
     .map_or_else(|e| Err(unanswered(e)), |r| r.map_err(SpawnError::from))?;

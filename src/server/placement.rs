@@ -1,0 +1,220 @@
+//! A node's placement of children (#26; `thread/placed.rs` has the thread's side): the queue of
+//! children waiting for a node with room (`placements` on the project's Postgres database), the
+//! [`NodePlacer`] a node's runtime places through when it runs `max_live_threads` threads, and
+//! the loop that takes queued children while the node has room (`FOR UPDATE SKIP LOCKED`: each
+//! is taken by one node). A placed child's end and a cancel of it travel as API requests to the
+//! owner of the thread concerned (`peer::request`, through the database between nodes).
+
+use crate::core::ids::ThreadId;
+use crate::project::Project;
+use crate::runtime::{Runtime, WeakRuntime};
+use crate::sql::{params, Db, Step};
+use crate::thread::placer::{Placed, Placer};
+use crate::thread::ThreadReport;
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The queue (its own schema concern).
+const STEPS: &[Step] = &[Step {
+    sql: "CREATE TABLE IF NOT EXISTS placements(child TEXT PRIMARY KEY, parent TEXT NOT NULL,
+           parent_owner INTEGER NOT NULL, request TEXT NOT NULL, queued_at TEXT NOT NULL)",
+    postgres: None,
+}];
+
+/// How often a node with room looks at the queue.
+const LOOK_EVERY: Duration = Duration::from_millis(200);
+
+/// A node's placer: full at `max_live` live threads.
+pub(crate) struct NodePlacer {
+    project: Project,
+    rt: WeakRuntime,
+    max_live: Option<usize>,
+    db: Mutex<Option<Db>>,
+}
+
+impl NodePlacer {
+    /// The placer of node runtime `rt`, full at `max_live` live threads (never, without).
+    pub(crate) fn new(rt: &Runtime, max_live: Option<usize>) -> Arc<NodePlacer> {
+        Arc::new(NodePlacer {
+            project: rt.project().clone(),
+            rt: rt.downgrade(),
+            max_live,
+            db: Mutex::new(None),
+        })
+    }
+
+    /// Runs `work` on the queue's connection (made, and the table with it, when missing).
+    fn with<T>(&self, work: impl FnOnce(&mut Db) -> Result<T, String>) -> Result<T, String> {
+        let mut guard = self
+            .db
+            .lock()
+            .map_err(|_| "placement: lock poisoned".to_string())?;
+        if guard.is_none() {
+            let url = self.project.config().map_err(|e| e.to_string())?.database;
+            let url = url.ok_or("placing children needs the project's Postgres database")?;
+            let mut db = Db::postgres(&url).map_err(|e| e.to_string())?;
+            crate::sql::migrate(&mut db, "placements", STEPS).map_err(|e| e.to_string())?;
+            *guard = Some(db);
+        }
+        let done = work(guard.as_mut().expect("made above"));
+        if done.is_err() {
+            *guard = None; // a broken connection is made again next time
+        }
+        done
+    }
+
+    /// Takes the oldest child queued by another node, if any.
+    fn take(&self) -> Result<Option<(ThreadId, ThreadId, Placed)>, String> {
+        let me = crate::core::owner::me();
+        self.with(|db| {
+            let row = db
+                .row(
+                    "DELETE FROM placements WHERE child = (SELECT child FROM placements
+                       WHERE parent_owner <> ?1 ORDER BY queued_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                     RETURNING child, parent, request",
+                    params![me],
+                )
+                .map_err(|e| e.to_string())?;
+            let Some(r) = row else { return Ok(None) };
+            let text = |i| r.text(i).map_err(|e| e.to_string());
+            let child = ThreadId::parse(&text(0)?).map_err(|e| e.to_string())?;
+            let parent = ThreadId::parse(&text(1)?).map_err(|e| e.to_string())?;
+            let placed = serde_json::from_str(&text(2)?).map_err(|e| e.to_string())?;
+            Ok(Some((child, parent, placed)))
+        })
+    }
+
+    /// The owner of thread `id` in the registry, waiting up to 3 s for its row (a child just
+    /// taken from the queue registers as it starts).
+    async fn owner_of(rt: &Runtime, id: &ThreadId) -> Option<u32> {
+        for _ in 0..30 {
+            if let Ok(Some(v)) = rt.get(id) {
+                return Some(v.row.owner_pid);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+}
+
+impl Placer for NodePlacer {
+    fn full(&self) -> bool {
+        match (self.max_live, Runtime::upgrade(&self.rt)) {
+            (Some(max), Some(rt)) => rt.live_here() >= max,
+            _ => false,
+        }
+    }
+
+    fn queue(&self, child: &ThreadId, parent: &ThreadId, placed: &Placed) -> Result<(), String> {
+        let request = serde_json::to_string(placed).map_err(|e| e.to_string())?;
+        self.with(|db| {
+            db.execute(
+                "INSERT INTO placements(child, parent, parent_owner, request, queued_at) VALUES(?1, ?2, ?3, ?4, ?5)",
+                params![
+                    child.as_str(),
+                    parent.as_str(),
+                    crate::core::owner::me(),
+                    request,
+                    crate::core::ids::now_ts()
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        })
+    }
+
+    fn cancel(&self, child: ThreadId, reason: String) -> crate::provider::BoxFuture<bool> {
+        let withdrawn = self.with(|db| {
+            db.execute(
+                "DELETE FROM placements WHERE child=?1",
+                params![child.as_str()],
+            )
+            .map_err(|e| e.to_string())
+        });
+        let (rt, project) = (Runtime::upgrade(&self.rt), self.project.clone());
+        Box::pin(async move {
+            if matches!(withdrawn, Ok(1)) {
+                return true;
+            }
+            let Some(rt) = rt else { return false };
+            let Some(owner) = NodePlacer::owner_of(&rt, &child).await else {
+                tracing::warn!(thread = %child, "placed child to cancel not found in the registry");
+                return false;
+            };
+            let req = json!({ "method": "POST", "path": format!("/v1/threads/{child}/cancel"),
+                              "body": { "reason": reason } });
+            if let Err(e) = super::peer::request(&project, owner, &req).await {
+                tracing::warn!(thread = %child, "cannot cancel the placed child: {e}");
+            }
+            false
+        })
+    }
+
+    fn report(&self, parent: ThreadId, report: ThreadReport) -> crate::provider::BoxFuture<()> {
+        let (rt, project) = (Runtime::upgrade(&self.rt), self.project.clone());
+        Box::pin(async move {
+            let Some(rt) = rt else { return };
+            let Some(owner) = NodePlacer::owner_of(&rt, &parent).await else {
+                return;
+            };
+            let child = report.thread_id.clone();
+            let req = json!({ "method": "POST", "path": format!("/v1/threads/{child}/placed_end"),
+                              "body": report });
+            match super::peer::request(&project, owner, &req).await {
+                Ok(r) if r["status"].as_u64().is_some_and(|s| s < 300) => {}
+                other => {
+                    tracing::warn!(thread = %child, "its parent's node did not take its end: {other:?}")
+                }
+            }
+        })
+    }
+}
+
+/// Takes queued children while `placer`'s node has room, until the runtime is gone.
+pub(crate) fn take_queued(rt: &Runtime, placer: Arc<NodePlacer>) -> tokio::task::JoinHandle<()> {
+    let weak = rt.downgrade();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(LOOK_EVERY).await;
+            let Some(rt) = Runtime::upgrade(&weak) else {
+                return;
+            };
+            let p = placer.clone();
+            let taken = tokio::task::spawn_blocking(move || {
+                if p.full() {
+                    return Ok(None);
+                }
+                p.take()
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            match taken {
+                Ok(Some((child, parent, placed))) => {
+                    start(&rt, &placer, child, parent, placed).await
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("placement queue: {e}"),
+            }
+        }
+    })
+}
+
+/// Starts a child taken from the queue; one that cannot start is reported ended to its parent.
+async fn start(
+    rt: &Runtime,
+    placer: &Arc<NodePlacer>,
+    child: ThreadId,
+    parent: ThreadId,
+    placed: Placed,
+) {
+    let directive = placed.directive.clone();
+    match rt.start_placed(child.clone(), parent.clone(), placed).await {
+        Ok(id) => tracing::info!(thread = %id, parent = %parent, "started a child placed here"),
+        Err(e) => {
+            tracing::warn!(thread = %child, "a placed child could not start: {e}");
+            let report = crate::thread::placed::not_started(&child, &directive, &e.to_string());
+            placer.report(parent, report).await;
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Children placed on another node (#26; ARCHITECTURE.md, "Nodes"). When this node is full (its
+//! [`Placer`] says so), `spawn_thread` does not start the child here: it plans and checks it as
+//! for any child, sets its budget aside out of the tree (a deferred child's account, marked
+//! placed), and queues it for a node with room. The parent gets a stand-in actor for it — the
+//! [`PlacedChild`] — in its children like any other: a cancel sent to it reaches the child
+//! wherever it runs (or withdraws it while it waits in the queue), and the child's end, relayed
+//! from the node that ran it, comes back through it: the ledger settles what the subtree spent
+//! against the guarantee, and the parent gets the report as from a local child.
+
+use super::ctx::Ctx;
+use super::msg::ThreadMsg;
+use super::placer::{Placed, Placer};
+use super::report::ThreadReport;
+use super::spawn::SpawnRequest;
+use crate::core::ids::ThreadId;
+use crate::ledger::LedgerMsg;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::sync::Arc;
+
+/// Places `req` (a child of the thread `parent`) on another node and returns its id and its
+/// stand-in actor, which forwards to `parent`.
+pub(crate) async fn place(
+    ctx: &Arc<Ctx>,
+    placer: Arc<dyn Placer>,
+    req: &SpawnRequest,
+    parent: (ThreadId, ActorRef<ThreadMsg>),
+) -> Result<(ThreadId, ActorRef<ThreadMsg>), super::SpawnError> {
+    let (child, _amount) = super::spawn::defer(ctx, req).await?;
+    let marked = ractor::call!(ctx.ledger, |reply| LedgerMsg::Place {
+        id: child.clone(),
+        reply
+    });
+    let queued = match marked {
+        Ok(Ok(())) => {
+            let placed = Placed::new(&req.directive, &req.inputs, &req.overrides);
+            placer.queue(&child, &parent.0, &placed)
+        }
+        other => Err(format!("ledger: {other:?}")),
+    };
+    if let Err(e) = queued {
+        super::spawn::give_back(ctx, child).await;
+        return Err(super::SpawnError::Storage(format!(
+            "cannot place the child: {e}"
+        )));
+    }
+    let stand_in = PlacedChild {
+        ctx: ctx.clone(),
+        placer,
+        child: child.clone(),
+        directive: req.directive.clone(),
+        parent: parent.1,
+    };
+    let (actor, _) = Actor::spawn(None, stand_in, ()).await.map_err(|e| {
+        super::SpawnError::Storage(format!("cannot start the placed child's stand-in: {e}"))
+    })?;
+    Ok((child, actor))
+}
+
+/// The stand-in of a placed child in its parent's node.
+struct PlacedChild {
+    ctx: Arc<Ctx>,
+    placer: Arc<dyn Placer>,
+    child: ThreadId,
+    directive: String,
+    parent: ActorRef<ThreadMsg>,
+}
+
+impl Actor for PlacedChild {
+    type Msg = ThreadMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, me: ActorRef<ThreadMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+        if let Ok(mut m) = self.ctx.placement.stand_ins.lock() {
+            m.insert(self.child.clone(), me);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        me: ActorRef<ThreadMsg>,
+        msg: ThreadMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            // Withdrawn while queued: it ends here; else its end comes from where it runs.
+            ThreadMsg::Cancel { reason }
+                if self.placer.cancel(self.child.clone(), reason.clone()).await =>
+            {
+                let report = not_started(&self.child, &self.directive, WITHDRAWN);
+                self.ended(&me, report).await;
+            }
+            ThreadMsg::ChildFinished(report) if report.thread_id == self.child => {
+                self.ended(&me, *report).await;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<ThreadMsg>,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        if let Ok(mut m) = self.ctx.placement.stand_ins.lock() {
+            m.remove(&self.child);
+        }
+        Ok(())
+    }
+}
+
+impl PlacedChild {
+    /// The child ended (or was withdrawn): its spend settled against its guarantee, then its
+    /// report to the parent; the stand-in stops.
+    async fn ended(&self, me: &ActorRef<ThreadMsg>, mut report: ThreadReport) {
+        let settled = ractor::call!(self.ctx.ledger, |reply| LedgerMsg::SettlePlaced {
+            id: self.child.clone(),
+            reply
+        });
+        match settled {
+            Ok(Ok(a)) => report.spend_nanos = a.spent,
+            other => {
+                tracing::error!(thread = %self.child, "placed child's spend not settled: {other:?}")
+            }
+        }
+        let _ = self.parent.cast(ThreadMsg::ChildFinished(Box::new(report)));
+        me.stop(None);
+    }
+}
+
+/// The report of a placed child that never ran: withdrawn from the queue (cancelled), or its
+/// start failed on the node that took it (`error`).
+pub(crate) fn not_started(child: &ThreadId, directive: &str, error: &str) -> ThreadReport {
+    let status = match error {
+        WITHDRAWN => crate::core::status::Status::Cancelled,
+        _ => crate::core::status::Status::Error,
+    };
+    ThreadReport {
+        thread_id: child.clone(),
+        directive: directive.to_string(),
+        status,
+        result: None,
+        outputs: None,
+        error: Some(error.to_string()),
+        turns: 0,
+        input_tokens: 0,
+        output_tokens: 0,
+        cache_read_tokens: 0,
+        own_spend_nanos: crate::core::money::Nanos::ZERO,
+        spend_nanos: crate::core::money::Nanos::ZERO,
+        overrun_nanos: crate::core::money::Nanos::ZERO,
+        files: Vec::new(),
+        final_head: None,
+    }
+}
+
+/// Why a withdrawn child ended.
+const WITHDRAWN: &str = "cancelled while it waited for a node with room";
