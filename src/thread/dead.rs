@@ -68,22 +68,20 @@ pub(crate) struct Finalized {
 
 impl Finalized {
     fn of(recovered: Recovered, row: &ThreadRow, end: &DeadEnd) -> Finalized {
+        let ended = ThreadReport::ended(
+            row.id.clone(),
+            row.directive.clone(),
+            end.status,
+            Some(end.error.clone()),
+        );
         let report = ThreadReport {
-            thread_id: row.id.clone(),
-            directive: row.directive.clone(),
-            status: end.status,
-            result: None,
             outputs: row.outputs.clone(),
-            error: Some(end.error.clone()),
             turns: row.turns,
             input_tokens: row.input_tokens,
             output_tokens: row.output_tokens,
-            cache_read_tokens: 0,
             own_spend_nanos: Nanos(row.own_spend_nanos),
             spend_nanos: Nanos(row.spend_nanos),
-            overrun_nanos: Nanos::ZERO,
-            files: Vec::new(),
-            final_head: None,
+            ..ended
         };
         Finalized { recovered, report }
     }

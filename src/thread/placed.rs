@@ -137,23 +137,12 @@ pub(crate) fn not_started(child: &ThreadId, directive: &str, error: &str) -> Thr
         WITHDRAWN => crate::core::status::Status::Cancelled,
         _ => crate::core::status::Status::Error,
     };
-    ThreadReport {
-        thread_id: child.clone(),
-        directive: directive.to_string(),
+    ThreadReport::ended(
+        child.clone(),
+        directive.to_string(),
         status,
-        result: None,
-        outputs: None,
-        error: Some(error.to_string()),
-        turns: 0,
-        input_tokens: 0,
-        output_tokens: 0,
-        cache_read_tokens: 0,
-        own_spend_nanos: crate::core::money::Nanos::ZERO,
-        spend_nanos: crate::core::money::Nanos::ZERO,
-        overrun_nanos: crate::core::money::Nanos::ZERO,
-        files: Vec::new(),
-        final_head: None,
-    }
+        Some(error.to_string()),
+    )
 }
 
 /// Why a withdrawn child ended.

@@ -48,6 +48,35 @@ pub struct ThreadReport {
     pub final_head: Option<String>,
 }
 
+impl ThreadReport {
+    /// The report of thread `id` (of `directive`) that ended `status` with `error`, nothing
+    /// spent or made (fill what it did with struct update syntax).
+    pub(crate) fn ended(
+        id: ThreadId,
+        directive: String,
+        status: Status,
+        error: Option<String>,
+    ) -> ThreadReport {
+        ThreadReport {
+            thread_id: id,
+            directive,
+            status,
+            result: None,
+            outputs: None,
+            error,
+            turns: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            own_spend_nanos: Nanos::ZERO,
+            spend_nanos: Nanos::ZERO,
+            overrun_nanos: Nanos::ZERO,
+            files: Vec::new(),
+            final_head: None,
+        }
+    }
+}
+
 /// A snapshot for `Status` queries.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct StatusSnapshot {

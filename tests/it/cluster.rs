@@ -125,6 +125,14 @@ async fn start_tree(srv: &Server) -> String {
     body["thread_id"].as_str().unwrap().to_string()
 }
 
+/// Sends a cancel of thread `id` to `srv` (whichever node runs it); it must be taken.
+async fn cancel_via(srv: &Server, id: &str) {
+    let (s, said) = srv
+        .call("POST", &format!("/v1/threads/{id}/cancel"), Some(json!({})))
+        .await;
+    assert!((200..300).contains(&s), "{s} {said}");
+}
+
 /// The tree is running on one node: its root and three leaves, every leaf's call in flight
 /// (reserved in the ledger).
 fn running_tree(fx: &Fixture) -> Vec<weft::internals::ThreadRow> {
@@ -358,14 +366,7 @@ async fn a_cancel_sent_to_one_node_ends_a_tree_another_node_runs() {
         .await;
     assert_eq!(s, 200, "{lines}");
     let asked = Instant::now();
-    let (s, said) = a
-        .call(
-            "POST",
-            &format!("/v1/threads/{root}/cancel"),
-            Some(json!({})),
-        )
-        .await;
-    assert!((200..300).contains(&s), "{s} {said}");
+    cancel_via(&a, &root).await;
     rows_when(&fx, "the tree cancelled", 10, |rows| {
         first.iter().all(|f| {
             rows.iter()
@@ -548,14 +549,7 @@ async fn a_cancel_sent_to_any_node_ends_a_tree_spread_over_three() {
     let owners: std::collections::HashSet<u32> = rows.iter().map(|r| r.owner_pid).collect();
     assert_eq!(owners.len(), 3, "one tree on three nodes: {owners:?}");
     let asked = Instant::now();
-    let (s, said) = c
-        .call(
-            "POST",
-            &format!("/v1/threads/{root}/cancel"),
-            Some(json!({})),
-        )
-        .await;
-    assert!((200..300).contains(&s), "{s} {said}");
+    cancel_via(&c, &root).await;
     let ended = rows_when(&fx, "the whole tree cancelled", 15, |rows| {
         rows.len() == 3 && rows.iter().all(|r| r.status.as_str() == "cancelled")
     });
