@@ -134,6 +134,11 @@ pub enum LedgerMsg {
         /// Reply.
         reply: RpcReplyPort<Vec<(ReservationId, Nanos)>>,
     },
+    /// Open placed accounts held in this book, each with its parent (see `placed.rs`).
+    OpenPlaced {
+        /// Reply: (child, parent) pairs.
+        reply: RpcReplyPort<Vec<(ThreadId, ThreadId)>>,
+    },
     /// Open accounts with the process that opened each.
     OpenAccounts {
         /// Reply.
@@ -598,6 +603,9 @@ impl Actor for LedgerActor {
             LedgerMsg::Flush => s.flush(Some(&me)),
             LedgerMsg::Get { id, reply } => {
                 let _ = reply.send(s.book.get(&id).cloned());
+            }
+            LedgerMsg::OpenPlaced { reply } => {
+                let _ = reply.send(s.open_placed());
             }
             LedgerMsg::OpenAccounts { reply } => {
                 let _ = reply.send(s.open_accounts());

@@ -72,7 +72,7 @@ impl Book {
         &self.accounts[id]
     }
 
-    fn acct_mut(&mut self, id: &ThreadId) -> &mut Account {
+    pub(super) fn acct_mut(&mut self, id: &ThreadId) -> &mut Account {
         self.accounts
             .get_mut(id)
             .expect("chain holds present accounts")
@@ -303,7 +303,11 @@ impl Book {
 
     /// Holds `amount` in flight for `id` and up its chain, drawn from the pools (guarantees) on
     /// the way first; the caller has checked that it fits.
-    fn hold_amount(&mut self, id: &ThreadId, amount: Nanos) -> Result<ReservationId, LedgerError> {
+    pub(super) fn hold_amount(
+        &mut self,
+        id: &ThreadId,
+        amount: Nanos,
+    ) -> Result<ReservationId, LedgerError> {
         let chain = self.chain(id)?;
         let mut carry = amount;
         let mut edges = Vec::with_capacity(chain.len());
@@ -327,30 +331,6 @@ impl Book {
         self.by_thread.entry(id.clone()).or_default().push(r.id);
         self.reservations.insert(r.id, r);
         Ok(ReservationId(self.next_id))
-    }
-
-    /// The end of a subtree placed on another node (its account `id`, set aside here by
-    /// [`Book::defer`]): what it spent there (`spent`, `own` its thread's own) is settled here
-    /// as one reservation covered by its guarantee, and the rest of the guarantee goes back up
-    /// the chain as the account closes. Its spend never exceeds the guarantee (its holder's book
-    /// capped it there); anything beyond is charged all the same, never dropped.
-    pub fn settle_placed(
-        &mut self,
-        id: &ThreadId,
-        spent: Nanos,
-        own: Nanos,
-    ) -> Result<Account, LedgerError> {
-        let a = self
-            .accounts
-            .get(id)
-            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
-        if a.closed {
-            return Ok(a.clone());
-        }
-        let r = self.hold_amount(id, spent)?;
-        self.settle(r, spent);
-        self.acct_mut(id).own_spent = own;
-        self.close(id)
     }
 
     /// Settles a reservation with the actual cost (exactly once; a second settle is a no-op).
@@ -421,6 +401,9 @@ impl Book {
         let left = self.acct(id).pool_left;
         // A placed subtree's top held here: its guarantee is its parent's node's to give back.
         let top_here = self.acct(id).placed && self.acct(id).owner == crate::core::owner::me();
+        if top_here && self.parent_held(id) {
+            return self.close_merged(id);
+        }
         if left > Nanos::ZERO && !top_here {
             if let Some(p) = self.acct(id).parent.clone() {
                 let chain = self.chain(&p)?;

@@ -99,7 +99,7 @@ pub(crate) fn closed_chain(db: &Db, id: &ThreadId) -> Result<Vec<Account>, Ledge
 /// Loads into `book` the open accounts of the ledger (of tree `top` only, when given), their
 /// ancestors, and their open reservations, as they were stored. Neither crosses a placed
 /// account: the subtree below one is its holder's, and the chain above one is its parent's
-/// node's.
+/// node's (a tree's placed accounts themselves are loaded with it: its holder settles them).
 pub(crate) fn load_open(
     db: &Db,
     book: &mut Book,
@@ -108,9 +108,10 @@ pub(crate) fn load_open(
     let (scope, open, args) = match top {
         Some(t) => (
             format!(
-                "WITH RECURSIVE down(id, n) AS (SELECT {}, 0
-                   UNION SELECT a.id, d.n + 1 FROM accounts a JOIN down d ON a.parent=d.id
-                   WHERE d.n < 10000 AND a.placed = 0),",
+                "WITH RECURSIVE down(id, placed, n) AS (SELECT {}, 0, 0
+                   UNION SELECT a.id, CASE WHEN a.placed = 0 THEN 0 ELSE 1 END, d.n + 1
+                   FROM accounts a JOIN down d ON a.parent=d.id
+                   WHERE d.n < 10000 AND d.placed = 0),",
                 db.text_param(1)
             ),
             "closed=0 AND id IN (SELECT id FROM down)",
@@ -139,10 +140,16 @@ pub(crate) fn load_open(
             }
         }
     }
-    for id in &loaded {
-        if let Some(p) = book.accounts.get(id).and_then(|a| a.parent.clone()) {
-            *book.children.entry(p).or_default() += 1;
-        }
+    // Each loaded account counts under its parent, and so does an account the book held
+    // already under a parent loaded now (a placed top held here, its parent's tree adopted).
+    let under_loaded: Vec<ThreadId> = book
+        .accounts
+        .values()
+        .filter(|a| loaded.contains(&a.id) || a.parent.as_ref().is_some_and(|p| loaded.contains(p)))
+        .filter_map(|a| a.parent.clone())
+        .collect();
+    for p in under_loaded {
+        *book.children.entry(p).or_default() += 1;
     }
     for row in db.query("SELECT body FROM reservations", &[]).map_err(st)? {
         let body = row.text(0).map_err(st)?;

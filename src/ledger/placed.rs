@@ -7,7 +7,7 @@
 //! gives back the rest.
 
 use super::actor::{LedgerMsg, LedgerState};
-use super::{Account, LedgerError};
+use super::{Account, Book, LedgerError};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
 use ractor::{ActorRef, RpcReplyPort};
@@ -79,6 +79,11 @@ impl LedgerState {
     ) {
         let settled = super::db::account(&self.db, &id).and_then(|row| {
             let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+            if row.closed && self.book.get(&id).is_none() {
+                // Settled already, here (its subtree's holder was this book: see
+                // `Book::close`), and dropped since.
+                return Ok(row);
+            }
             match (row.closed, row.owner) {
                 (true, _) => self.book.settle_placed(&id, row.spent, row.own_spent),
                 // Never taken by a node (withdrawn, or its start failed): all of it comes back.
@@ -99,6 +104,65 @@ impl LedgerState {
             }
             Err(e) => drop(reply.send(Err(e))),
         }
+    }
+}
+
+impl LedgerState {
+    /// Open placed accounts of this book (children of its trees running elsewhere, or queued),
+    /// each with its parent.
+    pub(super) fn open_placed(&self) -> Vec<(ThreadId, ThreadId)> {
+        let placed = self.book.accounts().filter(|a| a.placed && !a.closed);
+        placed
+            .filter_map(|a| Some((a.id.clone(), a.parent.clone()?)))
+            .collect()
+    }
+}
+
+impl Book {
+    /// The end of a subtree placed on another node (its account `id`, set aside here by
+    /// [`Book::defer`]): what it spent there (`spent`, `own` its thread's own) is settled here
+    /// as one reservation covered by its guarantee, and the rest of the guarantee goes back up
+    /// the chain as the account closes. Its spend never exceeds the guarantee (its holder's book
+    /// capped it there); anything beyond is charged all the same, never dropped.
+    pub fn settle_placed(
+        &mut self,
+        id: &ThreadId,
+        spent: Nanos,
+        own: Nanos,
+    ) -> Result<Account, LedgerError> {
+        let a = self
+            .accounts
+            .get(id)
+            .ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+        if a.closed {
+            return Ok(a.clone());
+        }
+        let r = self.hold_amount(id, spent)?;
+        self.settle(r, spent);
+        self.acct_mut(id).own_spent = own;
+        self.close(id)
+    }
+
+    /// Whether this book also holds the parent of `id` (a placed subtree's top, taken over by
+    /// the node that holds its parent's tree: after one of the two nodes died and the other
+    /// adopted its threads).
+    pub(super) fn parent_held(&self, id: &ThreadId) -> bool {
+        let parent = self.accounts.get(id).and_then(|a| a.parent.as_ref());
+        parent.is_some_and(|p| self.accounts.contains_key(p))
+    }
+
+    /// Closes placed top `id` whose parent this book holds too: the subtree's holder closes it
+    /// and the parent's node settles it, both here — what the subtree spent is settled against
+    /// its guarantee up the parent's chain ([`Book::settle_placed`]), the rest given back.
+    pub(super) fn close_merged(&mut self, id: &ThreadId) -> Result<Account, LedgerError> {
+        let a = self.acct_mut(id);
+        let (spent, own) = (a.spent, a.own_spent);
+        // The parent's view of the account: a guarantee nothing was settled against yet.
+        a.owner = 0;
+        a.spent = Nanos::ZERO;
+        a.own_spent = Nanos::ZERO;
+        a.inflight = Nanos::ZERO;
+        self.settle_placed(id, spent, own)
     }
 }
 
@@ -147,6 +211,43 @@ mod tests {
         // Settled once: a second report changes nothing.
         b.settle_placed(&id("kid"), Nanos(120), Nanos(70)).unwrap();
         assert_eq!(b.get(&id("root")).unwrap().spent, Nanos(120));
+    }
+
+    /// One book both: the parent's node adopted the placed child's subtree after the child's
+    /// node died. The subtree's spend, settled at the top it holds, reaches the parent's chain
+    /// when the top closes, and the rest of the guarantee comes back — the same totals as
+    /// when the two books are apart.
+    #[test]
+    fn a_placed_subtree_adopted_by_its_parents_node_settles_once_up_the_chain() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.defer(&id("kid"), &id("root"), Nanos(300), false, Nanos(1))
+            .unwrap();
+        // Taken over here as a top (what the dead node's book held: a call in flight).
+        let kid = b.accounts.get_mut(&id("kid")).unwrap();
+        kid.placed = true;
+        kid.owner = crate::core::owner::me();
+        assert_eq!(b.chain(&id("kid")).unwrap(), vec![id("kid")]);
+        let price = crate::core::money::Price {
+            input: 1_000_000,
+            output: 1_000_000,
+            cache_read: 0,
+            cache_write: 0,
+        };
+        let g = b.reserve(&id("kid"), &price, 50, 100, 16).unwrap();
+        assert!(b.settle(g.reservation, Nanos(140)));
+        let closed = b.close(&id("kid")).unwrap();
+        assert!(closed.closed);
+        assert_eq!(closed.spent, Nanos(140));
+        let root = b.get(&id("root")).unwrap();
+        assert_eq!(
+            (root.spent, root.inflight, root.guaranteed),
+            (Nanos(140), Nanos::ZERO, Nanos::ZERO)
+        );
+        // The parent's node's own settling of it, later, changes nothing.
+        b.settle_placed(&id("kid"), Nanos(140), Nanos(140)).unwrap();
+        assert_eq!(b.get(&id("root")).unwrap().spent, Nanos(140));
     }
 
     /// The holder's book: a placed account it took over is the top of every chain below it.

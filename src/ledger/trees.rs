@@ -202,21 +202,51 @@ fn tree_open(db: &Db, top: &ThreadId) -> Result<bool, LedgerError> {
 
 impl Book {
     /// Drops every account of tree `top` (and their reservations) from the book: copies read
-    /// before another process last held the tree.
+    /// before another process last held the tree. The tree is what `db::load_open` reads
+    /// again: `top` and the accounts below it, down to and with its placed accounts — except a
+    /// placed account this process holds as a top of its own, which is live here.
     pub(super) fn forget_tree(&mut self, top: &ThreadId) {
         let gone: Vec<ThreadId> = self
             .accounts
             .keys()
-            .filter(|id| self.chain(id).ok().and_then(|c| c.last().cloned()).as_ref() == Some(top))
+            .filter(|id| self.in_tree(id, top))
             .cloned()
             .collect();
         for id in &gone {
-            self.accounts.remove(id);
+            let parent = self.accounts.remove(id).and_then(|a| a.parent);
+            if let Some(p) = parent.filter(|p| !gone.contains(p)) {
+                if let Some(n) = self.children.get_mut(&p) {
+                    *n = n.saturating_sub(1);
+                }
+            }
             self.children.remove(id);
             self.reopened.remove(id);
             for r in self.by_thread.remove(id).unwrap_or_default() {
                 self.reservations.remove(&r);
             }
         }
+    }
+
+    /// Whether account `id` is of tree `top` (see [`Book::forget_tree`]).
+    fn in_tree(&self, id: &ThreadId, top: &ThreadId) -> bool {
+        let me = crate::core::owner::me();
+        let mut cur = id;
+        for step in 0..10_000 {
+            if cur == top {
+                return true;
+            }
+            let Some(a) = self.accounts.get(cur) else {
+                return false;
+            };
+            // Below a placed account (its holder's), or a placed top held here.
+            if a.placed && (step > 0 || a.owner == me) {
+                return false;
+            }
+            match &a.parent {
+                Some(p) => cur = p,
+                None => return false,
+            }
+        }
+        false
     }
 }

@@ -79,6 +79,8 @@ impl Runtime {
         for r in &recovered {
             tracing::warn!(thread = %r.id, owner = r.owner_pid, "adopted and finalized as interrupted: its node's lease ran out");
         }
+        let ids = recovered.iter().filter_map(|r| ThreadId::parse(&r.id).ok());
+        self.end_orphaned_placed(&ids.collect()).await;
         let (ctx, owners) = (self.ctx.clone(), buried.clone());
         let _ = tokio::task::spawn_blocking(move || {
             super::effects::fail_orphaned_of(&ctx, &|o| owners.contains(&o))

@@ -14,20 +14,9 @@ impl Runtime {
         &self.ctx.store
     }
 
-    /// How many threads this process runs (its registry rows not yet ended).
+    /// How many threads this process runs (their actors alive, or starting).
     pub fn live_here(&self) -> usize {
-        let live = ThreadFilter {
-            status: vec!["created".into(), "running".into()],
-            limit: Some(usize::MAX >> 1),
-            ..Default::default()
-        };
-        self.list(&live)
-            .map(|rows| {
-                rows.iter()
-                    .filter(|r| r.owner_pid == crate::core::owner::me())
-                    .count()
-            })
-            .unwrap_or(0)
+        self.ctx.placement.live()
     }
 
     /// The project's threads matching `filter` (any process's), newest first.

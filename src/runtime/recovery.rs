@@ -72,19 +72,11 @@ async fn recover_where(ctx: &Arc<Ctx>, dead: &(dyn Fn(u32) -> bool + Sync)) -> V
         orphans.iter().map(|r| (depth(&r.id), r.clone())).collect();
     order.sort_by_key(|o| std::cmp::Reverse(o.0));
     let mut out = Vec::new();
-    // Whether this process holds each tree (decided at the tree's first thread).
-    let mut held: HashMap<ThreadId, bool> = HashMap::new();
     for (_, row) in order {
         let id = row.id.clone();
-        let holds = match held.get(&row.root_id) {
-            Some(h) => *h,
-            None => {
-                let h = take_tree(ctx, &id).await;
-                held.insert(row.root_id.clone(), h);
-                h
-            }
-        };
-        if !holds {
+        // Per thread, not per root: a tree's subtrees placed on other nodes are held apart
+        // (taking a tree already held is one read).
+        if !take_tree(ctx, &id).await {
             continue;
         }
         let claimed = ractor::call!(ctx.registry, |reply| RegistryMsg::Claim {

@@ -97,7 +97,7 @@ pub(crate) async fn call(
                 ("POST", [op @ ("cancel" | "inject" | "approve" | "deny")]) => {
                     steer(rt, &id, op, &body, reach).await
                 }
-                ("POST", ["placed_end"]) => placed_end(rt, &id, body),
+                ("POST", ["placed_end"]) => placed_end(rt, &id, body).await,
                 _ => refuse(404, format!("no route {method} {path}")),
             }
         }
@@ -265,7 +265,7 @@ fn spawn_status(e: &SpawnError) -> u16 {
 
 /// A child of a thread here, placed on another node, ended there (sent by that node; see
 /// `server/placement.rs`).
-fn placed_end(rt: &Runtime, id: &ThreadId, body: Value) -> Reply {
+async fn placed_end(rt: &Runtime, id: &ThreadId, body: Value) -> Reply {
     let report: crate::thread::ThreadReport = match serde_json::from_value(body) {
         Ok(r) => r,
         Err(e) => return refuse(400, format!("not a thread's report: {e}")),
@@ -273,7 +273,7 @@ fn placed_end(rt: &Runtime, id: &ThreadId, body: Value) -> Reply {
     if report.thread_id != *id {
         return refuse(400, "the report is of another thread");
     }
-    match rt.placed_ended(report) {
+    match rt.placed_ended(report).await {
         true => ok(202, json!({ "thread_id": id, "taken": true })),
         false => refuse(404, format!("no placed child {id} is waited for here")),
     }

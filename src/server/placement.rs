@@ -99,11 +99,8 @@ impl NodePlacer {
 }
 
 impl Placer for NodePlacer {
-    fn full(&self) -> bool {
-        match (self.max_live, Runtime::upgrade(&self.rt)) {
-            (Some(max), Some(rt)) => rt.live_here() >= max,
-            _ => false,
-        }
+    fn max_live(&self) -> Option<usize> {
+        self.max_live
     }
 
     fn queue(&self, child: &ThreadId, parent: &ThreadId, placed: &Placed) -> Result<(), String> {
@@ -175,23 +172,31 @@ impl Placer for NodePlacer {
 pub(crate) fn take_queued(rt: &Runtime, placer: Arc<NodePlacer>) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
     tokio::spawn(async move {
+        let mut took = false;
         loop {
-            tokio::time::sleep(LOOK_EVERY).await;
+            // Again at once after a child was taken: the queue may hold more.
+            if !took {
+                tokio::time::sleep(LOOK_EVERY).await;
+            }
+            took = false;
             let Some(rt) = Runtime::upgrade(&weak) else {
                 return;
             };
+            // Room here first: a child taken from the queue has its place.
+            let Some(place) = rt.room(placer.max_live) else {
+                continue;
+            };
             let p = placer.clone();
-            let taken = tokio::task::spawn_blocking(move || {
-                if p.full() {
-                    return Ok(None);
-                }
-                p.take()
-            })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
+            let taken = tokio::task::spawn_blocking(move || p.take())
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
             match taken {
                 Ok(Some((child, parent, placed))) => {
-                    start(&rt, &placer, child, parent, placed).await
+                    took = true;
+                    let placer = placer.clone();
+                    tokio::spawn(async move {
+                        start(&rt, &placer, place, child, parent, placed).await;
+                    });
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!("placement queue: {e}"),
@@ -204,12 +209,16 @@ pub(crate) fn take_queued(rt: &Runtime, placer: Arc<NodePlacer>) -> tokio::task:
 async fn start(
     rt: &Runtime,
     placer: &Arc<NodePlacer>,
+    place: crate::thread::slot::Slot,
     child: ThreadId,
     parent: ThreadId,
     placed: Placed,
 ) {
     let directive = placed.directive.clone();
-    match rt.start_placed(child.clone(), parent.clone(), placed).await {
+    match rt
+        .start_placed(place, child.clone(), parent.clone(), placed)
+        .await
+    {
         Ok(id) => tracing::info!(thread = %id, parent = %parent, "started a child placed here"),
         Err(e) => {
             tracing::warn!(thread = %child, "a placed child could not start: {e}");

@@ -73,6 +73,7 @@ impl Actor for ThreadActor {
             directive: a.directive,
             parent: a.parent,
             report_to: a.report_to,
+            _slot: a.slot,
             limits: a.limits,
             price: a.price,
             inputs: a.inputs,

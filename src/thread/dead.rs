@@ -151,18 +151,7 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
             .and_then(Result::ok)
             .flatten()
             .unwrap_or_else(|| ThreadRow::new(id.clone(), id.clone(), Status::Error));
-            let status = match row.status.as_str() {
-                "completed" => Status::Completed,
-                "cancelled" => Status::Cancelled,
-                "continued" => Status::Continued,
-                _ => Status::Error,
-            };
-            let mut r = Finalized::of(Recovered::default(), &row, end).report;
-            r.thread_id = id.clone();
-            r.status = status;
-            r.error = row.error;
-            r.result = row.result;
-            r
+            ThreadReport::of_row(&row)
         }
     }
 }

@@ -38,6 +38,7 @@ mod parts;
 pub(crate) mod placed;
 pub(crate) mod placer;
 mod report;
+pub(crate) mod slot;
 mod spans;
 mod spawn;
 mod specs;

@@ -115,6 +115,8 @@ pub(crate) struct ThreadArgs {
     pub parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
     /// A placed child's parent, on another node: told of its end there.
     pub report_to: Option<ThreadId>,
+    /// Its place among this runtime's threads, held while the actor lives.
+    pub slot: super::slot::Slot,
     /// Resolved limits.
     pub limits: Limits,
     /// Model price.

@@ -13,7 +13,9 @@ use super::placer::{Placed, Placer};
 use super::report::ThreadReport;
 use super::spawn::SpawnRequest;
 use crate::core::ids::ThreadId;
+use crate::core::status::Status;
 use crate::ledger::LedgerMsg;
+use crate::registry::RegistryMsg;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 
@@ -72,8 +74,9 @@ impl Actor for PlacedChild {
 
     async fn pre_start(&self, me: ActorRef<ThreadMsg>, _: ()) -> Result<(), ActorProcessingErr> {
         if let Ok(mut m) = self.ctx.placement.stand_ins.lock() {
-            m.insert(self.child.clone(), me);
+            m.insert(self.child.clone(), me.clone());
         }
+        watch(self.ctx.clone(), self.child.clone(), me);
         Ok(())
     }
 
@@ -130,12 +133,55 @@ impl PlacedChild {
     }
 }
 
+/// How often a stand-in reads its child's registry row.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Looks at a terminal row, its end still not relayed, before the stand-in reports it from the
+/// row (the relay was lost); a child adopted by another node is reported at once.
+const RELAY_LOST_AFTER: u32 = 5;
+
+/// Watches placed child `child`'s registry row while its stand-in `me` lives: a child that
+/// ended without its end relayed here — its node died and another adopted it, or the relay was
+/// lost — is reported to the stand-in from its row.
+fn watch(ctx: Arc<Ctx>, child: ThreadId, me: ActorRef<ThreadMsg>) {
+    tokio::spawn(async move {
+        let (mut runner, mut ended_looks) = (None, 0);
+        loop {
+            tokio::time::sleep(LOOK_EVERY).await;
+            if matches!(
+                me.get_status(),
+                ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+            ) {
+                return;
+            }
+            let row = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+                id: child.clone(),
+                reply
+            });
+            let Ok(Ok(Some(r))) = row else { continue };
+            // A continued child goes on in its continuation, which reports.
+            if !r.status.is_terminal() || r.status == Status::Continued {
+                runner = Some(r.owner_pid);
+                continue;
+            }
+            ended_looks += 1;
+            let adopted = runner.is_some_and(|o| o != r.owner_pid);
+            if adopted || ended_looks >= RELAY_LOST_AFTER {
+                tracing::warn!(thread = %child, adopted, "placed child ended without its end relayed: reported from its registry row");
+                let report = ThreadReport::of_row(&r);
+                let _ = me.cast(ThreadMsg::ChildFinished(Box::new(report)));
+                return;
+            }
+        }
+    });
+}
+
 /// The report of a placed child that never ran: withdrawn from the queue (cancelled), or its
 /// start failed on the node that took it (`error`).
 pub(crate) fn not_started(child: &ThreadId, directive: &str, error: &str) -> ThreadReport {
     let status = match error {
-        WITHDRAWN => crate::core::status::Status::Cancelled,
-        _ => crate::core::status::Status::Error,
+        WITHDRAWN => Status::Cancelled,
+        _ => Status::Error,
     };
     ThreadReport::ended(
         child.clone(),

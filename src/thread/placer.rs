@@ -6,16 +6,19 @@
 
 use super::msg::ThreadMsg;
 use super::report::ThreadReport;
+use super::slot::Slot;
 use crate::core::ids::ThreadId;
 use crate::core::limits::LimitSet;
 use ractor::ActorRef;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// What places children on other nodes (the node that serves; see `server/placement.rs`).
 pub(crate) trait Placer: Send + Sync {
-    /// Whether this node is full: new children go to a node with room.
-    fn full(&self) -> bool;
+    /// How many threads this node runs at most before its children go to nodes with room
+    /// (None: no bound).
+    fn max_live(&self) -> Option<usize>;
     /// Queues child `child` of `parent` (its budget set aside, its account placed), started
     /// from `req`'s directive, inputs and limits by a node with room.
     fn queue(&self, child: &ThreadId, parent: &ThreadId, placed: &Placed) -> Result<(), String>;
@@ -80,11 +83,39 @@ impl Placed {
     }
 }
 
-/// A runtime's placement: who places, and the stand-ins of its threads' placed children.
+/// A runtime's placement: who places, how many threads live here, and the stand-ins of its
+/// threads' placed children.
 #[derive(Default)]
 pub(crate) struct Placement {
+    /// Threads whose actors live here, and places taken for threads starting here (see
+    /// [`Slot`]).
+    live: Arc<AtomicUsize>,
     /// What places children on other nodes when this one is full (set by a node that serves).
     pub placer: OnceLock<Arc<dyn Placer>>,
     /// The stand-ins of children placed on other nodes, by child.
     pub stand_ins: Mutex<HashMap<ThreadId, ActorRef<ThreadMsg>>>,
+}
+
+impl Placement {
+    /// A place for a thread that starts here whatever the count (a root, a resume, a hook's
+    /// spawn, a child given files).
+    pub(crate) fn slot(&self) -> Slot {
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Slot::of(self.live.clone())
+    }
+
+    /// A place for a thread that may start elsewhere: None when `max` live here already.
+    pub(crate) fn try_slot(&self, max: usize) -> Option<Slot> {
+        let taken = self
+            .live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            });
+        taken.ok().map(|_| Slot::of(self.live.clone()))
+    }
+
+    /// How many threads live here.
+    pub(crate) fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
 }

@@ -49,6 +49,32 @@ pub struct ThreadReport {
 }
 
 impl ThreadReport {
+    /// The report of thread `row` as its registry row says it ended (for a thread whose actor's
+    /// report never came: it was finalized without it, or on another node); a row not yet
+    /// terminal reports `error`.
+    pub(crate) fn of_row(row: &crate::registry::ThreadRow) -> ThreadReport {
+        let status = match row.status {
+            Status::Completed | Status::Cancelled | Status::Continued => row.status,
+            _ => Status::Error,
+        };
+        let ended = ThreadReport::ended(
+            row.id.clone(),
+            row.directive.clone(),
+            status,
+            row.error.clone(),
+        );
+        ThreadReport {
+            result: row.result.clone(),
+            outputs: row.outputs.clone(),
+            turns: row.turns,
+            input_tokens: row.input_tokens,
+            output_tokens: row.output_tokens,
+            own_spend_nanos: Nanos(row.own_spend_nanos),
+            spend_nanos: Nanos(row.spend_nanos),
+            ..ended
+        }
+    }
+
     /// The report of thread `id` (of `directive`) that ended `status` with `error`, nothing
     /// spent or made (fill what it did with struct update syntax).
     pub(crate) fn ended(

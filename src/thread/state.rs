@@ -102,6 +102,8 @@ pub(crate) struct Thread {
     pub(crate) parent: Option<(ThreadId, ActorRef<ThreadMsg>)>,
     /// Its parent on another node, if it was placed here (see `thread/placed.rs`).
     pub(crate) report_to: Option<ThreadId>,
+    /// Its place among this runtime's threads (given back when the actor's state drops).
+    pub(crate) _slot: super::slot::Slot,
     /// Its resolved limits (a `limit` hook may lift turns or tokens once).
     pub(crate) limits: Limits,
     /// Its model's price.

@@ -30,9 +30,9 @@ leaf:
 "#;
 
 /// The tree's root may spend this much (nano-USD).
-const CAP: i64 = 50_000_000;
+pub(crate) const CAP: i64 = 50_000_000;
 
-fn tree(extra: &str) -> Option<Fixture> {
+pub(crate) fn tree(extra: &str) -> Option<Fixture> {
     tree_with(extra, "60s")
 }
 
@@ -51,7 +51,7 @@ fn other_checkout(fx: &Fixture) -> Fixture {
 }
 
 /// [`tree`], each leaf's call taking `delay`.
-fn tree_with(extra: &str, delay: &str) -> Option<Fixture> {
+pub(crate) fn tree_with(extra: &str, delay: &str) -> Option<Fixture> {
     let [root, leaf] = directives();
     Fixture::on(
         Backend::Postgres,
@@ -62,7 +62,7 @@ fn tree_with(extra: &str, delay: &str) -> Option<Fixture> {
 }
 
 /// The tree's two directives: `root` (may spend `CAP`) and `leaf`.
-fn directives() -> [String; 2] {
+pub(crate) fn directives() -> [String; 2] {
     let perms =
         "permissions: [\"thread.spawn.leaf\"]\nlimits: { spawns: 5, concurrency: 5, spend: 0.05 }";
     [
@@ -72,12 +72,12 @@ fn directives() -> [String; 2] {
 }
 
 /// Node `name` of `fx`'s project, its lease one second.
-fn node(fx: &Fixture, name: &str) -> Server {
+pub(crate) fn node(fx: &Fixture, name: &str) -> Server {
     node_leased(fx, name, "1")
 }
 
 /// Node `name` of `fx`'s project, its lease `secs` long.
-fn node_leased(fx: &Fixture, name: &str, secs: &str) -> Server {
+pub(crate) fn node_leased(fx: &Fixture, name: &str, secs: &str) -> Server {
     let script = fx.root().join("script.yaml");
     Server::start(
         fx,
@@ -93,7 +93,7 @@ fn node_leased(fx: &Fixture, name: &str, secs: &str) -> Server {
 }
 
 /// Polls the registry until `want` holds for the tree's rows (bounded), returning them.
-fn rows_when(
+pub(crate) fn rows_when(
     fx: &Fixture,
     what: &str,
     secs: u64,
@@ -117,7 +117,7 @@ fn rows_when(
 }
 
 /// Starts the tree on `srv`; its root's id.
-async fn start_tree(srv: &Server) -> String {
+pub(crate) async fn start_tree(srv: &Server) -> String {
     let (status, body) = srv
         .call("POST", "/v1/threads", Some(json!({ "directive": "root" })))
         .await;
@@ -126,7 +126,7 @@ async fn start_tree(srv: &Server) -> String {
 }
 
 /// Sends a cancel of thread `id` to `srv` (whichever node runs it); it must be taken.
-async fn cancel_via(srv: &Server, id: &str) {
+pub(crate) async fn cancel_via(srv: &Server, id: &str) {
     let (s, said) = srv
         .call("POST", &format!("/v1/threads/{id}/cancel"), Some(json!({})))
         .await;
@@ -135,7 +135,7 @@ async fn cancel_via(srv: &Server, id: &str) {
 
 /// The tree is running on one node: its root and three leaves, every leaf's call in flight
 /// (reserved in the ledger).
-fn running_tree(fx: &Fixture) -> Vec<weft::internals::ThreadRow> {
+pub(crate) fn running_tree(fx: &Fixture) -> Vec<weft::internals::ThreadRow> {
     let rows = rows_when(fx, "the tree runs", 30, |rows| {
         rows.len() == 4 && rows.iter().all(|r| r.status.as_str() == "running")
     });
@@ -159,7 +159,7 @@ fn running_tree(fx: &Fixture) -> Vec<weft::internals::ThreadRow> {
 /// After an adoption: every thread of the first tree ended `interrupted`, the tree's spend
 /// within its cap and above what was recorded (the leaves' calls in flight charged at their
 /// bound), nothing open in the ledger, and `weft verify --all` clean.
-fn adopted_cleanly(fx: &Fixture, first: &[weft::internals::ThreadRow], dead_owner: u32) {
+pub(crate) fn adopted_cleanly(fx: &Fixture, first: &[weft::internals::ThreadRow], dead_owner: u32) {
     let rows = fx.rows();
     for r in first {
         let now = rows.iter().find(|x| x.id == r.id).unwrap();
@@ -194,7 +194,7 @@ fn adopted_cleanly(fx: &Fixture, first: &[weft::internals::ThreadRow], dead_owne
 }
 
 /// Nothing is open in the ledger, and no account spent past its bound.
-fn ledger_closed(fx: &Fixture) {
+pub(crate) fn ledger_closed(fx: &Fixture) {
     let counts = fx.query(
         "ledger.db",
         "SELECT (SELECT COUNT(*) FROM reservations), (SELECT COUNT(*) FROM accounts WHERE closed=0),
@@ -457,121 +457,4 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A tree started on a full node (`max_live_threads: 1`: its root fills it) has its children
-/// placed on the nodes with room; each reports its end to the root across nodes, and the tree
-/// completes with exactly the spend of the same tree on one node.
-#[tokio::test]
-async fn a_full_nodes_children_run_on_nodes_with_room_and_spend_the_same() {
-    let completed = |root: String| {
-        move |rows: &[weft::internals::ThreadRow]| {
-            rows.iter()
-                .any(|r| r.id.as_str() == root && r.status.as_str() == "completed")
-        }
-    };
-    // The same tree on one node: what it spends.
-    let Some(one) = tree_with("", "300ms") else {
-        return;
-    };
-    let solo = node(&one, "solo");
-    let root = start_tree(&solo).await;
-    let rows = rows_when(
-        &one,
-        "the tree on one node completes",
-        30,
-        completed(root.clone()),
-    );
-    let expected = rows
-        .iter()
-        .find(|r| r.id.as_str() == root)
-        .unwrap()
-        .spend_nanos;
-    drop(solo);
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "300ms") else {
-        return;
-    };
-    let a = node_leased(&fx, "a", "3");
-    let b = node_leased(&fx, "b", "3");
-    let c = node_leased(&fx, "c", "3");
-    let root = start_tree(&a).await;
-    let rows = rows_when(
-        &fx,
-        "the spread tree completes",
-        60,
-        completed(root.clone()),
-    );
-    let seen: Vec<_> = rows
-        .iter()
-        .map(|r| (r.id.to_string(), r.status, r.owner_pid, r.error.clone()))
-        .collect();
-    assert_eq!(rows.len(), 4, "{seen:#?}");
-    assert!(
-        rows.iter().all(|r| r.status.as_str() == "completed"),
-        "{rows:#?}"
-    );
-    let root_row = rows.iter().find(|r| r.id.as_str() == root).unwrap();
-    let elsewhere: std::collections::HashSet<u32> = rows
-        .iter()
-        .filter(|r| r.parent_id.is_some())
-        .map(|r| r.owner_pid)
-        .collect();
-    assert!(
-        !elsewhere.contains(&root_row.owner_pid) && elsewhere.len() == 2,
-        "the leaves ran on the two nodes with room: {rows:#?}"
-    );
-    assert_eq!(
-        root_row.spend_nanos, expected,
-        "the same spend as on one node"
-    );
-    ledger_closed(&fx);
-    crate::support::verify_cli_clean(fx.root());
-    drop((a, b, c));
-}
-
-/// A tree spread over three nodes (its root on a full node a, its leaves on b and c) ends
-/// whole when a cancel for its root is sent to node c: the cancel reaches the root on a through
-/// the database, and the root's cancel reaches its leaves on b and c the same way.
-#[tokio::test]
-async fn a_cancel_sent_to_any_node_ends_a_tree_spread_over_three() {
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "60s") else {
-        return;
-    };
-    let a = node_leased(&fx, "a", "3");
-    let b = node_leased(&fx, "b", "3");
-    let c = node_leased(&fx, "c", "3");
-    let root = start_tree(&a).await;
-    // Each node runs one thread: the root fills a, a leaf each b and c; the third leaf waits
-    // in the queue for a node with room.
-    let rows = rows_when(&fx, "the leaves run on b and c", 30, |rows| {
-        rows.len() == 3 && rows.iter().all(|r| r.status.as_str() == "running")
-    });
-    let owners: std::collections::HashSet<u32> = rows.iter().map(|r| r.owner_pid).collect();
-    assert_eq!(owners.len(), 3, "one tree on three nodes: {owners:?}");
-    let asked = Instant::now();
-    cancel_via(&c, &root).await;
-    let ended = rows_when(&fx, "the whole tree cancelled", 15, |rows| {
-        rows.len() == 3 && rows.iter().all(|r| r.status.as_str() == "cancelled")
-    });
-    // The queued leaf was withdrawn: it never started anywhere, and nothing waits in the queue.
-    let queued = fx.query("registry.db", "SELECT COUNT(*) FROM placements");
-    assert_eq!(queued, [["0"]], "the queue is empty");
-    let events = fx.events(&root);
-    assert!(
-        events.iter().any(|e| e["type"] == "child_finished"
-            && e["status"] == "cancelled"
-            && e["error"]
-                .as_str()
-                .is_some_and(|t| t.contains("waited for a node with room"))),
-        "the waiting leaf's end is in its parent's record: {events:?}"
-    );
-    eprintln!(
-        "a cancel through node c ended a tree on a, b and c in {:.3} s",
-        asked.elapsed().as_secs_f64()
-    );
-    let root_row = ended.iter().find(|r| r.id.as_str() == root).unwrap();
-    assert!(root_row.spend_nanos <= CAP, "{root_row:?}");
-    ledger_closed(&fx);
-    crate::support::verify_cli_clean(fx.root());
-    drop((a, b, c));
 }

@@ -42,6 +42,8 @@ mod nodes;
 #[cfg(feature = "otel")]
 mod otel;
 mod pg;
+#[cfg(feature = "server")]
+mod placement;
 #[cfg(feature = "cli")]
 mod procs;
 mod providers;

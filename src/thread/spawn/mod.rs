@@ -39,6 +39,9 @@ pub(crate) async fn spawn(
     req: SpawnRequest,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
+    // Counted among this runtime's threads from now on (see `placer::Slot`).
+    let mut req = req;
+    let place = req.slot.take().unwrap_or_else(|| ctx.placement.slot());
     // A bounded number of spawns run their stages at once; the others queue here, holding
     // nothing yet (see `Ctx::spawn_slots`).
     let slot = match req.withdrawn.clone() {
@@ -67,7 +70,7 @@ pub(crate) async fn spawn(
     };
     let id = plan.id.clone();
     let cell = req.parent_link().map(|p| p.actor.get_cell());
-    let args = arguments(plan, req, transcript, on_finish);
+    let args = arguments(plan, req, transcript, on_finish, place);
     // The actor's start may wait on MCP servers it may use (a slow one, up to its start
     // timeout): not while holding a slot every other spawn of the runtime needs.
     drop(slot);
@@ -181,6 +184,7 @@ fn arguments(
     req: SpawnRequest,
     transcript: crate::record::transcript::TranscriptWriter,
     on_finish: Option<oneshot::Sender<ThreadReport>>,
+    place: crate::thread::slot::Slot,
 ) -> ThreadArgs {
     let doc = first_doc(&plan, &req, transcript.head().clone());
     let span = crate::thread::spans::thread(
@@ -205,6 +209,7 @@ fn arguments(
         calls_made,
         parent: parent.map(|p| (p.id, p.actor)),
         report_to,
+        slot: place,
         limits: plan.limits,
         price: plan.price,
         doc,

@@ -78,6 +78,9 @@ pub(crate) struct SpawnRequest {
     /// A deferred child placed here by its parent's node (`thread/placed.rs`): it takes its
     /// placed account over and reports its end to its parent's node.
     pub placed: bool,
+    /// Its place among this runtime's threads, when taken before the spawn (see
+    /// `placer::Slot`); else the spawn takes one.
+    pub slot: Option<crate::thread::slot::Slot>,
 }
 
 impl SpawnRequest {
@@ -99,6 +102,7 @@ impl SpawnRequest {
             parent_span: None,
             withdrawn: None,
             placed: false,
+            slot: None,
         }
     }
 
