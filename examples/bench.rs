@@ -58,6 +58,8 @@ unsafe impl std::alloc::GlobalAlloc for Alloc {
 
 #[path = "bench/cluster.rs"]
 mod cluster;
+#[path = "bench/nodes.rs"]
+mod nodes;
 #[path = "bench/pg.rs"]
 mod pg;
 #[path = "bench/scale.rs"]
@@ -1015,6 +1017,7 @@ async fn main() {
         "search",
         "postgres",
         "cluster",
+        "nodes",
     ];
     if a.what == "all" {
         // Each scenario in a fresh process, so memory figures are not polluted by the others.
@@ -1076,6 +1079,7 @@ async fn main() {
                     .await
                     .unwrap()
             }
+            "nodes" => nodes::bench_nodes(w, d).await,
             other => {
                 eprintln!("unknown scenario `{other}` (all, {})", scenarios.join(", "));
                 std::process::exit(2);
@@ -1318,6 +1322,17 @@ async fn main() {
                 f(pg, "sqlite_reserve_settle_us")
             ),
             "",
+        );
+    }
+    if let Some(n) = v.get("nodes").filter(|p| p.get("skipped").is_none()) {
+        row(
+            &format!("tree on nodes ({} threads): 1 / 3 nodes", n["threads"]),
+            format!(
+                "{:.2} / {:.2} s",
+                f(&n["one_node"], "wall_s"),
+                f(&n["three_nodes"], "wall_s")
+            ),
+            "same spend",
         );
     }
     if let Some(lg) = v.get("langgraph") {

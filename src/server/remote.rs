@@ -25,8 +25,8 @@ const MAX_FOLLOWED: usize = 500;
 pub(crate) fn follow(rt: &Runtime, hub: Arc<Hub>) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
     tokio::spawn(async move {
-        // Thread → the last seq published.
-        let mut followed: HashMap<ThreadId, i64> = HashMap::new();
+        // Thread → the last seq published, and when it was created.
+        let mut followed: Followed = HashMap::new();
         // Threads whose end was published, kept while the registry may still list them as
         // recently updated (never followed again: their lines were all published).
         let mut ended: HashMap<ThreadId, std::time::Instant> = HashMap::new();
@@ -63,16 +63,17 @@ fn earlier(ts: &str) -> String {
         .unwrap_or_else(|| ts.to_string())
 }
 
+/// Followed threads: the last seq published of each, and when it was created.
+type Followed = HashMap<ThreadId, (i64, String)>;
+
 /// One look: new threads of other owners into `followed` (none that `ended` lists; one created
-/// before `started` from its current end), then their new lines to `hub`; a thread whose end
-/// line is published moves to `ended`.
+/// before `started` from its current end), then their new lines to `hub` — the end lines last,
+/// children's before their parents' (a client that stops at a root's end has seen the whole
+/// tree); a thread whose end line is published moves to `ended`.
 fn look(
     rt: &Runtime,
     hub: &Hub,
-    (followed, ended): (
-        &mut HashMap<ThreadId, i64>,
-        &mut HashMap<ThreadId, std::time::Instant>,
-    ),
+    (followed, ended): (&mut Followed, &mut HashMap<ThreadId, std::time::Instant>),
     since: &str,
     started: &str,
 ) {
@@ -99,17 +100,25 @@ fn look(
                     true => last_seq(rt, &row.id),
                     false => -1,
                 };
-                e.insert(from);
+                e.insert((from, row.created_at.clone()));
             }
         }
     }
-    followed.retain(|id, seq| {
-        let more = publish_new(rt, hub, id, seq);
-        if more == Some(false) {
+    let mut ends = Vec::new();
+    followed.retain(|id, (seq, created)| match publish_new(rt, hub, id, seq) {
+        Read::Ended(end) => {
+            ends.extend(end.map(|e| (created.clone(), id.clone(), e)));
             ended.insert(id.clone(), std::time::Instant::now());
+            false
         }
-        more == Some(true)
+        Read::Going => true,
+        Read::Unreadable => false,
     });
+    // Newest first: a child is created after its parent.
+    ends.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, id, (name, data)) in ends {
+        hub.publish(name, Some(id), None, &data);
+    }
 }
 
 /// The seq of `id`'s last line (-1: none).
@@ -128,25 +137,44 @@ fn last_seq(rt: &Runtime, id: &ThreadId) -> i64 {
     after
 }
 
-/// Publishes `id`'s lines after `seq`: Some(false) once its end was published, None when its
-/// transcript cannot be read (not followed; a thread still running is found again by the next
-/// look, from its start).
-fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> Option<bool> {
+/// The end line of a followed thread: its event's name and data.
+type EndItem = (&'static str, serde_json::Value);
+
+/// What one read of a followed thread found.
+enum Read {
+    /// Its transcript cannot be read (not followed; a thread still running is found again by
+    /// the next look, from its start).
+    Unreadable,
+    /// Its lines so far were published; it goes on.
+    Going,
+    /// It ended: its lines were published but its end line, returned to publish last.
+    Ended(Option<EndItem>),
+}
+
+/// Publishes `id`'s lines after `seq`, its end line aside (see [`Read`]).
+fn publish_new(rt: &Runtime, hub: &Hub, id: &ThreadId, seq: &mut i64) -> Read {
     let Ok(page) = rt.transcript(id, Some(*seq), 1_000) else {
-        return None;
+        return Read::Unreadable;
     };
-    let mut ended = false;
+    let (mut ended, mut end) = (false, None);
     for l in &page.lines {
         let (n, kind) = (l["seq"].as_i64().unwrap_or(*seq), l["type"].as_str());
         *seq = n.max(*seq);
-        ended |= kind == Some("thread_finished");
         let Some((name, data)) = kind.and_then(|k| line_item(id, n, k, l)) else {
+            ended |= kind == Some("thread_finished");
             continue;
         };
+        if kind == Some("thread_finished") {
+            (ended, end) = (true, Some((name, data)));
+            continue;
+        }
         let parent = (name == "thread_started")
             .then(|| l["parent"].as_str().and_then(|p| ThreadId::parse(p).ok()))
             .flatten();
         hub.publish(name, Some(id.clone()), parent, &data);
     }
-    Some(!ended)
+    match ended {
+        true => Read::Ended(end),
+        false => Read::Going,
+    }
 }

@@ -40,21 +40,7 @@ impl Thread {
         let (ctx, me) = (self.ctx.clone(), self.me.clone());
         let parent = self.doc.id.clone();
         tokio::spawn(async move {
-            // A hook's spawn and a child given files start here (files stay on this node).
-            let placeable = req.attach.is_empty() && req.hook.is_none();
-            let placer = ctx.placement.placer.get().filter(|_| placeable).cloned();
-            // A place here, or (this node full) the child goes to a node with room.
-            let here = match placer.as_ref().and_then(|p| p.max_live()) {
-                Some(max) => ctx.placement.try_slot(max).map(Some),
-                None => Some(None),
-            };
-            let started = match (here, placer) {
-                (None, Some(p)) => super::placed::place(&ctx, p, &req, (parent, me.clone())).await,
-                (slot, _) => {
-                    req.slot = slot.flatten();
-                    super::spawn::spawn(&ctx, req, None).await
-                }
-            };
+            let started = super::placed::start_child(&ctx, req, (parent, me.clone())).await;
             match started {
                 Ok((child, actor)) => {
                     let msg = ThreadMsg::ChildSpawned {

@@ -19,6 +19,33 @@ use crate::registry::RegistryMsg;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 
+/// Starts child `req` of thread `parent` here, or — this node full — places it on a node with
+/// room. A hook's spawn and a child given files start here (the files stay on this node), and
+/// so does a child whose whole budget cannot be set aside from its parent's chain (a guarantee
+/// is all of a placed subtree's budget): there it shares the chain call by call as on one
+/// node, so a tree is never refused on several nodes what one node would run.
+pub(crate) async fn start_child(
+    ctx: &Arc<Ctx>,
+    mut req: SpawnRequest,
+    parent: (ThreadId, ActorRef<ThreadMsg>),
+) -> Result<(ThreadId, ActorRef<ThreadMsg>), super::SpawnError> {
+    let placeable = req.attach.is_empty() && req.hook.is_none();
+    let placer = ctx.placement.placer.get().filter(|_| placeable).cloned();
+    let max = placer.as_ref().and_then(|p| p.max_live());
+    if let (Some(max), Some(placer)) = (max, placer) {
+        match ctx.placement.try_slot(max) {
+            Some(slot) => req.slot = Some(slot),
+            None => match place(ctx, placer, &req, parent).await {
+                Err(e) if e.is_limit() => tracing::info!(
+                    "a child runs on this full node: its budget cannot be set aside whole ({e})"
+                ),
+                placed => return placed,
+            },
+        }
+    }
+    super::spawn::spawn(ctx, req, None).await
+}
+
 /// Places `req` (a child of the thread `parent`) on another node and returns its id and its
 /// stand-in actor, which forwards to `parent`.
 pub(crate) async fn place(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// root → 3 leaves (not waited, then `wait_threads`); each leaf's one call takes a minute, so
 /// it is in flight when its node dies.
-const SCRIPT: &str = r#"
+pub(crate) const SCRIPT: &str = r#"
 root:
   - usage: { input_tokens: 20, output_tokens: 5 }
     tool_calls:

@@ -146,30 +146,31 @@ fn owner_of_node(fx: &crate::support::Fixture, name: &str) -> u32 {
     got[0][0].parse().unwrap()
 }
 
-/// A spread tree runs: `threads` threads, `calls` of the leaves' calls in flight (reserved in
-/// the ledger).
-fn spread_and_in_flight(
-    fx: &crate::support::Fixture,
-    threads: usize,
-    calls: usize,
-) -> Vec<ThreadRow> {
-    let rows = rows_when(fx, "the spread tree runs", 30, |rows| {
-        rows.len() == threads && rows.iter().all(|r| r.status.as_str() == "running")
-    });
+/// A spread tree runs: `threads` threads, of which `on_b` run on node b, each with its call in
+/// flight (reserved in the ledger). Returns b's threads.
+fn b_in_flight(fx: &crate::support::Fixture, threads: usize, on_b: usize) -> Vec<ThreadRow> {
+    let b = owner_of_node(fx, "b");
     let start = Instant::now();
-    let want = [[calls.to_string()]];
-    while fx.query(
-        "ledger.db",
-        "SELECT COUNT(DISTINCT thread) FROM reservations WHERE thread LIKE 'leaf-%'",
-    ) != want
-    {
+    loop {
+        let rows = fx.rows_so_far();
+        let of_b: Vec<ThreadRow> = rows.iter().filter(|r| r.owner_pid == b).cloned().collect();
+        let running = of_b.iter().all(|r| r.status.as_str() == "running");
+        if rows.len() == threads && of_b.len() == on_b && running {
+            let ids: Vec<String> = of_b.iter().map(|r| format!("'{}'", r.id)).collect();
+            let sql = format!(
+                "SELECT COUNT(DISTINCT thread) FROM reservations WHERE thread IN ({})",
+                ids.join(",")
+            );
+            if fx.query("ledger.db", &sql) == [[on_b.to_string()]] {
+                return of_b;
+            }
+        }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "{calls} calls in flight"
+            "{on_b} calls in flight on b of {threads} threads: {rows:#?}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    rows
 }
 
 /// The node running a placed child dies (`kill -9`) mid-call: another node adopts the child
@@ -182,24 +183,17 @@ fn spread_and_in_flight(
 async fn a_placed_childs_node_dies_and_its_parent_hears_of_it() {
     // Root on a (full at one), a leaf each on b and c, the third queued; b's leaf adopted by c
     // or a. Then: root and a leaf on a (full at two), two leaves on b, adopted by a alone.
-    for (names, max_live, threads, calls) in
-        [(&["a", "b", "c"][..], 1, 3, 2), (&["a", "b"][..], 2, 4, 3)]
+    for (names, max_live, threads, on_b) in
+        [(&["a", "b", "c"][..], 1, 3, 1), (&["a", "b"][..], 2, 4, 2)]
     {
         let config =
             format!("node: {{ name: x, max_live_threads: {max_live} }}\nauto_resume: true\n");
-        let Some(fx) = tree_with(&config, "3s") else {
+        let Some(fx) = tree_with(&config, "5s") else {
             return;
         };
         let nodes: Vec<Server> = names.iter().map(|n| node_leased(&fx, n, "2")).collect();
         let root = start_tree(&nodes[0]).await;
-        let rows = spread_and_in_flight(&fx, threads, calls);
-        let b_owner = owner_of_node(&fx, "b");
-        let on_b: Vec<ThreadRow> = rows
-            .iter()
-            .filter(|r| r.owner_pid == b_owner)
-            .cloned()
-            .collect();
-        assert!(!on_b.is_empty(), "leaves run on b: {rows:#?}");
+        let on_b = b_in_flight(&fx, threads, on_b);
         kill(&nodes[1]);
         let killed = Instant::now();
         let done = rows_when(&fx, "the tree completes without node b", 60, |rows| {
@@ -266,7 +260,7 @@ async fn a_parents_node_dies_and_its_placed_children_end() {
     let b = node_leased(&fx, "b", "2");
     let c = node_leased(&fx, "c", "2");
     let root = start_tree(&a).await;
-    spread_and_in_flight(&fx, 3, 2);
+    b_in_flight(&fx, 3, 1);
     kill(&a);
     let killed = Instant::now();
     let done = rows_when(&fx, "every thread ends", 30, |rows| {
@@ -429,6 +423,56 @@ async fn a_111_thread_tree_spread_over_three_nodes_spends_exactly_as_on_one() {
         .unwrap()
         .spend_nanos;
     assert_eq!(spent, expected, "the same spend as on one node");
+    ledger_closed(&fx);
+    crate::support::verify_cli_clean(fx.root());
+    drop(nodes);
+}
+
+/// On a full node, a child whose whole budget cannot be set aside from its parent's chain (a
+/// placed subtree's guarantee is all of its budget) runs where its parent runs, sharing the
+/// chain call by call as on one node: the tree is never refused on several nodes what one node
+/// runs, and spends the same.
+#[tokio::test]
+async fn a_child_whose_budget_cannot_be_set_aside_runs_beside_its_parent() {
+    // The root may spend $0.10: one leaf's $0.06 can be set aside, not a second's; a call
+    // (2,000 tokens at most, a leaf's 200) holds a small part of it, so on one node all run.
+
+    let perms =
+        "permissions: [\"thread.spawn.leaf\"]\nlimits: { tokens: 2000, spawns: 5, concurrency: 5, spend: 0.1 }";
+    let root = crate::support::directive(perms, "Root.");
+    let leaf = crate::support::directive("limits: { tokens: 200, spend: 0.06 }", "Leaf.");
+    let script = crate::cluster::SCRIPT.replace("LEAF_DELAY", "300ms");
+    let config = "node: { name: x, max_live_threads: 1 }\n";
+    let Some(fx) = crate::support::Fixture::on(
+        crate::support::Backend::Postgres,
+        &[("root", &root), ("leaf", &leaf)],
+        &script,
+        config,
+    ) else {
+        return;
+    };
+    let nodes: Vec<Server> = ["a", "b"]
+        .iter()
+        .map(|n| node_leased(&fx, n, "3"))
+        .collect();
+    let root = start_tree(&nodes[0]).await;
+    let rows = rows_when(&fx, "the tree completes", 60, |rows| {
+        rows.iter()
+            .any(|r| r.id.as_str() == root && r.status.is_terminal())
+    });
+    assert_eq!(rows.len(), 4, "{rows:#?}");
+    assert!(
+        rows.iter().all(|r| r.status.as_str() == "completed"),
+        "no leaf refused: {rows:#?}"
+    );
+    let a = owner_of_node(&fx, "a");
+    let beside = rows.iter().filter(|r| r.owner_pid == a).count();
+    assert_eq!(
+        beside, 3,
+        "the root and two leaves on a, one leaf placed on b: {rows:#?}"
+    );
+    let root_row = rows.iter().find(|r| r.id.as_str() == root).unwrap();
+    assert!(root_row.spend_nanos <= 100_000_000, "{root_row:?}");
     ledger_closed(&fx);
     crate::support::verify_cli_clean(fx.root());
     drop(nodes);
