@@ -149,6 +149,13 @@ pub mod internals {
     pub use crate::store::messages as search_messages;
     pub use crate::thread::rebuild_conversation;
 
+    /// Wakes the returned `Notify` at each notification on `channel` of the Postgres database
+    /// `url` (what nodes wake on; tested in `tests/it/backends.rs`).
+    pub fn listen(url: &str, channel: &str) -> Result<std::sync::Arc<tokio::sync::Notify>, String> {
+        let url = crate::sql::DatabaseUrl::parse(url).map_err(|e| e.to_string())?;
+        crate::sql::Db::listen(&url, &[channel.to_string()]).map_err(|e| e.to_string())
+    }
+
     /// Parsers of outside input, for the fuzz test (`tests/it/fuzz.rs`): each takes what a
     /// user or another program may write and must answer with a value or an error, never panic.
     pub mod fuzz {

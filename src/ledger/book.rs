@@ -190,6 +190,9 @@ impl Book {
             return Err(LedgerError::Exists(id.clone()));
         }
         let chain = self.chain(parent)?;
+        if let Some(top) = chain.last().filter(|t| self.held_placed(t)) {
+            return Err(LedgerError::Placed(top.clone()));
+        }
         let (short, available) = chain
             .iter()
             .map(|a| (a, self.acct(a).headroom()))

@@ -132,8 +132,16 @@ pub(crate) fn load_open(
         )
         .map_err(st)?;
     let mut loaded = std::collections::HashSet::new();
+    // Placed children of the tree run by another node: held as their parent's node sees them;
+    // their reservations are their holder's.
+    let mut viewed = std::collections::HashSet::new();
+    let me = crate::core::owner::me();
     for row in rows {
-        if let Some(a) = account_of(&row).map_err(st)? {
+        if let Some(mut a) = account_of(&row).map_err(st)? {
+            if a.placed && a.owner != me && Some(&a.id) != top {
+                parent_view(&mut a);
+                viewed.insert(a.id.clone());
+            }
             if !book.accounts.contains_key(&a.id) {
                 loaded.insert(a.id.clone());
                 book.accounts.insert(a.id.clone(), a);
@@ -156,6 +164,7 @@ pub(crate) fn load_open(
         match serde_json::from_str::<Reservation>(&body) {
             Ok(r)
                 if r.chain.first().is_none_or(|t| !loaded.contains(t))
+                    || r.chain.iter().any(|a| viewed.contains(a))
                     || book.reservations.contains_key(&r.id) => {}
             Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
                 book.next_id = book.next_id.max(r.id.0);
@@ -169,6 +178,18 @@ pub(crate) fn load_open(
         }
     }
     Ok(())
+}
+
+/// Placed account `a` as its parent's node holds it, whatever the node that runs it stored: a
+/// guarantee of its whole cap, open, nothing settled against it yet (that happens once, at its
+/// end: `Book::settle_placed`).
+pub(crate) fn parent_view(a: &mut Account) {
+    a.spent = Nanos::ZERO;
+    a.own_spent = Nanos::ZERO;
+    a.inflight = Nanos::ZERO;
+    a.guaranteed = Nanos::ZERO;
+    a.pool_left = a.max;
+    a.closed = false;
 }
 
 /// Loads into `book`, from ledger.db, account `id` and those of its ancestors the book does not

@@ -64,6 +64,11 @@ pub enum LedgerError {
         /// The process holding it.
         pid: u32,
     },
+    /// Budget set aside for later (a scheduled directive, a hook's spawn, a child placed on
+    /// another node) cannot come out of a subtree placed on this node: its guarantee is settled
+    /// with its parent's node when it ends, and what was set aside would outlive it.
+    #[error("budget cannot be set aside for later inside {0}, a subtree placed on this node by another node: start that work from the tree's own node")]
+    Placed(ThreadId),
     /// ledger.db could not be written; nothing was changed.
     #[error("ledger storage: {0}")]
     Storage(String),

@@ -80,9 +80,13 @@ impl LedgerState {
         let settled = super::db::account(&self.db, &id).and_then(|row| {
             let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
             if row.closed && self.book.get(&id).is_none() {
-                // Settled already, here (its subtree's holder was this book: see
-                // `Book::close`), and dropped since.
-                return Ok(row);
+                // Owner 0: settled already on the parent's side, and dropped since.
+                if row.owner == 0 {
+                    return Ok(row);
+                }
+                // Closed by its holder, never settled: its parent's tree was adopted here
+                // (which reads open accounts only). Settled from the guarantee it was.
+                self.guarantee_again(&row)?;
             }
             match (row.closed, row.owner) {
                 (true, _) => self.book.settle_placed(&id, row.spent, row.own_spent),
@@ -108,6 +112,30 @@ impl LedgerState {
 }
 
 impl LedgerState {
+    /// Puts placed account `row` (closed by the node that ran it) back in this book as its
+    /// parent's node sees it — a guarantee of its whole cap, nothing settled — under its parent's
+    /// chain, which must be this process's tree.
+    fn guarantee_again(&mut self, row: &Account) -> Result<(), LedgerError> {
+        let parent = row
+            .parent
+            .clone()
+            .ok_or_else(|| LedgerError::Unknown(row.id.clone()))?;
+        super::db::load_chain(&self.db, &mut self.book, &parent)?;
+        let top = self.book.chain(&parent)?.last().cloned();
+        let holder = top.as_ref().and_then(|t| self.book.get(t)).map(|t| t.owner);
+        if holder != Some(crate::core::owner::me()) {
+            return Err(LedgerError::Busy {
+                root: top.unwrap_or(parent),
+                pid: holder.unwrap_or(0),
+            });
+        }
+        let mut view = row.clone();
+        super::db::parent_view(&mut view);
+        self.book.accounts.insert(view.id.clone(), view);
+        *self.book.children.entry(parent).or_default() += 1;
+        Ok(())
+    }
+
     /// Open placed accounts of this book (children of its trees running elsewhere, or queued),
     /// each with its parent.
     pub(super) fn open_placed(&self) -> Vec<(ThreadId, ThreadId)> {
@@ -143,12 +171,26 @@ impl Book {
         self.close(id)
     }
 
+    /// Whether `id` is a placed subtree's top that this process holds.
+    pub(super) fn held_placed(&self, id: &ThreadId) -> bool {
+        self.accounts
+            .get(id)
+            .is_some_and(|a| a.placed && a.owner == crate::core::owner::me())
+    }
+
     /// Whether this book also holds the parent of `id` (a placed subtree's top, taken over by
     /// the node that holds its parent's tree: after one of the two nodes died and the other
     /// adopted its threads).
     pub(super) fn parent_held(&self, id: &ThreadId) -> bool {
+        let me = crate::core::owner::me();
         let parent = self.accounts.get(id).and_then(|a| a.parent.as_ref());
-        parent.is_some_and(|p| self.accounts.contains_key(p))
+        // The top of the parent's chain is this process's (copies read of a tree another
+        // process holds are not: their rows are that process's to write).
+        let top = parent
+            .and_then(|p| self.chain(p).ok())
+            .and_then(|c| c.last().cloned());
+        top.and_then(|t| self.accounts.get(&t))
+            .is_some_and(|t| t.owner == me)
     }
 
     /// Closes placed top `id` whose parent this book holds too: the subtree's holder closes it
@@ -248,6 +290,25 @@ mod tests {
         // The parent's node's own settling of it, later, changes nothing.
         b.settle_placed(&id("kid"), Nanos(140), Nanos(140)).unwrap();
         assert_eq!(b.get(&id("root")).unwrap().spent, Nanos(140));
+    }
+
+    /// Nothing is set aside for later inside a subtree placed here: it would outlive the
+    /// guarantee its parent's node settles at its end.
+    #[test]
+    fn nothing_is_deferred_inside_a_placed_subtree_held_here() {
+        let mut b = Book::default();
+        b.open(&id("root"), None, Nanos(1000), Nanos::ZERO, Nanos::ZERO)
+            .unwrap();
+        b.defer(&id("kid"), &id("root"), Nanos(300), true, Nanos(1))
+            .unwrap();
+        let kid = b.accounts.get_mut(&id("kid")).unwrap();
+        kid.placed = true;
+        kid.owner = crate::core::owner::me();
+        let refused = b.defer(&id("later"), &id("kid"), Nanos(100), true, Nanos(1));
+        assert!(
+            matches!(refused, Err(super::super::LedgerError::Placed(ref t)) if *t == id("kid")),
+            "{refused:?}"
+        );
     }
 
     /// The holder's book: a placed account it took over is the top of every chain below it.

@@ -97,7 +97,7 @@ pub(crate) async fn call(
                 ("POST", [op @ ("cancel" | "inject" | "approve" | "deny")]) => {
                     steer(rt, &id, op, &body, reach).await
                 }
-                ("POST", ["placed_end"]) => placed_end(rt, &id, body).await,
+                ("POST", ["placed_end"]) => placed_end(rt, &id, body, reach).await,
                 _ => refuse(404, format!("no route {method} {path}")),
             }
         }
@@ -263,15 +263,32 @@ fn spawn_status(e: &SpawnError) -> u16 {
     }
 }
 
-/// A child of a thread here, placed on another node, ended there (sent by that node; see
-/// `server/placement.rs`).
-async fn placed_end(rt: &Runtime, id: &ThreadId, body: Value) -> Reply {
-    let report: crate::thread::ThreadReport = match serde_json::from_value(body) {
+/// A child of a thread here, placed on another node, ended there (sent by that node through
+/// the database; see `server/placement.rs`). Never over HTTP: a client could end a child that
+/// still runs. What it reports is checked against the registry, whose row must be terminal;
+/// its spend is the ledger's (the stand-in settles it).
+async fn placed_end(rt: &Runtime, id: &ThreadId, body: Value, reach: Reach) -> Reply {
+    if matches!(reach, Reach::Anywhere) {
+        return refuse(
+            403,
+            "a placed child's end comes from the node that ran it, not over HTTP",
+        );
+    }
+    let mut report: crate::thread::ThreadReport = match serde_json::from_value(body) {
         Ok(r) => r,
         Err(e) => return refuse(400, format!("not a thread's report: {e}")),
     };
     if report.thread_id != *id {
         return refuse(400, "the report is of another thread");
+    }
+    match rt.get(id) {
+        Ok(Some(v)) if v.row.status.is_terminal() => {
+            let row = crate::thread::ThreadReport::of_row(&v.row);
+            (report.status, report.error) = (row.status, row.error);
+            (report.result, report.outputs) = (row.result, row.outputs);
+        }
+        Ok(_) => return refuse(409, format!("thread {id} has not ended")),
+        Err(e) => return query_failed(e),
     }
     match rt.placed_ended(report).await {
         true => ok(202, json!({ "thread_id": id, "taken": true })),

@@ -53,8 +53,13 @@ pub(crate) fn answer_relayed(rt: &Runtime, me: u32) -> tokio::task::JoinHandle<(
     let project = rt.project().clone();
     tokio::spawn(async move {
         let mut db = None;
+        let wake = super::relay::listen(&project, super::relay::channel(me)).await;
+        let every = match wake {
+            Some(_) => super::relay::LOOK_ANYWAY,
+            None => super::relay::LOOK_EVERY,
+        };
         loop {
-            tokio::time::sleep(super::relay::LOOK_EVERY).await;
+            super::relay::nap(wake.as_deref(), every).await;
             let Some(rt) = Runtime::upgrade(&weak) else {
                 return;
             };

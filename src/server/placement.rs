@@ -22,8 +22,17 @@ const STEPS: &[Step] = &[Step {
     postgres: None,
 }];
 
-/// How often a node with room looks at the queue.
+/// How often a node with room looks at the queue (and at once when a child is queued: the
+/// queuing node notifies [`CHANNEL`]).
 const LOOK_EVERY: Duration = Duration::from_millis(200);
+
+/// How often, and how long apart, a placed child's end is sent to its parent's node until taken
+/// (a minute and a half: past any lease, so past an adoption).
+const REPORT_TRIES: u32 = 90;
+const REPORT_AGAIN: Duration = Duration::from_secs(1);
+
+/// The notification channel of the queue.
+const CHANNEL: &str = "weft_placements";
 
 /// A node's placer: full at `max_live` live threads.
 pub(crate) struct NodePlacer {
@@ -64,16 +73,16 @@ impl NodePlacer {
         done
     }
 
-    /// Takes the oldest child queued by another node, if any.
+    /// Takes the oldest queued child, if any — its own node's too (it has room again; or it is
+    /// the only node).
     fn take(&self) -> Result<Option<(ThreadId, ThreadId, Placed)>, String> {
-        let me = crate::core::owner::me();
         self.with(|db| {
             let row = db
                 .row(
                     "DELETE FROM placements WHERE child = (SELECT child FROM placements
-                       WHERE parent_owner <> ?1 ORDER BY queued_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                       ORDER BY queued_at LIMIT 1 FOR UPDATE SKIP LOCKED)
                      RETURNING child, parent, request",
-                    params![me],
+                    params![],
                 )
                 .map_err(|e| e.to_string())?;
             let Some(r) = row else { return Ok(None) };
@@ -116,8 +125,10 @@ impl Placer for NodePlacer {
                     crate::core::ids::now_ts()
                 ],
             )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+            // Wakes the nodes with room at once (they also look on their own).
+            let _ = db.row("SELECT pg_notify(?1, '')", params![CHANNEL]);
+            Ok(())
         })
     }
 
@@ -152,18 +163,26 @@ impl Placer for NodePlacer {
         let (rt, project) = (Runtime::upgrade(&self.rt), self.project.clone());
         Box::pin(async move {
             let Some(rt) = rt else { return };
-            let Some(owner) = NodePlacer::owner_of(&rt, &parent).await else {
-                return;
-            };
             let child = report.thread_id.clone();
             let req = json!({ "method": "POST", "path": format!("/v1/threads/{child}/placed_end"),
                               "body": report });
-            match super::peer::request(&project, owner, &req).await {
-                Ok(r) if r["status"].as_u64().is_some_and(|s| s < 300) => {}
-                other => {
-                    tracing::warn!(thread = %child, "its parent's node did not take its end: {other:?}")
+            // Until it is taken: the parent's node may be dead and its threads not yet adopted
+            // (then the adopter, the parent's owner by then, settles it).
+            for attempt in 0..REPORT_TRIES {
+                if attempt > 0 {
+                    tokio::time::sleep(REPORT_AGAIN).await;
+                }
+                let Some(owner) = NodePlacer::owner_of(&rt, &parent).await else {
+                    continue;
+                };
+                match super::peer::request(&project, owner, &req).await {
+                    Ok(r) if r["status"].as_u64().is_some_and(|s| s < 300) => return,
+                    other => {
+                        tracing::warn!(thread = %child, attempt, "its parent's node did not take its end (trying again): {other:?}")
+                    }
                 }
             }
+            tracing::error!(thread = %child, "its parent's node never took its end: its guarantee stays held until the parent's tree is recovered");
         })
     }
 }
@@ -171,12 +190,14 @@ impl Placer for NodePlacer {
 /// Takes queued children while `placer`'s node has room, until the runtime is gone.
 pub(crate) fn take_queued(rt: &Runtime, placer: Arc<NodePlacer>) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
+    let project = rt.project().clone();
     tokio::spawn(async move {
+        let wake = super::relay::listen(&project, CHANNEL.to_string()).await;
         let mut took = false;
         loop {
             // Again at once after a child was taken: the queue may hold more.
             if !took {
-                tokio::time::sleep(LOOK_EVERY).await;
+                super::relay::nap(wake.as_deref(), LOOK_EVERY).await;
             }
             took = false;
             let Some(rt) = Runtime::upgrade(&weak) else {

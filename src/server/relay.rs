@@ -2,8 +2,10 @@
 //! writes the API request into a `relay` row addressed to the owner number of the node that
 //! runs the thread; that node takes its rows (`FOR UPDATE SKIP LOCKED`), answers each with the
 //! same handlers as its HTTP and control socket (`control::handle`), and writes the reply into
-//! the row, which the asker reads and deletes (the answering loop is `control::answer_relayed`). The owning node looks every 100 ms, so a cancel,
-//! an injected message, an approval or a denial takes effect well within a second; an asker
+//! the row, which the asker reads and deletes (the answering loop is `control::answer_relayed`).
+//! The asker wakes the owner with a notification (`pg_notify` on the owner's channel), and the
+//! owner also looks every 500 ms (every 100 ms without notifications), so a cancel, an
+//! injected message, an approval or a denial takes effect well within a second; an asker
 //! waits at most 10 s, and is refused at once when the owner's lease is not running (its threads
 //! are being adopted). A request from a process that is not a node reaches a node the same way.
 //! On SQLite (one machine) owners are processes, reached over their control sockets (`peer.rs`).
@@ -24,8 +26,42 @@ const STEPS: &[Step] = &[Step {
     ),
 }];
 
-/// How often a node looks for requests addressed to it.
+/// How often a node looks for requests addressed to it when it has no notifications (its
+/// listening session could not start); with them, it looks at each notification and every
+/// [`LOOK_ANYWAY`] (a notification can be lost).
 pub(super) const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a node that is woken by notifications looks all the same.
+pub(super) const LOOK_ANYWAY: Duration = Duration::from_millis(500);
+
+/// The notification channel of node owner `owner`'s requests.
+pub(super) fn channel(owner: u32) -> String {
+    format!("weft_relay_{owner}")
+}
+
+/// Listens for notifications on `channel` of `project`'s database; None (the caller polls
+/// only) when it cannot.
+pub(super) async fn listen(
+    project: &Project,
+    channel: String,
+) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    let url = project.config().ok()?.database?;
+    let listening =
+        tokio::task::spawn_blocking(move || Db::listen(&url, std::slice::from_ref(&channel)))
+            .await
+            .ok()?;
+    listening
+        .map_err(|e| tracing::warn!("no notifications, polling only: {e}"))
+        .ok()
+}
+
+/// Waits `every`, or less when `wake` is notified first.
+pub(super) async fn nap(wake: Option<&tokio::sync::Notify>, every: Duration) {
+    match wake {
+        Some(w) => drop(tokio::time::timeout(every, w.notified()).await),
+        None => tokio::time::sleep(every).await,
+    }
+}
 
 /// How long an asker waits for the answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -65,6 +101,8 @@ fn ask_now(project: &Project, owner: u32, req: &str) -> Result<Value, String> {
         )
         .and_then(|r| r.map_or(Ok(0), |r| r.int(0)))
         .map_err(|e| e.to_string())?;
+    // Wakes the owner at once (it also looks on its own, should this be lost).
+    let _ = db.row("SELECT pg_notify(?1, '')", params![channel(owner)]);
     let start = Instant::now();
     while start.elapsed() < ANSWER_WITHIN {
         let reply = db

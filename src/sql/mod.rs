@@ -113,6 +113,25 @@ impl Db {
         Db::with(Conn::Sqlite(conn))
     }
 
+    /// Wakes the returned `Notify` at each Postgres notification on `channels` (`NOTIFY`,
+    /// `pg_notify`) — see `pg::listen`. Only on Postgres.
+    pub(crate) fn listen(
+        url: &DatabaseUrl,
+        channels: &[String],
+    ) -> Result<std::sync::Arc<tokio::sync::Notify>, SqlError> {
+        #[cfg(feature = "postgres")]
+        {
+            pg::listen(url, channels)
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = channels;
+            Err(SqlError(format!(
+                "{url}: notifications need the `postgres` feature"
+            )))
+        }
+    }
+
     /// Connects to the Postgres server at `url`.
     pub(crate) fn postgres(url: &DatabaseUrl) -> Result<Db, SqlError> {
         #[cfg(feature = "postgres")]

@@ -155,6 +155,62 @@ fn connect(url: &DatabaseUrl) -> Result<tokio_postgres::Client, SqlError> {
     Ok(client)
 }
 
+/// A session that LISTENs on `channels`: each notification on any of them wakes the returned
+/// [`tokio::sync::Notify`] (one stored permit when nobody waits, so a wake between two waits is
+/// not lost). When the session ends (the server restarted or dropped it) nothing wakes it any
+/// more: its users poll as well, since notifications can also be lost.
+pub(super) fn listen(
+    url: &DatabaseUrl,
+    channels: &[String],
+) -> Result<Arc<tokio::sync::Notify>, SqlError> {
+    let mut config: tokio_postgres::Config = url
+        .secret()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| SqlError(url.scrub(&e.to_string())))?;
+    config
+        .connect_timeout(Duration::from_secs(10))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .application_name("weft-listen");
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let listen: String = channels
+        .iter()
+        .map(|c| format!("LISTEN \"{}\";", c.replace('"', "")))
+        .collect();
+    let (shown, woken) = (url.to_string(), wake.clone());
+    let started = driver()?.spawn(async move {
+        let (client, mut conn) = config.connect(tokio_postgres::NoTls).await?;
+        let session = tokio::spawn(async move {
+            while let Some(m) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                match m {
+                    Ok(tokio_postgres::AsyncMessage::Notification(_)) => woken.notify_one(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("postgres notifications from {shown} ended: {e}");
+                        return;
+                    }
+                }
+            }
+        });
+        client.batch_execute(&listen).await?;
+        // The session lives while its connection does.
+        tokio::spawn(async move {
+            let _ = session.await;
+            drop(client);
+        });
+        Ok::<(), tokio_postgres::Error>(())
+    });
+    block_on(started)
+        .map_err(|e| SqlError(format!("{url}: {e}")))?
+        .map_err(|e| {
+            SqlError(format!(
+                "{url}: cannot listen: {}",
+                url.scrub(&pg_error(e).0)
+            ))
+        })?;
+    Ok(wake)
+}
+
 impl Client {
     /// Connects to `url`.
     pub(super) fn connect(url: &DatabaseUrl) -> Result<Client, SqlError> {

@@ -104,6 +104,12 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
     .ok()
     .and_then(Result::ok)
     .unwrap_or_default();
+    // Threads of the subtree that another owner runs (children placed on other nodes) are
+    // theirs to end: they were sent the cancel, and their ends come back through their
+    // stand-ins; finalizing them here would write over their records and give back budget
+    // they still spend.
+    let me = crate::core::owner::me();
+    let rows: Vec<ThreadRow> = rows.into_iter().filter(|r| r.owner_pid == me).collect();
     // A thread still being spawned gets its actor first (bounded): then it is killed like the
     // others, and its spawn never writes its files after they were finalized.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

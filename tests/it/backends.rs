@@ -1081,3 +1081,33 @@ fn many_postgres_calls_inside_one_async_task_never_hang() {
         "300 registry reads from one async task did not end within a minute"
     );
 }
+
+/// Nodes wake on Postgres notifications (a queued child, a relayed request): a session that
+/// listens on a channel is woken by a `pg_notify` another session sends — also by one sent
+/// while nobody waited (kept for the next wait) — and not by one on another channel.
+#[test]
+fn a_notification_wakes_its_listener() {
+    let Some(fx) = Fixture::on(Backend::Postgres, &[], "", "") else {
+        return;
+    };
+    let url = fx.database.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wake = weft::internals::listen(&url, "weft_test_channel").unwrap();
+    let within = std::time::Duration::from_secs(5);
+    rt.block_on(async {
+        fx.query("registry.db", "SELECT pg_notify('weft_other_channel', '')");
+        let other = tokio::time::timeout(std::time::Duration::from_millis(500), wake.notified());
+        assert!(
+            other.await.is_err(),
+            "woken by another channel's notification"
+        );
+        // Sent while nobody waits: the next wait returns at once.
+        fx.query("registry.db", "SELECT pg_notify('weft_test_channel', '')");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let woken = tokio::time::timeout(within, wake.notified()).await;
+        assert!(woken.is_ok(), "not woken within {within:?}");
+    });
+}

@@ -9,6 +9,7 @@ use crate::cluster::{
     cancel_via, ledger_closed, node, node_leased, rows_when, start_tree, tree_with, CAP,
 };
 use crate::serve::Server;
+use serde_json::json;
 use std::time::{Duration, Instant};
 use weft::internals::ThreadRow;
 
@@ -289,7 +290,11 @@ async fn a_parents_node_dies_and_its_placed_children_end() {
     {
         assert!(
             start.elapsed() < Duration::from_secs(15),
-            "the ledger closes"
+            "the ledger closes: {:?}",
+            fx.query(
+                "ledger.db",
+                "SELECT id, parent, max, spent, inflight, guaranteed, pool_left, closed, owner, placed FROM accounts"
+            )
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -476,4 +481,38 @@ async fn a_child_whose_budget_cannot_be_set_aside_runs_beside_its_parent() {
     ledger_closed(&fx);
     crate::support::verify_cli_clean(fx.root());
     drop(nodes);
+}
+
+/// The only node, full (`max_live_threads: 2`): the children it queues wait for room on it and
+/// then run there, each reporting to its parent as from another node; the tree completes with
+/// the same spend as without the bound. A placed child's end is never taken over HTTP (it comes
+/// from the node that ran the child, through the database).
+#[tokio::test]
+async fn a_lone_full_node_runs_its_queued_children_when_it_has_room() {
+    let Some(fx) = tree_with("node: { name: x, max_live_threads: 2 }\n", "300ms") else {
+        return;
+    };
+    let a = node_leased(&fx, "a", "3");
+    let root = start_tree(&a).await;
+    let rows = rows_when(&fx, "the tree completes on its one node", 60, |rows| {
+        rows.iter()
+            .any(|r| r.id.as_str() == root && r.status.is_terminal())
+    });
+    assert_eq!(rows.len(), 4, "{rows:#?}");
+    assert!(
+        rows.iter().all(|r| r.status.as_str() == "completed"),
+        "{rows:#?}"
+    );
+    let leaf = rows.iter().find(|r| r.parent_id.is_some()).unwrap();
+    let (status, said) = a
+        .call(
+            "POST",
+            &format!("/v1/threads/{}/placed_end", leaf.id),
+            Some(json!({ "thread_id": leaf.id.as_str() })),
+        )
+        .await;
+    assert_eq!(status, 403, "{said}");
+    ledger_closed(&fx);
+    crate::support::verify_cli_clean(fx.root());
+    drop(a);
 }

@@ -43,7 +43,9 @@ impl SpawnError {
     pub fn is_limit(&self) -> bool {
         match self {
             SpawnError::Limit(_) => true,
-            SpawnError::Ledger(e) => matches!(e, LedgerError::Insufficient { .. }),
+            SpawnError::Ledger(e) => {
+                matches!(e, LedgerError::Insufficient { .. } | LedgerError::Placed(_))
+            }
             SpawnError::Registry(e) => matches!(
                 e,
                 RegistryError::Spawns { .. }
