@@ -33,7 +33,14 @@ impl NodeArgs {
                 c.as_ref().map(|c| c.lease),
                 c.and_then(|c| c.max_live_threads),
             ),
-            (None, Some(c)) => (c.name, Some(c.lease), c.max_live_threads),
+            (None, Some(c)) => match c.name {
+                Some(n) => (n, Some(c.lease), c.max_live_threads),
+                None => {
+                    return Err(super::failed(
+                        "`node:` in .weft/config.yaml has no `name`: give one (`node: { name: a }`) or start with `weft serve --node NAME`",
+                    ))
+                }
+            },
         };
         Ok(Some(NodeArgs {
             name,

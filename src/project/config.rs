@@ -247,7 +247,7 @@ checkpoint_every: 64
 # share; relative to the project folder. Default: each thread's own .weft/threads/<id>/files/.
 # files_root: /srv/weft-files
 # `weft serve` joins the database as a named node (a lease `weft nodes` shows; --node wins):
-# node: { name: a, lease: 5s, max_live_threads: 10000 }
+# node: { name: a, lease: 5s, max_live_threads: 10000 }   # name: or `weft serve --node NAME`
 # A node that adopts a dead node's threads resumes each interrupted tree where it stopped:
 # auto_resume: true
 "#;

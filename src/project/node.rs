@@ -8,7 +8,8 @@ use std::time::Duration;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNode {
-    name: String,
+    #[serde(default)]
+    name: Option<String>,
     #[serde(default)]
     lease: Option<String>,
     #[serde(default)]
@@ -18,22 +19,27 @@ pub(crate) struct RawNode {
 /// `node:`: this project's `weft serve` joins its database as a named node (`--node` wins).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// The node's name.
-    pub name: String,
+    /// The node's name (None: `weft serve --node NAME` names it; the config gives its lease and
+    /// capacity, shared by every node of a project).
+    pub name: Option<String>,
     /// How long its lease runs without renewal (0.5 s to 5 min; default 5 s).
     pub lease: Duration,
     /// Its capacity, shown by `weft nodes`.
     pub max_live_threads: Option<u64>,
 }
 
-/// `node:` checked: a name of 1 to 64 letters, digits, `.`, `_` or `-`; a lease of 0.5 s to
-/// 5 min (default 5 s).
+/// `node:` checked: a name (if given) of 1 to 64 letters, digits, `.`, `_` or `-`; a lease of
+/// 0.5 s to 5 min (default 5 s).
 pub(crate) fn check(n: RawNode) -> Result<NodeConfig, String> {
     let fine = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
-    if n.name.is_empty() || n.name.len() > 64 || !n.name.chars().all(fine) {
+    if let Some(name) = n
+        .name
+        .as_ref()
+        .filter(|m| m.is_empty() || m.len() > 64 || !m.chars().all(fine))
+    {
         return Err(format!(
             "node: name `{}`: a node's name is 1 to 64 letters, digits, `.`, `_` or `-`",
-            n.name.escape_debug()
+            name.escape_debug()
         ));
     }
     let lease = match &n.lease {

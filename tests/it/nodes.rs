@@ -192,4 +192,15 @@ fn the_config_names_the_node() {
         !out.status.success() && said.contains("node: lease"),
         "{said}"
     );
+    // A capacity without a name: the name comes from `--node`, else a clear refusal.
+    let unnamed = Fixture::new(&[], "", "node: { max_live_threads: 7 }\n");
+    let out = weft_cmd(unnamed.root())
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("no `name`") && said.contains("--node"),
+        "{said}"
+    );
 }

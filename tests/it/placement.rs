@@ -42,7 +42,7 @@ async fn a_full_nodes_children_run_on_nodes_with_room_and_spend_the_same() {
         .unwrap()
         .spend_nanos;
     drop(solo);
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "300ms") else {
+    let Some(fx) = tree_with("node: { max_live_threads: 1 }\n", "300ms") else {
         return;
     };
     let a = node_leased(&fx, "a", "3");
@@ -88,7 +88,7 @@ async fn a_full_nodes_children_run_on_nodes_with_room_and_spend_the_same() {
 /// the database, and the root's cancel reaches its leaves on b and c the same way.
 #[tokio::test]
 async fn a_cancel_sent_to_any_node_ends_a_tree_spread_over_three() {
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "60s") else {
+    let Some(fx) = tree_with("node: { max_live_threads: 1 }\n", "60s") else {
         return;
     };
     let a = node_leased(&fx, "a", "3");
@@ -187,8 +187,7 @@ async fn a_placed_childs_node_dies_and_its_parent_hears_of_it() {
     for (names, max_live, threads, on_b) in
         [(&["a", "b", "c"][..], 1, 3, 1), (&["a", "b"][..], 2, 4, 2)]
     {
-        let config =
-            format!("node: {{ name: x, max_live_threads: {max_live} }}\nauto_resume: true\n");
+        let config = format!("node: {{ max_live_threads: {max_live} }}\nauto_resume: true\n");
         let Some(fx) = tree_with(&config, "5s") else {
             return;
         };
@@ -254,7 +253,7 @@ async fn a_placed_childs_node_dies_and_its_parent_hears_of_it() {
 /// the ledger closes with nothing open, the spend within the cap and every record verifying.
 #[tokio::test]
 async fn a_parents_node_dies_and_its_placed_children_end() {
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 1 }\n", "60s") else {
+    let Some(fx) = tree_with("node: { max_live_threads: 1 }\n", "60s") else {
         return;
     };
     let a = node_leased(&fx, "a", "2");
@@ -399,7 +398,7 @@ async fn a_111_thread_tree_spread_over_three_nodes_spends_exactly_as_on_one() {
         .unwrap()
         .spend_nanos;
     drop(solo);
-    let Some(fx) = wide_tree("node: { name: x, max_live_threads: 40 }\n") else {
+    let Some(fx) = wide_tree("node: { max_live_threads: 40 }\n") else {
         return;
     };
     let nodes: Vec<Server> = ["a", "b", "c"]
@@ -447,7 +446,7 @@ async fn a_child_whose_budget_cannot_be_set_aside_runs_beside_its_parent() {
     let root = crate::support::directive(perms, "Root.");
     let leaf = crate::support::directive("limits: { tokens: 200, spend: 0.06 }", "Leaf.");
     let script = crate::cluster::SCRIPT.replace("LEAF_DELAY", "300ms");
-    let config = "node: { name: x, max_live_threads: 1 }\n";
+    let config = "node: { max_live_threads: 1 }\n";
     let Some(fx) = crate::support::Fixture::on(
         crate::support::Backend::Postgres,
         &[("root", &root), ("leaf", &leaf)],
@@ -489,7 +488,7 @@ async fn a_child_whose_budget_cannot_be_set_aside_runs_beside_its_parent() {
 /// from the node that ran the child, through the database).
 #[tokio::test]
 async fn a_lone_full_node_runs_its_queued_children_when_it_has_room() {
-    let Some(fx) = tree_with("node: { name: x, max_live_threads: 2 }\n", "300ms") else {
+    let Some(fx) = tree_with("node: { max_live_threads: 2 }\n", "300ms") else {
         return;
     };
     let a = node_leased(&fx, "a", "3");
