@@ -72,7 +72,7 @@ pub(crate) struct Node {
 }
 
 /// The database server's clock in milliseconds, as SQL.
-pub(super) fn now_ms(db: &Db) -> &'static str {
+pub(crate) fn now_ms(db: &Db) -> &'static str {
     match db.engine() {
         Engine::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
         Engine::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",

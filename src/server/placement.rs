@@ -16,11 +16,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The queue (its own schema concern).
-const STEPS: &[Step] = &[Step {
-    sql: "CREATE TABLE IF NOT EXISTS placements(child TEXT PRIMARY KEY, parent TEXT NOT NULL,
+const STEPS: &[Step] = &[
+    Step {
+        sql: "CREATE TABLE IF NOT EXISTS placements(child TEXT PRIMARY KEY, parent TEXT NOT NULL,
            parent_owner INTEGER NOT NULL, request TEXT NOT NULL, queued_at TEXT NOT NULL)",
-    postgres: None,
-}];
+        postgres: None,
+    },
+    // The node that took the child and is starting it (the row goes once it is registered).
+    Step {
+        sql: "ALTER TABLE placements ADD COLUMN taken_by INTEGER",
+        postgres: None,
+    },
+];
 
 /// How often a node with room looks at the queue (and at once when a child is queued: the
 /// queuing node notifies [`CHANNEL`]).
@@ -33,6 +40,10 @@ const REPORT_AGAIN: Duration = Duration::from_secs(1);
 
 /// The notification channel of the queue.
 const CHANNEL: &str = "weft_placements";
+
+/// A child taken from the queue: its id, its parent's, and what it starts from (or why that
+/// does not parse).
+type Taken = (ThreadId, ThreadId, Result<Placed, String>);
 
 /// A node's placer: full at `max_live` live threads.
 pub(crate) struct NodePlacer {
@@ -74,24 +85,47 @@ impl NodePlacer {
     }
 
     /// Takes the oldest queued child, if any — its own node's too (it has room again; or it is
-    /// the only node).
-    fn take(&self) -> Result<Option<(ThreadId, ThreadId, Placed)>, String> {
+    /// the only node) — and one taken by a node whose lease ran out before it registered the
+    /// child. The row stays, marked taken, until the child is registered ([`Self::done`]).
+    fn take(&self) -> Result<Option<Taken>, String> {
+        let me = crate::core::owner::me();
         self.with(|db| {
+            let now = crate::runtime::node::now_ms(db);
             let row = db
                 .row(
-                    "DELETE FROM placements WHERE child = (SELECT child FROM placements
-                       ORDER BY queued_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                     RETURNING child, parent, request",
-                    params![],
+                    &format!(
+                        "UPDATE placements SET taken_by = ?1 WHERE child = (SELECT child FROM placements
+                           WHERE taken_by IS NULL OR taken_by NOT IN
+                             (SELECT owner FROM nodes WHERE owner IS NOT NULL AND expires_at_ms > {now})
+                           ORDER BY queued_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                         RETURNING child, parent, request"
+                    ),
+                    params![me],
                 )
                 .map_err(|e| e.to_string())?;
             let Some(r) = row else { return Ok(None) };
             let text = |i| r.text(i).map_err(|e| e.to_string());
             let child = ThreadId::parse(&text(0)?).map_err(|e| e.to_string())?;
             let parent = ThreadId::parse(&text(1)?).map_err(|e| e.to_string())?;
-            let placed = serde_json::from_str(&text(2)?).map_err(|e| e.to_string())?;
+            let placed = serde_json::from_str(&text(2)?)
+                .map_err(|e| format!("its queued request does not parse: {e}"));
             Ok(Some((child, parent, placed)))
         })
+    }
+
+    /// Child `child`, taken from the queue, is registered (or reported as not started): its
+    /// row goes.
+    fn done(&self, child: &ThreadId) {
+        let gone = self.with(|db| {
+            db.execute(
+                "DELETE FROM placements WHERE child=?1",
+                params![child.as_str()],
+            )
+            .map_err(|e| e.to_string())
+        });
+        if let Err(e) = gone {
+            tracing::warn!(thread = %child, "placement queue: cannot remove a started child: {e}");
+        }
     }
 
     /// The owner of thread `id` in the registry, waiting up to 3 s for its row (a child just
@@ -133,9 +167,10 @@ impl Placer for NodePlacer {
     }
 
     fn cancel(&self, child: ThreadId, reason: String) -> crate::provider::BoxFuture<bool> {
+        // Withdrawn only while no node has taken it.
         let withdrawn = self.with(|db| {
             db.execute(
-                "DELETE FROM placements WHERE child=?1",
+                "DELETE FROM placements WHERE child=?1 AND taken_by IS NULL",
                 params![child.as_str()],
             )
             .map_err(|e| e.to_string())
@@ -227,23 +262,39 @@ pub(crate) fn take_queued(rt: &Runtime, placer: Arc<NodePlacer>) -> tokio::task:
 }
 
 /// Starts a child taken from the queue; one that cannot start is reported ended to its parent.
+/// One already registered was started by a node that died before it took the row away: that
+/// node's adopter has it.
 async fn start(
     rt: &Runtime,
     placer: &Arc<NodePlacer>,
     place: crate::thread::slot::Slot,
     child: ThreadId,
     parent: ThreadId,
-    placed: Placed,
+    placed: Result<Placed, String>,
 ) {
-    let directive = placed.directive.clone();
-    match rt
-        .start_placed(place, child.clone(), parent.clone(), placed)
-        .await
-    {
-        Ok(id) => tracing::info!(thread = %id, parent = %parent, "started a child placed here"),
-        Err(e) => {
+    if matches!(rt.get(&child), Ok(Some(_))) {
+        placer.done(&child);
+        return;
+    }
+    let started = match placed {
+        Ok(p) => {
+            let directive = p.directive.clone();
+            let started = rt
+                .start_placed(place, child.clone(), parent.clone(), p)
+                .await;
+            started.map_err(|e| (directive, e.to_string()))
+        }
+        Err(e) => Err((String::new(), e)),
+    };
+    match started {
+        Ok(id) => {
+            tracing::info!(thread = %id, parent = %parent, "started a child placed here");
+            placer.done(&child);
+        }
+        Err((directive, e)) => {
             tracing::warn!(thread = %child, "a placed child could not start: {e}");
-            let report = crate::thread::placed::not_started(&child, &directive, &e.to_string());
+            let report = crate::thread::placed::not_started(&child, &directive, &e);
+            placer.done(&child);
             placer.report(parent, report).await;
         }
     }

@@ -66,6 +66,15 @@ pub(super) async fn nap(wake: Option<&tokio::sync::Notify>, every: Duration) {
 /// How long an asker waits for the answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
+/// Asks that wait for their answers at once, at most, in one process (each holds a connection
+/// while it waits: a node relaying thousands of placed children's ends must not use up the
+/// server's connections).
+const ASKING_AT_ONCE: usize = 8;
+static ASKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(ASKING_AT_ONCE);
+
+/// Connections of earlier asks, kept for the next ones (by database).
+static IDLE: std::sync::Mutex<Vec<(String, Db)>> = std::sync::Mutex::new(Vec::new());
+
 /// The project's relay table.
 fn open(project: &Project) -> Result<Db, String> {
     let config = project.config().map_err(|e| e.to_string())?;
@@ -77,18 +86,44 @@ fn open(project: &Project) -> Result<Db, String> {
     Ok(db)
 }
 
+/// A connection to ask through: an idle one of the project's database, else a new one.
+fn asker(project: &Project) -> Result<(String, Db), String> {
+    let key = project.config().map_err(|e| e.to_string())?.database;
+    let key = key.map(|u| u.secret().to_string()).unwrap_or_default();
+    let idle = IDLE.lock().ok().and_then(|mut v| {
+        let at = v.iter().position(|(k, _)| *k == key)?;
+        Some(v.swap_remove(at).1)
+    });
+    match idle {
+        Some(db) => Ok((key, db)),
+        None => Ok((key, open(project)?)),
+    }
+}
+
 /// Sends API request `req` to the node whose owner number is `owner` and returns its reply
 /// (`{"status", "body"}`, as the control socket answers).
 pub(crate) async fn ask(project: &Project, owner: u32, req: &Value) -> Result<Value, String> {
+    let _turn = ASKING.acquire().await.map_err(|e| format!("relay: {e}"))?;
     let (project, req) = (project.clone(), req.to_string());
-    tokio::task::spawn_blocking(move || ask_now(&project, owner, &req))
-        .await
-        .map_err(|e| format!("relay: {e}"))?
+    tokio::task::spawn_blocking(move || {
+        let (key, db) = asker(&project)?;
+        let asked = ask_now(&db, owner, &req);
+        // Kept for the next ask unless it failed (it may be broken).
+        if asked.is_ok() {
+            if let Ok(mut idle) = IDLE.lock() {
+                if idle.len() < ASKING_AT_ONCE {
+                    idle.push((key, db));
+                }
+            }
+        }
+        asked
+    })
+    .await
+    .map_err(|e| format!("relay: {e}"))?
 }
 
-fn ask_now(project: &Project, owner: u32, req: &str) -> Result<Value, String> {
-    let db = open(project)?;
-    let live = crate::runtime::node::live_owners_in(&db).map_err(|e| e.to_string())?;
+fn ask_now(db: &Db, owner: u32, req: &str) -> Result<Value, String> {
+    let live = crate::runtime::node::live_owners_in(db).map_err(|e| e.to_string())?;
     if !live.contains(&owner) {
         return Err(format!(
             "the node that runs this thread (owner {owner}) is not running: its lease ran out, and a live node adopts its threads shortly"
