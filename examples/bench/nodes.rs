@@ -103,23 +103,12 @@ async fn run_tree(first: &Node) -> (Duration, Value) {
             .bearer_auth(&first.token)
     };
     let t0 = Instant::now();
-    let started: Value = call(reqwest::Method::POST, "/v1/threads".into())
-        .body(json!({ "directive": "l0" }).to_string())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let start = call(reqwest::Method::POST, "/v1/threads".into())
+        .body(json!({ "directive": "l0" }).to_string());
+    let started = json_of(start).await;
     let root = started["thread_id"].as_str().unwrap().to_string();
     loop {
-        let v: Value = call(reqwest::Method::GET, format!("/v1/threads/{root}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = json_of(call(reqwest::Method::GET, format!("/v1/threads/{root}"))).await;
         let status = v["row"]["status"].as_str().unwrap_or("");
         if matches!(status, "completed" | "error" | "cancelled") {
             return (t0.elapsed(), v);
@@ -130,6 +119,11 @@ async fn run_tree(first: &Node) -> (Duration, Value) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The JSON body of `req`'s answer.
+async fn json_of(req: reqwest::RequestBuilder) -> Value {
+    req.send().await.unwrap().json().await.unwrap()
 }
 
 /// Threads per owner (node) of the tree's project.

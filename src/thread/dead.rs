@@ -68,20 +68,12 @@ pub(crate) struct Finalized {
 
 impl Finalized {
     fn of(recovered: Recovered, row: &ThreadRow, end: &DeadEnd) -> Finalized {
-        let ended = ThreadReport::ended(
-            row.id.clone(),
-            row.directive.clone(),
-            end.status,
-            Some(end.error.clone()),
-        );
+        // What its row says it did, ended as `end` says.
         let report = ThreadReport {
-            outputs: row.outputs.clone(),
-            turns: row.turns,
-            input_tokens: row.input_tokens,
-            output_tokens: row.output_tokens,
-            own_spend_nanos: Nanos(row.own_spend_nanos),
-            spend_nanos: Nanos(row.spend_nanos),
-            ..ended
+            status: end.status,
+            error: Some(end.error.clone()),
+            result: None,
+            ..ThreadReport::of_row(row)
         };
         Finalized { recovered, report }
     }
