@@ -156,6 +156,13 @@ pub mod internals {
         crate::sql::Db::listen(&url, &[channel.to_string()]).map_err(|e| e.to_string())
     }
 
+    /// Sends a notification on `channel` of the Postgres database `url` as nodes do.
+    pub fn notify(url: &str, channel: &str) -> Result<(), String> {
+        let url = crate::sql::DatabaseUrl::parse(url).map_err(|e| e.to_string())?;
+        let db = crate::sql::Db::postgres(&url).map_err(|e| e.to_string())?;
+        db.notify(channel).map_err(|e| e.to_string())
+    }
+
     /// Parsers of outside input, for the fuzz test (`tests/it/fuzz.rs`): each takes what a
     /// user or another program may write and must answer with a value or an error, never panic.
     pub mod fuzz {

@@ -138,7 +138,7 @@ pub(crate) fn load_open(
     let me = crate::core::owner::me();
     for row in rows {
         if let Some(mut a) = account_of(&row).map_err(st)? {
-            if a.placed && a.owner != me && Some(&a.id) != top {
+            if a.placed && !a.closed && a.owner != me && Some(&a.id) != top {
                 parent_view(&mut a);
                 viewed.insert(a.id.clone());
             }
@@ -184,6 +184,9 @@ pub(crate) fn load_open(
 /// guarantee of its whole cap, open, nothing settled against it yet (that happens once, at its
 /// end: `Book::settle_placed`).
 pub(crate) fn parent_view(a: &mut Account) {
+    // Owner 0, as `defer` made it: settled, it is stored closed with owner 0 (settled on the
+    // parent's side), so a repeated end is never settled twice.
+    a.owner = 0;
     a.spent = Nanos::ZERO;
     a.own_spent = Nanos::ZERO;
     a.inflight = Nanos::ZERO;

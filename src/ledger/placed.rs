@@ -56,7 +56,8 @@ impl LedgerState {
         // Always the stored row: a copy this book loaded at its start may be stale.
         let stored =
             super::db::account(&self.db, id)?.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
-        if !stored.placed || stored.owner != 0 {
+        // A taker that died before registering the child leaves the account to the next.
+        if !stored.placed || (stored.owner != 0 && (self.alive)(stored.owner)) {
             return Err(LedgerError::Exists(id.clone()));
         }
         if stored.closed {

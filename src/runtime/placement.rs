@@ -97,10 +97,31 @@ impl Runtime {
             .unwrap_or_default();
         for (child, parent) in open.into_iter().filter(|(_, p)| adopted.contains(p)) {
             let reason = format!("its parent {parent} was interrupted: its node's lease ran out");
-            if placer.cancel(child.clone(), reason).await {
-                self.settle_placed(&child).await;
+            match placer.cancel(child.clone(), reason).await {
+                true => drop(self.settle_placed(&child).await),
+                // Its end is relayed here; should that be lost, its row says when it ended.
+                false => self.settle_when_ended(child),
             }
         }
+    }
+
+    /// Settles placed child `child`, whose parent was adopted here, once its registry row is
+    /// terminal (looked at every second, for at most 10 minutes); a relayed end settles it
+    /// sooner, and settling is done once whichever comes first.
+    fn settle_when_ended(&self, child: ThreadId) {
+        let weak = self.downgrade();
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                let Some(rt) = Runtime::upgrade(&weak) else {
+                    return;
+                };
+                if matches!(rt.get(&child), Ok(Some(v)) if v.row.status.is_terminal()) {
+                    rt.settle_placed(&child).await;
+                    return;
+                }
+            }
+        });
     }
 }
 

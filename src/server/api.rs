@@ -287,7 +287,15 @@ async fn placed_end(rt: &Runtime, id: &ThreadId, body: Value, reach: Reach) -> R
             (report.status, report.error) = (row.status, row.error);
             (report.result, report.outputs) = (row.result, row.outputs);
         }
-        Ok(_) => return refuse(409, format!("thread {id} has not ended")),
+        // Never registered: its start failed on the node that took it (nothing ran, nothing
+        // to show but the error; its spend is what the ledger holds).
+        Ok(None) => {
+            (report.result, report.outputs) = (None, None);
+            if report.status != crate::core::status::Status::Cancelled {
+                report.status = crate::core::status::Status::Error;
+            }
+        }
+        Ok(Some(_)) => return refuse(409, format!("thread {id} has not ended")),
         Err(e) => return query_failed(e),
     }
     match rt.placed_ended(report).await {

@@ -33,9 +33,10 @@ const STEPS: &[Step] = &[
 /// queuing node notifies [`CHANNEL`]).
 const LOOK_EVERY: Duration = Duration::from_millis(200);
 
-/// How often, and how long apart, a placed child's end is sent to its parent's node until taken
-/// (a minute and a half: past any lease, so past an adoption).
-const REPORT_TRIES: u32 = 90;
+/// How often, and how long apart, a placed child's end is sent to its parent's node until taken.
+/// Bounded (a node's shutdown waits for it): a live parent's stand-in, and the adopter of a
+/// dead parent, also read the child's registry row and settle it from there.
+const REPORT_TRIES: u32 = 30;
 const REPORT_AGAIN: Duration = Duration::from_secs(1);
 
 /// The notification channel of the queue.
@@ -128,10 +129,10 @@ impl NodePlacer {
         }
     }
 
-    /// The owner of thread `id` in the registry, waiting up to 3 s for its row (a child just
-    /// taken from the queue registers as it starts).
+    /// The owner of thread `id` in the registry, waiting up to 10 s for its row (a child just
+    /// taken from the queue registers as it starts, after a spawn slot).
     async fn owner_of(rt: &Runtime, id: &ThreadId) -> Option<u32> {
-        for _ in 0..30 {
+        for _ in 0..100 {
             if let Ok(Some(v)) = rt.get(id) {
                 return Some(v.row.owner_pid);
             }
@@ -161,7 +162,7 @@ impl Placer for NodePlacer {
             )
             .map_err(|e| e.to_string())?;
             // Wakes the nodes with room at once (they also look on their own).
-            let _ = db.row("SELECT pg_notify(?1, '')", params![CHANNEL]);
+            let _ = db.notify(CHANNEL);
             Ok(())
         })
     }

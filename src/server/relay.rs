@@ -103,17 +103,17 @@ fn asker(project: &Project) -> Result<(String, Db), String> {
 /// Sends API request `req` to the node whose owner number is `owner` and returns its reply
 /// (`{"status", "body"}`, as the control socket answers).
 pub(crate) async fn ask(project: &Project, owner: u32, req: &Value) -> Result<Value, String> {
-    let _turn = ASKING.acquire().await.map_err(|e| format!("relay: {e}"))?;
+    let turn = ASKING.acquire().await.map_err(|e| format!("relay: {e}"))?;
     let (project, req) = (project.clone(), req.to_string());
     tokio::task::spawn_blocking(move || {
+        // Held until the connection is back (the caller may stop waiting before).
+        let _turn = turn;
         let (key, db) = asker(&project)?;
         let asked = ask_now(&db, owner, &req);
-        // Kept for the next ask unless it failed (it may be broken).
-        if asked.is_ok() {
-            if let Ok(mut idle) = IDLE.lock() {
-                if idle.len() < ASKING_AT_ONCE {
-                    idle.push((key, db));
-                }
+        // Kept for the next ask (a connection the server dropped is made again on its use).
+        if let Ok(mut idle) = IDLE.lock() {
+            if idle.len() < ASKING_AT_ONCE {
+                idle.push((key, db));
             }
         }
         asked
@@ -137,7 +137,7 @@ fn ask_now(db: &Db, owner: u32, req: &str) -> Result<Value, String> {
         .and_then(|r| r.map_or(Ok(0), |r| r.int(0)))
         .map_err(|e| e.to_string())?;
     // Wakes the owner at once (it also looks on its own, should this be lost).
-    let _ = db.row("SELECT pg_notify(?1, '')", params![channel(owner)]);
+    let _ = db.notify(&channel(owner));
     let start = Instant::now();
     while start.elapsed() < ANSWER_WITHIN {
         let reply = db

@@ -132,6 +132,13 @@ impl Db {
         }
     }
 
+    /// Sends a notification on `channel` (Postgres; what [`Db::listen`] wakes on). Outside a
+    /// transaction it is sent at once; inside one, at its commit.
+    pub(crate) fn notify(&self, channel: &str) -> Result<(), SqlError> {
+        self.execute("SELECT pg_notify(?1, '')", params![channel])
+            .map(|_| ())
+    }
+
     /// Connects to the Postgres server at `url`.
     pub(crate) fn postgres(url: &DatabaseUrl) -> Result<Db, SqlError> {
         #[cfg(feature = "postgres")]

@@ -178,7 +178,7 @@ pub(super) fn listen(
         .map(|c| format!("LISTEN \"{}\";", c.replace('"', "")))
         .collect();
     let (shown, woken) = (url.to_string(), wake.clone());
-    let started = driver()?.spawn(async move {
+    let listening = async move {
         let (client, mut conn) = config.connect(tokio_postgres::NoTls).await?;
         let session = tokio::spawn(async move {
             while let Some(m) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
@@ -199,9 +199,13 @@ pub(super) fn listen(
             drop(client);
         });
         Ok::<(), tokio_postgres::Error>(())
-    });
+    };
+    // The timer is made on the driver's runtime (this thread may have none).
+    let started = driver()?
+        .spawn(async move { tokio::time::timeout(Duration::from_secs(10), listening).await });
     block_on(started)
         .map_err(|e| SqlError(format!("{url}: {e}")))?
+        .map_err(|_| SqlError(format!("{url}: cannot listen: no answer within 10 s")))?
         .map_err(|e| {
             SqlError(format!(
                 "{url}: cannot listen: {}",

@@ -1104,8 +1104,8 @@ fn a_notification_wakes_its_listener() {
             other.await.is_err(),
             "woken by another channel's notification"
         );
-        // Sent while nobody waits: the next wait returns at once.
-        fx.query("registry.db", "SELECT pg_notify('weft_test_channel', '')");
+        // Sent as nodes send it, while nobody waits: the next wait returns at once.
+        weft::internals::notify(&url, "weft_test_channel").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
         let woken = tokio::time::timeout(within, wake.notified()).await;
         assert!(woken.is_ok(), "not woken within {within:?}");
