@@ -9,6 +9,12 @@ use std::path::PathBuf;
 pub enum Cmd {
     /// Create .weft/ with a commented config in the project folder.
     Init,
+    /// Print a shell completion script: `weft completions bash > ~/.local/share/bash-completion/completions/weft`
+    /// (zsh: into a folder on `$fpath` as `_weft`; fish: `~/.config/fish/completions/weft.fish`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Run a directive as a root thread.
     Run {
         /// Directive name (project → user → built-in) or path to a .md file.

@@ -39,9 +39,17 @@ mod threads;
 mod upkeep;
 mod verify;
 
+/// `weft --version`: the package's version and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WEFT_COMMIT"),
+    ")"
+);
+
 /// weft: run trees of LLM agent threads with budgets, limits and signed state.
 #[derive(Parser, Debug)]
-#[command(name = "weft", version, about)]
+#[command(name = "weft", version = VERSION, about)]
 pub struct Cli {
     /// Project folder (default: the nearest folder above holding .weft/).
     #[arg(long, global = true)]
@@ -70,6 +78,7 @@ impl Cli {
 pub async fn main(cli: Cli) -> i32 {
     let res = match cli.cmd {
         Cmd::Init => init::init(cli.project),
+        Cmd::Completions { shell } => completions(shell),
         Cmd::Run {
             directive,
             inputs,
@@ -174,5 +183,19 @@ fn exit_code(res: Result<i32, Exit>) -> i32 {
             }
             e.code
         }
+    }
+}
+
+/// `weft completions <shell>`: the shell's completion script on stdout, generated from the same
+/// definition the arguments are parsed with (so it cannot drift).
+fn completions(shell: clap_complete::Shell) -> Result<i32, Exit> {
+    use clap::CommandFactory;
+    use std::io::Write;
+    // Into memory first: the generator panics when its writer fails (a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "weft", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(failed(e)),
+        _ => Ok(0),
     }
 }

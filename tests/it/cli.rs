@@ -371,3 +371,65 @@ fn a_run_and_a_serve_opening_a_fresh_project_together_both_start() {
         assert!(!errs.contains("not an ed25519"), "round {round}: {errs}");
     }
 }
+
+/// `weft --version` names the commit the binary was built from.
+#[test]
+fn the_version_names_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = weft(dir.path(), &["--version"]);
+    let said = text(&out);
+    assert!(out.status.success() && said.contains("(commit "), "{said}");
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if let Some(head) = head {
+        assert!(said.contains(&head), "built from {head}: {said}");
+    }
+}
+
+/// `weft completions bash|zsh|fish` prints each shell's script for every command; bash reads
+/// the bash script without a syntax error, and a closed pipe ends the command quietly.
+#[test]
+fn completions_cover_every_command_for_three_shells() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, mark) in [
+        ("bash", "_weft()"),
+        ("zsh", "#compdef weft"),
+        ("fish", "complete -c weft"),
+    ] {
+        let out = weft(dir.path(), &["completions", shell]);
+        let script = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && script.contains(mark),
+            "{shell}: {}",
+            text(&out)
+        );
+        for cmd in ["run", "serve", "nodes", "verify", "completions"] {
+            assert!(script.contains(cmd), "{shell} completes `{cmd}`");
+        }
+        if shell == "bash" {
+            let file = dir.path().join("weft.bash");
+            std::fs::write(&file, &script).unwrap();
+            let checked = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+            assert!(
+                checked.status.success(),
+                "{}",
+                String::from_utf8_lossy(&checked.stderr)
+            );
+        }
+    }
+    let piped = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' completions bash | head -1",
+            env!("CARGO_BIN_EXE_weft")
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
