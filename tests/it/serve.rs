@@ -709,3 +709,77 @@ async fn a_last_event_id_from_the_far_future_opens_the_stream() {
     let (status, _) = srv.call("GET", "/v1/threads", None).await;
     assert_eq!(status, 200);
 }
+
+/// The page draws a tree's levels apart in a real Chromium: the child of a last child is drawn
+/// further in than its parent (its branch's leading spaces did collapse in HTML, so it was
+/// drawn at its parent's indentation).
+#[tokio::test]
+async fn the_page_indents_the_children_of_a_last_child() {
+    let Some(chrome) = chromium() else {
+        crate::support::skip("SKIPPED the_page_indents_the_children_of_a_last_child: no chromium (CI installs Debian's; set WEFT_CHROMIUM to a browser)");
+        return;
+    };
+    let spawner = |d: &str| {
+        directive(
+            "permissions: [\"thread.spawn.*\"]\nlimits: { spend: 1.0 }",
+            &format!("Spawn {d}."),
+        )
+    };
+    let (top, mid) = (spawner("leaf and mid"), spawner("leaf"));
+    let leaf = directive("", "Answer.");
+    let spawn =
+        |d: &str| format!("{{ name: spawn_thread, input: {{ directive: {d}, wait: false }} }}");
+    let script = format!(
+        "top:\n  - tool_calls: [ {} ]\n  - tool_calls: [ {} ]\n  - tool_calls: [ {{ name: wait_threads, input: {{}} }} ]\n  - text: done\nmid:\n  - tool_calls: [ {} ]\n  - tool_calls: [ {{ name: wait_threads, input: {{}} }} ]\n  - text: done\nleaf:\n  - text: leaf\n",
+        spawn("leaf"),
+        spawn("mid"),
+        spawn("leaf")
+    );
+    let fx = Fixture::new(
+        &[("top", &top), ("mid", &mid), ("leaf", &leaf)],
+        &script,
+        "",
+    );
+    let path = fx.root().join("script.yaml");
+    let srv = Server::start(&fx, &["--script", path.to_str().unwrap()]);
+    let (_, b) = srv
+        .call("POST", "/v1/threads", Some(json!({ "directive": "top" })))
+        .await;
+    let root = b["thread_id"].as_str().unwrap().to_string();
+    super::support::wait_until("the tree to end", || {
+        let rows = fx.rows();
+        rows.len() == 4 && rows.iter().all(|r| r.status == "completed")
+    })
+    .await;
+    let rows = fx.rows();
+    let mid_id = rows
+        .iter()
+        .find(|r| r.directive == "mid")
+        .unwrap()
+        .id
+        .to_string();
+    let under_mid = rows
+        .iter()
+        .find(|r| r.parent_id.as_ref().map(|p| p.as_str()) == Some(mid_id.as_str()))
+        .unwrap()
+        .id
+        .to_string();
+    let widths = "[...document.querySelectorAll('.row')].map(r => [r.dataset.threadId, r.querySelector('.branch').getBoundingClientRect().width, r.querySelector('.branch').textContent])";
+    let steps = json!([
+        { "wait": format!("document.querySelectorAll('.row[data-status=\"completed\"]').length >= 4 && !!document.querySelector('.row[data-thread-id=\"{root}\"]')") },
+        { "eval": widths },
+    ]);
+    let url = format!("{}/#token={}", srv.base, srv.token);
+    let out = browse(&chrome, &url, steps);
+    let seen = out.last().unwrap()["eval"].as_array().unwrap().clone();
+    let width = |id: &str| {
+        seen.iter()
+            .find(|p| p[0] == id)
+            .and_then(|p| p[1].as_f64())
+            .unwrap_or_else(|| panic!("{id} on the page: {seen:?}"))
+    };
+    assert!(
+        width(&under_mid) > width(&mid_id) + 10.0,
+        "the last child's child is drawn further in than the last child: {seen:?}"
+    );
+}
