@@ -294,7 +294,8 @@ async fn start(
         }
         Err((directive, e)) => {
             tracing::warn!(thread = %child, "a placed child could not start: {e}");
-            let report = crate::thread::placed::not_started(&child, &directive, &e);
+            let error = crate::core::status::Status::Error;
+            let report = crate::thread::placed::not_started(&child, &directive, error, &e);
             placer.done(&child);
             placer.report(parent, report).await;
         }

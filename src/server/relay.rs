@@ -75,28 +75,37 @@ static ASKING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(ASKING
 /// Connections of earlier asks, kept for the next ones (by database).
 static IDLE: std::sync::Mutex<Vec<(String, Db)>> = std::sync::Mutex::new(Vec::new());
 
-/// The project's relay table.
-fn open(project: &Project) -> Result<Db, String> {
+/// The project's database.
+fn url_of(project: &Project) -> Result<crate::sql::DatabaseUrl, String> {
     let config = project.config().map_err(|e| e.to_string())?;
-    let url = config
-        .database
-        .ok_or("steering another node needs the project's Postgres database (`database:`)")?;
-    let mut db = Db::postgres(&url).map_err(|e| e.to_string())?;
+    config.database.ok_or_else(|| {
+        "steering another node needs the project's Postgres database (`database:`)".into()
+    })
+}
+
+/// The relay table of the database `url`.
+fn open_at(url: &crate::sql::DatabaseUrl) -> Result<Db, String> {
+    let mut db = Db::postgres(url).map_err(|e| e.to_string())?;
     crate::sql::migrate(&mut db, "relay", STEPS).map_err(|e| e.to_string())?;
     Ok(db)
 }
 
+/// The project's relay table.
+fn open(project: &Project) -> Result<Db, String> {
+    open_at(&url_of(project)?)
+}
+
 /// A connection to ask through: an idle one of the project's database, else a new one.
 fn asker(project: &Project) -> Result<(String, Db), String> {
-    let key = project.config().map_err(|e| e.to_string())?.database;
-    let key = key.map(|u| u.secret().to_string()).unwrap_or_default();
+    let url = url_of(project)?;
+    let key = url.secret().to_string();
     let idle = IDLE.lock().ok().and_then(|mut v| {
         let at = v.iter().position(|(k, _)| *k == key)?;
         Some(v.swap_remove(at).1)
     });
     match idle {
         Some(db) => Ok((key, db)),
-        None => Ok((key, open(project)?)),
+        None => Ok((key, open_at(&url)?)),
     }
 }
 

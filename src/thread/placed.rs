@@ -48,7 +48,7 @@ pub(crate) async fn start_child(
 
 /// Places `req` (a child of the thread `parent`) on another node and returns its id and its
 /// stand-in actor, which forwards to `parent`.
-pub(crate) async fn place(
+async fn place(
     ctx: &Arc<Ctx>,
     placer: Arc<dyn Placer>,
     req: &SpawnRequest,
@@ -118,7 +118,8 @@ impl Actor for PlacedChild {
             ThreadMsg::Cancel { reason }
                 if self.placer.cancel(self.child.clone(), reason.clone()).await =>
             {
-                let report = not_started(&self.child, &self.directive, WITHDRAWN);
+                let report =
+                    not_started(&self.child, &self.directive, Status::Cancelled, WITHDRAWN);
                 self.ended(&me, report).await;
             }
             ThreadMsg::ChildFinished(report) if report.thread_id == self.child => {
@@ -203,13 +204,14 @@ fn watch(ctx: Arc<Ctx>, child: ThreadId, me: ActorRef<ThreadMsg>) {
     });
 }
 
-/// The report of a placed child that never ran: withdrawn from the queue (cancelled), or its
+/// The report of a placed child that never ran: withdrawn from the queue (`cancelled`), or its
 /// start failed on the node that took it (`error`).
-pub(crate) fn not_started(child: &ThreadId, directive: &str, error: &str) -> ThreadReport {
-    let status = match error {
-        WITHDRAWN => Status::Cancelled,
-        _ => Status::Error,
-    };
+pub(crate) fn not_started(
+    child: &ThreadId,
+    directive: &str,
+    status: Status,
+    error: &str,
+) -> ThreadReport {
     ThreadReport::ended(
         child.clone(),
         directive.to_string(),
