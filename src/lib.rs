@@ -89,7 +89,7 @@ pub use crate::hooks::HookError;
 pub use crate::ledger::Account;
 pub use crate::project::config::{
     BuiltinHooks, Config, ConfigError, Durability, FileLimits, MaxTokensField, McpServerConfig,
-    NoPrice, ProviderConfig, ProviderKind,
+    McpServerOpen, NoPrice, ProviderConfig, ProviderKind,
 };
 pub use crate::project::Project;
 pub use crate::provider::{

@@ -278,6 +278,14 @@ pub enum Cmd {
         #[command(flatten)]
         choice: ChoiceArgs,
     },
+    /// Serve this project as an MCP server over stdin/stdout (for Claude Code, Claude Desktop,
+    /// Cursor, …): tools run_directive, list_directives, thread_status, cancel_thread,
+    /// search_threads; transcripts as resources. What clients may start is `mcp_server:` of the
+    /// config (nothing until it is set).
+    Mcp {
+        #[command(flatten)]
+        choice: ChoiceArgs,
+    },
     /// List the project's nodes (`weft serve --node`): lease, epoch, process, live threads.
     Nodes {
         /// JSON array.

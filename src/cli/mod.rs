@@ -30,6 +30,8 @@ mod history;
 mod init;
 mod live;
 mod log;
+#[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
+mod mcp;
 mod recover;
 mod run;
 mod serve;
@@ -167,6 +169,7 @@ pub async fn main(cli: Cli) -> i32 {
             node_lease,
             choice,
         } => serve::serve(cli.project, addr, public, (node, node_lease), choice.into()).await,
+        Cmd::Mcp { choice } => mcp::mcp(cli.project, choice.into()).await,
         Cmd::Nodes { json } => serve::nodes(cli.project, json),
         Cmd::Verify(v) => verify::verify(cli.project, v),
     };

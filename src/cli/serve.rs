@@ -165,12 +165,29 @@ pub(super) async fn serve(
         None => out!("weft serve: stopping — cancelling the threads this server runs"),
     }
     let _ = stop_tx.send(());
+    stop_threads(&rt, "weft serve stopped").await;
+    server.abort();
+    if let Some(l) = lease {
+        // A lost lease is not given up (another may hold the name), nor waited for: its renewer
+        // may hang on a connection that is gone.
+        match lost {
+            Some(_) => l.abandon(),
+            None => l.stop(),
+        }
+    }
+    Ok(if lost.is_some() { 1 } else { 0 })
+}
+
+/// Cancels the threads this process runs, waits for them to end (their cancel grace and 10 s
+/// more at most) and for the work their hooks left.
+#[cfg_attr(not(any(feature = "server", feature = "mcp-server")), allow(dead_code))]
+pub(super) async fn stop_threads(rt: &crate::runtime::Runtime, why: &str) {
     let mine = crate::registry::ThreadFilter {
         status: vec!["created".into(), "running".into()],
         ..Default::default()
     };
     for r in rt.list(&mine).unwrap_or_default() {
-        rt.cancel(&r.id, "weft serve stopped");
+        rt.cancel(&r.id, why);
     }
     let deadline =
         std::time::Instant::now() + rt.config().cancel_grace + std::time::Duration::from_secs(10);
@@ -184,16 +201,6 @@ pub(super) async fn serve(
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     rt.drain_hooks().await;
-    server.abort();
-    if let Some(l) = lease {
-        // A lost lease is not given up (another may hold the name), nor waited for: its renewer
-        // may hang on a connection that is gone.
-        match lost {
-            Some(_) => l.abandon(),
-            None => l.stop(),
-        }
-    }
-    Ok(if lost.is_some() { 1 } else { 0 })
 }
 
 /// A node being served: its lease (renewed from the join on, even while the runtime opens) and
@@ -392,8 +399,8 @@ impl Held {
 }
 
 /// Ctrl-C, or SIGTERM on Unix.
-#[cfg(feature = "server")]
-async fn wait_for_stop() {
+#[cfg(any(feature = "server", feature = "mcp-server"))]
+pub(super) async fn wait_for_stop() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

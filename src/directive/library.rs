@@ -68,6 +68,18 @@ impl Library {
         Ok(d)
     }
 
+    /// Every directive name the library resolves (project, user, built-in; `.md` files up to
+    /// 8 folders deep, names that are valid only), sorted, each once.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = BUILTIN.iter().map(|(n, _)| n.to_string()).collect();
+        for dir in [&self.project_dir, &self.user_dir].into_iter().flatten() {
+            walk_names(dir, "", 0, &mut out);
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The (mtime, length) of the file a name resolves to (None for built-ins and missing files).
     /// `extends` bases are not stamped: edit the directive itself to reload a chain mid-run.
     fn stamp(&self, name_or_path: &str) -> Option<(std::time::SystemTime, u64)> {
@@ -168,6 +180,26 @@ impl Library {
             "no directive named `{name_or_path}` (looked in {})",
             looked.join(", ")
         )))
+    }
+}
+
+/// The `.md` files under `dir` (as `prefix`), as directive names, into `out`.
+fn walk_names(dir: &Path, prefix: &str, depth: usize, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let path = e.path();
+        let kind = e.file_type().ok();
+        if kind.is_some_and(|k| k.is_dir()) && depth < 8 && !name.starts_with('.') {
+            walk_names(&path, &format!("{prefix}{name}/"), depth + 1, out);
+        } else if let Some(stem) = name.strip_suffix(".md") {
+            let full = format!("{prefix}{stem}");
+            if valid_name(&full) {
+                out.push(full);
+            }
+        }
     }
 }
 

@@ -107,6 +107,8 @@ struct RawConfig {
     node: Option<super::node::RawNode>,
     #[serde(default)]
     auto_resume: Option<bool>,
+    #[serde(default)]
+    mcp_server: Option<super::mcp_server::RawMcpServer>,
 }
 
 /// The YAML text being overlaid, so an error can name the line of the key it is about.
@@ -174,8 +176,11 @@ pub struct Config {
     /// `auto_resume:`: a node that adopts the threads of a node whose lease ran out resumes
     /// each interrupted tree as a continuation of its top thread (default false).
     pub auto_resume: bool,
+    /// `mcp_server:`: what MCP clients may start (None: nothing).
+    pub mcp_server: Option<McpServerOpen>,
 }
 
+pub use super::mcp_server::McpServerOpen;
 pub(crate) use super::node::NodeConfig;
 pub use super::providers::{MaxTokensField, ProviderConfig, ProviderKind};
 use super::sections::RawFiles;
@@ -186,71 +191,7 @@ pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
 
 /// The commented config `weft init` writes.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
-pub(crate) const DEFAULT_CONFIG_YAML: &str = r#"# weft project configuration. Every key is optional; shown values are the defaults.
-defaults:
-  # Limits every thread starts from; directives and overrides may change them, parents cap them.
-  limits: { turns: 15, tokens: 200000, spend: 0.50, duration: 10m, depth: 5, spawns: 20, concurrency: 5 }
-  # Provider used when a directive's `model` names none.
-  provider: scripted
-  # Largest max_tokens asked of one call; the budget ledger lowers it to what fits.
-  max_output_tokens: 4096
-providers:
-  scripted:
-    kind: scripted
-    # script: scripts/demo.yaml     # or pass `weft run --script FILE`
-  # Built in, shown here to adjust. Like the official SDKs they read $OPENAI_API_KEY /
-  # $ANTHROPIC_API_KEY and, when no base_url is set here, $OPENAI_BASE_URL / $ANTHROPIC_BASE_URL:
-  # openai:    { kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY,
-  #              tiers: { default: gpt-5-mini, fast: gpt-5-mini, smart: gpt-5 } }
-  # anthropic: { kind: anthropic, base_url: https://api.anthropic.com, api_key_env: ANTHROPIC_API_KEY,
-  #              tiers: { default: claude-haiku-4-5, fast: claude-haiku-4-5, smart: claude-sonnet-4-5 } }
-  # local:     { kind: openai, base_url: http://127.0.0.1:8080/v1, tiers: { fast: my-model } }
-  #              (no api_key_env: local servers need no key; optional read_timeout: 120s, headers: {})
-# USD per million tokens, per model id. A model without a price cannot run under a spend limit.
-pricing:
-  scripted: { input: 1.00, output: 4.00, cache_read: 0.10 }
-  # Built in (prices and context windows as published, dated table in src/project/models.rs):
-  # gpt-5, gpt-5-mini, gpt-5-nano, gpt-4.1(-mini/-nano), gpt-4o(-mini), o3, o4-mini,
-  # claude-opus-4-1, claude-opus-4-0, claude-sonnet-4-5, claude-sonnet-4-0, claude-haiku-4-5,
-  # claude-3-5-haiku-latest, and their dated snapshots. Override any price here:
-  # gpt-4o-mini: { input: 0.15, output: 0.60, cache_read: 0.075 }
-# Tokens a chat template adds to each call beyond its text (special tokens, tool preamble): the
-# ledger reserves every call for at most one token per byte of text plus this. Per model too:
-# pricing: { my-model: { input: 1.0, output: 2.0, cache_write: 2.5, prompt_overhead_tokens: 512 } }
-prompt_overhead_tokens: 256
-# Context window per model id, in tokens: a call whose prompt cannot fit is refused (built-in
-# models have theirs).
-# context_window: { my-model: 32768 }
-# MCP tool servers: tools offered as mcp__<server>__<tool>, capability mcp.<server>.<tool>.
-# mcp_servers:
-#   everything: { command: npx, args: ["-y", "@modelcontextprotocol/server-everything"] }
-#   remote:     { url: "https://example.com/mcp", headers: { Authorization: "Bearer ${REMOTE_TOKEN}" } }
-# Built-in hooks (hooks/ of weft itself); switch any off here.
-# usage_record: after_complete, a line per thread in .weft/usage.jsonl; continuation: a thread
-# whose prompt passes continuation_threshold of its model's context window continues in a new one.
-builtin_hooks: { usage_record: true, continuation: true }
-continuation_threshold: 0.9
-# Each thread's private file area (.weft/threads/<id>/files/, tools file_* with fs.read/fs.write).
-files: { max_file_bytes: 10485760, max_area_bytes: 104857600 }
-# normal: fsync at terminal transitions and checkpoints. strict: fsync every line (slower).
-durability: normal
-# Retries of retryable LLM errors (rate limit, overloaded, server, timeout, connection).
-retries: 3
-# How long a cancelled thread waits for its children to acknowledge before killing them.
-cancel_grace: 5s
-# A signed checkpoint line every N transcript lines (and always at the end).
-checkpoint_every: 64
-# Where the registry, the ledger and the thread store live: the embedded SQLite under
-# .weft/state/ (no key), or a PostgreSQL server ($WEFT_DATABASE_URL and `--database` win):
-# database: postgres://weft:PASSWORD@127.0.0.1:5432/weft
-# Where threads' file areas live (<root>/<thread id>/files/), e.g. a folder several machines
-# share; relative to the project folder. Default: each thread's own .weft/threads/<id>/files/.
-# files_root: /srv/weft-files
-# `weft serve` joins the database as a named node (a lease `weft nodes` shows; --node wins):
-# node: { name: a, lease: 5s, max_live_threads: 10000 }   # name: or `weft serve --node NAME`
-# A node that adopts a dead node's threads resumes each interrupted tree where it stopped:
-# auto_resume: true
-"#;
+pub(crate) const DEFAULT_CONFIG_YAML: &str = include_str!("default_config.yaml");
 
 impl Default for Config {
     fn default() -> Config {
@@ -292,6 +233,7 @@ impl Default for Config {
             files_root: None,
             node: None,
             auto_resume: false,
+            mcp_server: None,
         }
     }
 }
@@ -372,6 +314,10 @@ impl Config {
         }
         if let Some(a) = raw.auto_resume.take() {
             self.auto_resume = a;
+        }
+        if let Some(m) = raw.mcp_server.take() {
+            self.mcp_server =
+                Some(super::mcp_server::check(m).map_err(|e| src.at("mcp_server", e))?);
         }
         if let Some(n) = raw.node.take() {
             self.node = Some(super::node::check(n).map_err(|e| src.at("node", e))?);

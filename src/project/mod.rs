@@ -3,6 +3,7 @@
 //! library is built by `directive/` from a `Project`, never the other way round.
 
 pub(crate) mod config;
+mod mcp_server;
 pub(crate) mod models;
 mod node;
 mod providers;

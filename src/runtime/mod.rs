@@ -376,6 +376,22 @@ impl Runtime {
         self.spawn_root(req).await
     }
 
+    /// Starts a root for an outside client (an MCP client): `directive` by library name only,
+    /// one `bounds` opens; `lower` may only lower the directive's own limits, and its spend is
+    /// at most `bounds.max_spend`.
+    #[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
+    pub(crate) async fn start_for_client(
+        &self,
+        directive: &str,
+        inputs: Map<String, Value>,
+        lower: LimitSet,
+        bounds: crate::thread::ClientBounds,
+    ) -> Result<ThreadHandle, SpawnError> {
+        let mut req = SpawnRequest::new(directive, inputs, Origin::Client(bounds));
+        req.overrides = lower;
+        self.spawn_root(req).await
+    }
+
     /// Runs a root thread to its end.
     pub async fn run(
         &self,

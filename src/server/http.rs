@@ -65,6 +65,11 @@ pub async fn serve(
     let hub = Hub::start(&rt);
     // A node hears its own threads; the other nodes' it reads from the shared records.
     let remote = crate::core::owner::node().map(|_| super::remote::follow(&rt, hub.clone()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    #[cfg(feature = "mcp-server")]
+    let public = !listener.local_addr()?.ip().is_loopback();
+    #[cfg(feature = "mcp-server")]
+    let mcp = super::mcp::http_service(rt.clone(), public, stop.clone());
     let app = Arc::new(App { rt, hub, token });
     let router = Router::new()
         .route("/", axum::routing::get(page))
@@ -72,9 +77,20 @@ pub async fn serve(
         .route("/v1/{*rest}", axum::routing::any(v1))
         .fallback(|| async { reply(404, json!({ "error": "not found (the API is under /v1)" })) })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(app);
+        .with_state(app.clone());
+    // `/mcp`: weft as an MCP server over streamable HTTP, behind the same token.
+    #[cfg(feature = "mcp-server")]
+    let router = router.merge(
+        Router::new()
+            .route_service("/mcp", mcp)
+            .route_layer(axum::middleware::from_fn_with_state(app, bearer)),
+    );
+    let ended = stop.clone();
     let served = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            ended.cancel();
+        })
         .await;
     if let Some(r) = remote {
         r.abort();
@@ -117,6 +133,22 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
             .zip(token.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+}
+
+/// Lets a request through to `/mcp` only with the bearer token.
+#[cfg(feature = "mcp-server")]
+async fn bearer(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authorized(req.headers(), &app.token) {
+        true => next.run(req).await,
+        false => reply(
+            401,
+            json!({ "error": "missing or wrong bearer token (send `Authorization: Bearer <.weft/serve.token>`)" }),
+        ),
+    }
 }
 
 async fn v1(

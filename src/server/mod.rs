@@ -10,6 +10,8 @@ pub(crate) mod control;
 mod events;
 #[cfg(feature = "server")]
 pub(crate) mod http;
+#[cfg(feature = "mcp-server")]
+pub(crate) mod mcp;
 pub(crate) mod peer;
 pub(crate) mod placement;
 pub(crate) mod relay;

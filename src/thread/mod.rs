@@ -59,4 +59,6 @@ pub(crate) use report::StatusSnapshot;
 pub use report::ThreadReport;
 pub(crate) use spans::TARGET as SPAN_TARGET;
 pub use spawn::SpawnError;
-pub(crate) use spawn::{give_back, spawn, Continuation, Deferred, Origin, Seed, SpawnRequest};
+pub(crate) use spawn::{
+    give_back, spawn, ClientBounds, Continuation, Deferred, Origin, Seed, SpawnRequest,
+};

@@ -33,6 +33,11 @@ pub(crate) use files::run as run_file_tool;
 /// Runs a command tool (see [`process::run`]).
 pub(crate) use process::run as run_command;
 
+/// Whether `name` (a directive name or relative path) matches the glob `pattern`.
+pub(crate) fn glob_matches(pattern: &str, name: &str) -> bool {
+    glob::Glob::new(pattern).matches(name)
+}
+
 /// A tool's result.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ToolOutcome {

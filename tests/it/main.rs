@@ -35,6 +35,8 @@ mod layout;
 mod lifecycle;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(all(feature = "mcp-server", feature = "server"))]
+mod mcp_server;
 #[cfg(feature = "cli")]
 mod messages;
 #[cfg(feature = "server")]

@@ -14,7 +14,9 @@ mod request;
 mod stages;
 
 pub use error::SpawnError;
-pub(crate) use request::{Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest};
+pub(crate) use request::{
+    ClientBounds, Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest,
+};
 pub(crate) use stages::MIN_OUTPUT_TOKENS;
 
 use crate::core::ids::ThreadId;
@@ -200,7 +202,9 @@ fn arguments(
         Origin::Continue(c, p) => (c.messages, c.calls_made, p),
         Origin::Fork(s) => (s.messages, s.calls_made, None),
         Origin::Child(p) => (vec![Message::user(plan.prompt)], 0, Some(p)),
-        Origin::Person | Origin::Deferred(_) => (vec![Message::user(plan.prompt)], 0, None),
+        Origin::Person | Origin::Client(_) | Origin::Deferred(_) => {
+            (vec![Message::user(plan.prompt)], 0, None)
+        }
     };
     ThreadArgs {
         provider: plan.provider,

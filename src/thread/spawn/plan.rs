@@ -163,6 +163,22 @@ fn caused_by(req: &SpawnRequest, parent: Option<&ThreadDoc>) -> Vec<String> {
     out
 }
 
+/// An outside client's root: the directive's own limits lowered by what it asks, its spend at
+/// most its bounds' `max_spend`.
+fn client_limits(ctx: &Ctx, req: &SpawnRequest, directive: &Directive) -> Limits {
+    let own = crate::core::limits::resolve(
+        &ctx.config.default_limits,
+        &directive.limits,
+        &LimitSet::default(),
+        None,
+    );
+    let mut l = crate::core::limits::lowered(own, &req.overrides);
+    if let Origin::Client(b) = &req.origin {
+        l.spend = l.spend.min(b.max_spend);
+    }
+    l
+}
+
 /// A child's directive comes from a model: a library name only, and the parent must hold the
 /// capability for the name it resolves to (front matter may rename a file).
 fn load(
@@ -170,6 +186,16 @@ fn load(
     req: &SpawnRequest,
     parent: Option<&ThreadDoc>,
 ) -> Result<Directive, SpawnError> {
+    if let Origin::Client(b) = &req.origin {
+        let d = ctx.library.load_name(&req.directive)?;
+        if !b.opens(&d.name) {
+            return Err(SpawnError::Denied(format!(
+                "directive `{}` is not open to {} (mcp_server.directives in .weft/config.yaml: {:?}); add a pattern that matches it",
+                d.name, b.who, b.directives
+            )));
+        }
+        return Ok(d);
+    }
     let Some(p) = parent else {
         return Ok(ctx.library.load(&req.directive)?);
     };
@@ -221,6 +247,7 @@ fn limits_and_caps(
     // model's `spawn_thread {limits}`, a hook's, a deferred child's) only lower them:
     // min(own, asked, parent's), depth − 1.
     let limits = match parent {
+        None if matches!(req.origin, Origin::Client(_)) => client_limits(ctx, req, directive),
         None => crate::core::limits::resolve(
             &ctx.config.default_limits,
             &directive.limits,

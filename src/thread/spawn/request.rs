@@ -28,6 +28,11 @@ pub(crate) enum Origin {
     /// A person starts a root (`weft run`, the API, the control socket): the directive's own
     /// limits, which the person's `--limit` may raise; a budget of its own.
     Person,
+    /// An outside client starts a root (an MCP client of `weft mcp`): a library name only, one
+    /// its bounds open; the directive's own limits, which the client may only lower, its spend
+    /// at most the bounds' `max_spend`; a budget of its own.
+    #[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
+    Client(ClientBounds),
     /// A running thread starts a child (`spawn_thread`, a hook on it): limits only lower,
     /// capabilities attenuated, approval inherited, depth − 1, drawing on the parent's account.
     Child(ParentLink),
@@ -41,6 +46,26 @@ pub(crate) enum Origin {
     Continue(Box<Continuation>, Option<ParentLink>),
     /// A person's fork: a new root with a budget of its own, from a copy of a conversation.
     Fork(Seed),
+}
+
+/// What an outside client may start (see [`Origin::Client`]; `mcp_server:` of the config).
+#[derive(Debug, Clone)]
+pub(crate) struct ClientBounds {
+    /// Who asks, named in refusals (`MCP clients`).
+    pub who: &'static str,
+    /// Directive-name patterns it may start.
+    pub directives: Vec<String>,
+    /// The most its tree may spend.
+    pub max_spend: Nanos,
+}
+
+impl ClientBounds {
+    /// Whether `name` (as the directive resolves, front matter included) is open to it.
+    pub(crate) fn opens(&self, name: &str) -> bool {
+        self.directives
+            .iter()
+            .any(|p| crate::tools::glob_matches(p, name))
+    }
 }
 
 /// A deferred child (see [`Origin::Deferred`]).

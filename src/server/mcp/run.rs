@@ -1,0 +1,159 @@
+//! `run_directive`: a tree started for an MCP client through the runtime's one door
+//! ([`Runtime::start_for_client`]), waited for while progress notifications name each thread
+//! as it starts and ends; the client's cancellation cancels the tree.
+
+use super::access;
+use crate::core::limits::LimitSet;
+use crate::runtime::Runtime;
+use crate::thread::{Event, ThreadReport};
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::service::RequestContext;
+use rmcp::{Peer, RoleServer};
+use serde_json::{json, Map, Value};
+
+/// The arguments of `run_directive`, checked.
+struct Ask {
+    directive: String,
+    inputs: Map<String, Value>,
+    lower: LimitSet,
+    wait: bool,
+}
+
+fn ask(args: &Value) -> Result<Ask, String> {
+    const KEYS: [&str; 4] = ["directive", "inputs", "limits", "wait"];
+    if let Some(k) = args
+        .as_object()
+        .and_then(|o| o.keys().find(|k| !KEYS.contains(&k.as_str())))
+    {
+        return Err(format!("unknown argument `{k}` (expected {KEYS:?})"));
+    }
+    let directive = args["directive"]
+        .as_str()
+        .filter(|d| !d.trim().is_empty())
+        .ok_or("`directive` (a name from list_directives) is required")?;
+    let inputs = match &args["inputs"] {
+        Value::Null => Map::new(),
+        Value::Object(m) => m.clone(),
+        _ => return Err("`inputs` must be an object of name: value".into()),
+    };
+    let mut lower = LimitSet::default();
+    match &args["limits"] {
+        Value::Null => {}
+        Value::Object(m) => {
+            for (k, v) in m {
+                lower.set(k, v).map_err(|e| format!("limits.{k}: {e}"))?;
+            }
+        }
+        _ => return Err("`limits` must be an object of name: value".into()),
+    }
+    let wait = match &args["wait"] {
+        Value::Null => true,
+        Value::Bool(b) => *b,
+        _ => return Err("`wait` must be true or false".into()),
+    };
+    Ok(Ask {
+        directive: directive.to_string(),
+        inputs,
+        lower,
+        wait,
+    })
+}
+
+/// What a client gets back of a tree that ended.
+fn outcome(r: &ThreadReport) -> Value {
+    json!({
+        "thread_id": r.thread_id, "directive": r.directive, "status": r.status,
+        "result": r.result, "outputs": r.outputs, "error": r.error,
+        "spend_usd": r.spend_nanos.to_string(), "spend_nanos": r.spend_nanos.0,
+        "turns": r.turns,
+    })
+}
+
+/// `run_directive`.
+pub(super) async fn run_directive(
+    rt: &Runtime,
+    args: &Value,
+    context: &RequestContext<RoleServer>,
+) -> Result<Value, String> {
+    let bounds = access::bounds(rt)?;
+    let ask = ask(args)?;
+    let mut handle = rt
+        .start_for_client(&ask.directive, ask.inputs, ask.lower, bounds)
+        .await
+        .map_err(|e| e.to_string())?;
+    let id = handle.id().clone();
+    if !ask.wait {
+        tokio::spawn(handle.wait());
+        return Ok(json!({ "thread_id": id, "status": "running" }));
+    }
+    let mut events = handle.events();
+    let mut progress = Progress {
+        peer: context.peer.clone(),
+        token: context.meta.get_progress_token(),
+        started: 0,
+        ended: 0,
+        root: id.clone(),
+        root_told: false,
+    };
+    let done = handle.wait();
+    tokio::pin!(done);
+    let (mut cancelled, mut open) = (false, true);
+    loop {
+        tokio::select! {
+            report = &mut done => {
+                let r = report.map_err(|e| e.to_string())?;
+                // The root's end may come before its event: it is told once either way.
+                if !progress.root_told {
+                    progress.tell(&Event::Finished(Box::new(r.clone()))).await;
+                }
+                return Ok(outcome(&r));
+            }
+            _ = context.ct.cancelled(), if !cancelled => {
+                cancelled = true;
+                rt.cancel(&id, "cancelled by the MCP client");
+            }
+            ev = events.next(), if open => match ev {
+                Some(ev) => progress.tell(&ev).await,
+                None => open = false,
+            },
+        }
+    }
+}
+
+/// Progress notifications of one request: the threads of its tree started and ended so far.
+struct Progress {
+    peer: Peer<RoleServer>,
+    token: Option<ProgressToken>,
+    started: u64,
+    ended: u64,
+    /// The tree's root, and whether its end was told.
+    root: crate::core::ids::ThreadId,
+    root_told: bool,
+}
+
+impl Progress {
+    async fn tell(&mut self, ev: &Event) {
+        let message = match ev {
+            Event::Started { id, directive, .. } => {
+                self.started += 1;
+                format!("started {id} ({directive})")
+            }
+            Event::Finished(r) => {
+                self.ended += 1;
+                self.root_told |= r.thread_id == self.root;
+                format!(
+                    "{} {} ({}), {}",
+                    r.status, r.thread_id, r.directive, r.spend_nanos
+                )
+            }
+            _ => return,
+        };
+        let Some(token) = self.token.clone() else {
+            return;
+        };
+        let p = ProgressNotificationParam::new(token, self.ended as f64)
+            .with_total(self.started as f64)
+            .with_message(message);
+        let _ = self.peer.notify_progress(p).await;
+    }
+}
