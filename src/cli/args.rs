@@ -15,6 +15,12 @@ pub enum Cmd {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Print the JSON Schema of a file weft reads, for editors: `directive` (front matter),
+    /// `config` (.weft/config.yaml), `tool` (tools/*.yaml) or `hooks` (hooks.yaml).
+    Schema {
+        /// directive, config, tool or hooks.
+        kind: SchemaKind,
+    },
     /// Run a directive as a root thread.
     Run {
         /// Directive name (project → user → built-in) or path to a .md file.
@@ -294,6 +300,19 @@ pub enum Cmd {
     },
     /// Verify signatures and transcript chains.
     Verify(VerifyArgs),
+}
+
+/// Which file `weft schema` describes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaKind {
+    /// A directive's front matter.
+    Directive,
+    /// `.weft/config.yaml` (and the user's config).
+    Config,
+    /// A command tool file, `tools/*.yaml`.
+    Tool,
+    /// A hooks file, `.weft/hooks.yaml` (and the user's `hooks.yaml`).
+    Hooks,
 }
 
 /// `weft threads` subcommands.

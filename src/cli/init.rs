@@ -4,6 +4,10 @@ use super::{failed, usage, Exit};
 use std::io::Write;
 use std::path::PathBuf;
 
+/// The first line of the config `weft init` writes: editors running the YAML language server
+/// complete and check it against `.weft/schemas/config.json`.
+const CONFIG_MODELINE: &str = "# yaml-language-server: $schema=./schemas/config.json";
+
 pub(super) fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     let root = match explicit {
         Some(p) => p,
@@ -21,12 +25,26 @@ pub(super) fn init(explicit: Option<PathBuf>) -> Result<i32, Exit> {
     if cfg.exists() {
         out!("{} already exists; left as it is", cfg.display());
     } else {
-        std::fs::write(&cfg, crate::project::config::DEFAULT_CONFIG_YAML).map_err(|e| Exit {
+        let text = format!(
+            "{CONFIG_MODELINE}\n{}",
+            crate::project::config::DEFAULT_CONFIG_YAML
+        );
+        std::fs::write(&cfg, text).map_err(|e| Exit {
             code: 1,
             message: format!("{}: {e}", cfg.display()),
         })?;
         out!("wrote {}", cfg.display());
     }
+    // JSON Schemas for editors, rewritten on every init (they follow the weft that wrote them).
+    let schemas = weft.join("schemas");
+    super::schema::write_all(&schemas).map_err(|e| Exit {
+        code: 1,
+        message: format!("{}: {e}", schemas.display()),
+    })?;
+    out!(
+        "wrote JSON Schemas to {} (editors: start tools/*.yaml with `# yaml-language-server: $schema=../.weft/schemas/tool.json`)",
+        schemas.display()
+    );
     let signer = crate::record::signing::Signer::load_or_create(&crate::project::user_dir())
         .map_err(failed)?;
     signer.trust_in(&weft.join("trust")).map_err(failed)?;

@@ -34,6 +34,7 @@ mod log;
 mod mcp;
 mod recover;
 mod run;
+mod schema;
 mod serve;
 mod show;
 pub(crate) mod telemetry;
@@ -81,6 +82,7 @@ pub async fn main(cli: Cli) -> i32 {
     let res = match cli.cmd {
         Cmd::Init => init::init(cli.project),
         Cmd::Completions { shell } => completions(shell),
+        Cmd::Schema { kind } => schema::print(kind),
         Cmd::Run {
             directive,
             inputs,

@@ -87,6 +87,31 @@ pub(crate) const LIMIT_NAMES: [&str; 7] = [
     "concurrency",
 ];
 
+/// JSON Schema of a `limits:` map (front matter, `defaults.limits`): the names [`LimitSet::set`]
+/// takes, each in the forms it reads.
+#[cfg(feature = "cli")]
+pub(crate) fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let whole = serde_json::json!({ "anyOf": [
+        { "type": "integer", "minimum": 0 }, { "type": "string", "pattern": "^\\s*[0-9]+\\s*$" }
+    ] });
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            "turns": { "description": "most LLM calls", "anyOf": whole["anyOf"] },
+            "tokens": { "description": "most tokens (input + output) of the thread's own calls", "anyOf": whole["anyOf"] },
+            "spawns": { "description": "most children over the thread's life", "anyOf": whole["anyOf"] },
+            "concurrency": { "description": "most children alive at once", "anyOf": whole["anyOf"] },
+            "depth": { "description": "levels of descendants below the thread", "anyOf": [
+                { "type": "integer" }, { "type": "string", "pattern": "^\\s*-?[0-9]+\\s*$" } ] },
+            "spend": { "description": "most USD the thread and its subtree may spend (e.g. 0.50 or \"$0.50\")", "anyOf": [
+                { "type": "number", "minimum": 0 }, { "type": "string", "pattern": "^\\s*\\$?\\s*[0-9]*(\\.[0-9]{0,9})?\\s*$" } ] },
+            "duration": { "description": "wall-clock time: seconds, or a duration such as 10m, 90s, 1h", "anyOf": [
+                { "type": "integer", "minimum": 0 }, { "type": "string" } ] }
+        }
+    })
+}
+
 /// Built-in defaults, used under any config: 15 turns, 200k tokens, $0.50, 10 min, depth 5,
 /// 20 spawns, 5 concurrent children.
 pub(crate) fn builtin_defaults() -> LimitSet {

@@ -11,35 +11,63 @@ use crate::project::yaml::yaml_message;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
+/// A directive's front matter (SPEC §3); `weft schema directive` is derived from it.
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct Front {
+    /// The directive's name (default: its path under `directives/`, without `.md`).
     #[serde(default)]
     name: Option<String>,
+    /// One line saying what it does.
     #[serde(default)]
     description: Option<String>,
+    /// The model: a tier (`fast`, `smart`), an id, a provider.
     #[serde(default)]
     model: Option<ModelSpec>,
+    /// Limits of its threads (children are capped by their parent's).
     #[serde(default)]
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::json_schema")
+    )]
     limits: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Capabilities its threads hold (e.g. `thread.spawn.research.*`, `fs.read`).
     #[serde(default)]
     permissions: Option<Vec<String>>,
+    /// Tools (names or capability patterns) whose calls wait for a person's approval.
     #[serde(default)]
     approval: Option<Vec<String>>,
+    /// Declared inputs, by name.
     #[serde(default)]
     inputs: Option<BTreeMap<String, InputSpec>>,
+    /// Declared outputs, by name (checked by `directive_return`).
     #[serde(default)]
     outputs: Option<BTreeMap<String, OutputSpec>>,
+    /// Hooks of this directive's threads (layer 1; the same shape as a hooks file's).
     #[serde(default)]
+    #[cfg_attr(
+        feature = "cli",
+        schemars(with = "Option<Vec<serde_json::Map<String, serde_json::Value>>>")
+    )]
     hooks: Option<serde_json::Value>,
+    /// A directive whose metadata this one inherits.
     #[serde(default)]
     extends: Option<String>,
+    /// What a parent does when a child ends in error.
     #[serde(default)]
     on_child_error: Option<OnChildError>,
     /// Rye's `version:` — accepted and not kept: a directive is identified by its name and
     /// its content hash, never by a version it declares.
     #[serde(default, rename = "version")]
+    #[cfg_attr(feature = "cli", schemars(with = "Option<String>"))]
     _version: Option<serde::de::IgnoredAny>,
+}
+
+/// JSON Schema of a directive's front matter.
+#[cfg(feature = "cli")]
+pub(crate) fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Front)).unwrap_or_default()
 }
 
 /// Splits `---\nyaml\n---\nbody`; returns (yaml, body, line number of the yaml's first line).

@@ -10,6 +10,8 @@ mod io;
 mod library;
 pub(crate) mod rye;
 
+#[cfg(feature = "cli")]
+pub(crate) use front::json_schema;
 pub use front::parse;
 pub use io::OutputsError;
 pub use library::Library;
@@ -32,6 +34,7 @@ pub struct DirectiveError {
 
 /// Which model a directive asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// A tier name resolved through the provider's `tiers` (e.g. `fast`).
@@ -47,6 +50,7 @@ pub struct ModelSpec {
 
 /// A declared input.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InputSpec {
     /// string, integer, number, boolean, array, object or any.
@@ -65,6 +69,7 @@ pub struct InputSpec {
 
 /// A declared output (checked by `directive_return`).
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     /// Same types as inputs.
@@ -84,6 +89,7 @@ fn any() -> String {
 
 /// What a parent does when a child ends in error (front matter `on_child_error:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OnChildError {
     /// The error comes back as a tool result; siblings keep running (default).

@@ -38,6 +38,11 @@ pub(crate) enum Op {
     Exists,
 }
 
+/// The operators a condition takes (`op:`; default `eq`).
+pub(crate) const OPS: [&str; 10] = [
+    "eq", "ne", "gt", "gte", "lt", "lte", "in", "contains", "regex", "exists",
+];
+
 /// Parses a condition; the error says what is wrong (the caller names the file).
 pub(crate) fn parse(v: &Value) -> Result<Cond, String> {
     let Some(o) = v.as_object() else {
@@ -83,11 +88,7 @@ pub(crate) fn parse(v: &Value) -> Result<Cond, String> {
                     .map_err(|e| format!("regex `{pattern}`: {e}"))?,
             )
         }
-        other => {
-            return Err(format!(
-                "unknown op `{other}` (eq, ne, gt, gte, lt, lte, in, contains, regex, exists)"
-            ))
-        }
+        other => return Err(format!("unknown op `{other}` ({})", OPS.join(", "))),
     };
     if matches!(op, Op::In) && !value.is_array() {
         return Err("`in` needs a list value".into());

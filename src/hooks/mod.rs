@@ -10,6 +10,8 @@
 
 mod cond;
 mod event;
+#[cfg(feature = "cli")]
+pub(crate) mod schema;
 
 pub(crate) use cond::lookup;
 use cond::Cond;

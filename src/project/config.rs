@@ -37,6 +37,7 @@ pub struct NoPrice {
 
 /// How often transcripts and thread.json are fsynced (SPEC §11 durability policy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// fsync at terminal transitions and checkpoints; every write reaches the OS at once.
@@ -47,6 +48,7 @@ pub enum Durability {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawPrice {
     input: serde_json::Value,
@@ -60,9 +62,14 @@ struct RawPrice {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawDefaults {
     #[serde(default)]
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::json_schema")
+    )]
     limits: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default)]
     provider: Option<String>,
@@ -71,6 +78,7 @@ struct RawDefaults {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
@@ -192,6 +200,12 @@ pub(crate) const DEFAULT_PROMPT_OVERHEAD: u64 = 256;
 /// The commented config `weft init` writes.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) const DEFAULT_CONFIG_YAML: &str = include_str!("default_config.yaml");
+
+/// JSON Schema of `.weft/config.yaml` (and the user's config), from the parser's own types.
+#[cfg(feature = "cli")]
+pub(crate) fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(RawConfig)).unwrap_or_default()
+}
 
 impl Default for Config {
     fn default() -> Config {

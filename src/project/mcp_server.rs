@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 /// `mcp_server:` as written.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawMcpServer {
     #[serde(default)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 /// `node:` as written.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNode {
     #[serde(default)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 /// Which backend a provider entry drives (config `providers.<name>.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// Replays a script file (the default of a [`ProviderConfig`] built in code).
@@ -22,6 +23,7 @@ pub enum ProviderKind {
 /// The request field that caps an OpenAI-compatible call's output
 /// (config `providers.<name>.max_tokens_field`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MaxTokensField {
     /// `max_tokens`: what llama.cpp, vLLM, Ollama and older OpenAI models read.
@@ -42,6 +44,7 @@ impl MaxTokensField {
 
 /// One configured LLM backend.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// `scripted`, `openai` or `anthropic`.
@@ -63,6 +66,7 @@ pub struct ProviderConfig {
     pub script: Option<String>,
     /// Longest silence while reading a response (humantime, e.g. `120s`).
     #[serde(default, deserialize_with = "de_duration")]
+    #[cfg_attr(feature = "cli", schemars(with = "Option<String>"))]
     pub read_timeout: Option<Duration>,
     /// For `openai`: the request field that caps output, `max_tokens` or
     /// `max_completion_tokens` (default: the latter for OpenAI's reasoning models `o1`, `o3`,

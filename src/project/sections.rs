@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 /// Built-in hooks (config `builtin_hooks:`), each switchable off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct BuiltinHooks {
     /// `after_complete` usage record appended to `.weft/usage.jsonl`.
@@ -45,6 +46,7 @@ impl Default for FileLimits {
 /// One MCP tool server (config `mcp_servers.<name>`): a command run over stdio, or a streamable
 /// HTTP endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// stdio: the program.
@@ -108,6 +110,7 @@ impl McpServerConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFiles {
     #[serde(default)]

@@ -56,6 +56,7 @@ pub(crate) struct CommandTool {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawTool {
     name: String,
@@ -74,6 +75,12 @@ struct RawTool {
     max_output: Option<u64>,
     #[serde(default)]
     approval: Option<String>,
+}
+
+/// JSON Schema of a command tool file (`tools/*.yaml`), from the parser's own type.
+#[cfg(feature = "cli")]
+pub(crate) fn json_schema() -> Value {
+    serde_json::to_value(schemars::schema_for!(RawTool)).unwrap_or_default()
 }
 
 /// A tool file that cannot be used: the file, the line when known, and what is wrong.

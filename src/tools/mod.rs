@@ -16,6 +16,8 @@ mod process;
 mod schema;
 
 pub(crate) use code::{run as run_code, CodeEnv};
+#[cfg(feature = "cli")]
+pub(crate) use command::json_schema as tool_schema;
 pub use command::ToolFileError;
 pub(crate) use command::{parse as parse_tool_file, CommandTool, CommandTools};
 pub(crate) use files::{copy_between, resolve as resolve_in_area, FileTool};

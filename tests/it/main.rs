@@ -52,6 +52,8 @@ mod providers;
 mod records;
 #[cfg(feature = "server")]
 mod redact;
+#[cfg(feature = "cli")]
+mod schema;
 #[cfg(feature = "server")]
 mod serve;
 #[cfg(feature = "cli")]
