@@ -17,7 +17,10 @@ pub(super) async fn mcp(_explicit: Option<PathBuf>, _choice: Choice) -> Result<i
 #[cfg(feature = "mcp-server")]
 pub(super) async fn mcp(explicit: Option<PathBuf>, choice: Choice) -> Result<i32, Exit> {
     let project = super::find_project(explicit)?;
-    let (rt, _control) = super::run::open_serving(super::run::chosen(&project, choice)).await?;
+    // Scheduled work of the project is not this short-lived process's to run (its clients' trees'
+    // is): other work would be cancelled when the client goes away.
+    let builder = super::run::chosen(&project, choice).effects_of_none();
+    let (rt, _control) = super::run::open_serving(builder).await?;
     if rt.config().mcp_server.is_none() {
         eprintln!(
             "weft mcp: no directive is open to MCP clients yet; add `mcp_server: {{ max_spend: 0.25, directives: [\"research/*\"] }}` to {}",

@@ -135,9 +135,14 @@ pub(super) async fn serve(
     };
     let token = crate::server::http::token(&project)
         .map_err(|e| usage(format!("cannot make .weft/serve.token: {e}")))?;
+    #[cfg(feature = "mcp-server")]
+    crate::server::http::mcp_token(&project)
+        .map_err(|e| usage(format!("cannot make .weft/mcp.token: {e}")))?;
     let lease = node.map(|n| n.held);
     out!("weft serve: http://{local}/#token={token}");
     out!("  API under http://{local}/v1 — header `Authorization: Bearer <.weft/serve.token>`; Ctrl-C stops");
+    #[cfg(feature = "mcp-server")]
+    out!("  MCP at http://{local}/mcp — header `Authorization: Bearer <.weft/mcp.token>` (opens only what `mcp_server:` does)");
     let _ = std::io::stdout().flush();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::server::http::serve(

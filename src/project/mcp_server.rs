@@ -14,6 +14,8 @@ pub(crate) struct RawMcpServer {
     max_spend: Option<serde_json::Value>,
     #[serde(default)]
     directives: Vec<String>,
+    #[serde(default)]
+    max_live_trees: Option<u64>,
 }
 
 /// `mcp_server:` checked.
@@ -23,6 +25,9 @@ pub struct McpServerOpen {
     pub max_spend: Nanos,
     /// Directive-name patterns a client may start (`research/*`, `**`); none: nothing.
     pub directives: Vec<String>,
+    /// The most trees MCP clients may have running at once in one process (default 4): with
+    /// `max_spend`, at most their product is at stake at any moment.
+    pub max_live_trees: u64,
 }
 
 /// Checks `mcp_server:`: `max_spend` is required (a USD amount above zero), every pattern a
@@ -49,8 +54,16 @@ pub(crate) fn check(raw: RawMcpServer) -> Result<McpServerOpen, String> {
             bad.escape_debug()
         ));
     }
+    let max_live_trees = raw.max_live_trees.unwrap_or(4);
+    if max_live_trees == 0 {
+        return Err(
+            "mcp_server: max_live_trees must be at least 1 (remove `mcp_server:` to open nothing)"
+                .into(),
+        );
+    }
     Ok(McpServerOpen {
         max_spend,
         directives: raw.directives,
+        max_live_trees,
     })
 }

@@ -111,14 +111,14 @@ async fn round(weak: &Weak<Ctx>) -> Option<Duration> {
 }
 
 /// Whether effect `e` is one this runtime runs: any, or only those of tree `scope`.
-fn in_scope(ctx: &Ctx, scope: Option<&ThreadId>, e: &Effect) -> bool {
-    let Some(root) = scope else {
+fn in_scope(ctx: &Ctx, scope: Option<&std::collections::HashSet<ThreadId>>, e: &Effect) -> bool {
+    let Some(roots) = scope else {
         return true;
     };
     ThreadId::parse(&e.thread)
         .ok()
         .and_then(|t| ctx.verified_doc(&t).ok())
-        .is_some_and(|d| d.root_id == *root)
+        .is_some_and(|d| roots.contains(&d.root_id))
 }
 
 async fn run(ctx: &Arc<Ctx>, e: Effect) {

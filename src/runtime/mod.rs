@@ -60,6 +60,9 @@ pub struct RuntimeBuilder {
     /// A library user's own backend, used for every thread.
     custom: Option<Arc<dyn Provider>>,
     no_provider: bool,
+    /// Claims the scheduled effects of no tree until one is added (see
+    /// [`Runtime::claim_effects_of`]).
+    effects_of_none: bool,
 }
 
 impl RuntimeBuilder {
@@ -91,6 +94,14 @@ impl RuntimeBuilder {
     /// Opens without an LLM provider: for commands that start no thread (cancel, recover).
     pub fn without_provider(mut self) -> Self {
         self.no_provider = true;
+        self
+    }
+
+    /// The runtime claims no scheduled effect of the project from its start, only those of
+    /// the trees later added with [`Runtime::claim_effects_of`] (`weft mcp`).
+    #[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
+    pub(crate) fn effects_of_none(mut self) -> Self {
+        self.effects_of_none = true;
         self
     }
 
@@ -172,7 +183,10 @@ impl RuntimeBuilder {
             in_spawn: Default::default(),
             stopped: Default::default(),
             caused: Default::default(),
-            effects_gate: Default::default(),
+            effects_gate: tokio::sync::Mutex::new(crate::thread::EffectsGate {
+                closed: false,
+                scope: self.effects_of_none.then(Default::default),
+            }),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
             writers,
@@ -308,6 +322,7 @@ impl Runtime {
             choice: Choice::default(),
             custom: None,
             no_provider: false,
+            effects_of_none: false,
         }
     }
 
@@ -435,7 +450,17 @@ impl Runtime {
     /// From now on this runtime claims only the scheduled effects of tree `root` (`weft run`
     /// once its tree has ended: it waits for what its tree caused, not for other trees' work).
     pub async fn scope_effects(&self, root: &ThreadId) {
-        self.ctx.effects_gate.lock().await.scope = Some(root.clone());
+        self.ctx.effects_gate.lock().await.scope = Some([root.clone()].into());
+    }
+
+    /// Adds tree `root` to the trees whose scheduled effects this runtime claims, when it
+    /// claims only some ([`RuntimeBuilder::effects_of_none`]: `weft mcp` runs what its clients'
+    /// trees caused, never other work of the project); a runtime that claims all is unchanged.
+    #[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
+    pub(crate) async fn claim_effects_of(&self, root: &ThreadId) {
+        if let Some(scope) = self.ctx.effects_gate.lock().await.scope.as_mut() {
+            scope.insert(root.clone());
+        }
     }
 
     /// From now on this runtime claims no scheduled effect (it is about to exit: what is not

@@ -32,11 +32,25 @@ struct App {
     rt: Runtime,
     hub: Arc<Hub>,
     token: String,
+    /// `/mcp`'s own token: an MCP client holds only what `mcp_server:` opens, never `/v1`.
+    #[cfg(feature = "mcp-server")]
+    mcp_token: String,
 }
 
 /// The token of `project`'s server, made (random, mode 0600) if there is none yet.
 pub(crate) fn token(project: &Project) -> std::io::Result<String> {
-    let path = project.weft().join("serve.token");
+    token_in(project, "serve.token")
+}
+
+/// The token of `project`'s MCP endpoint (`/mcp`), made like [`token`]'s: it opens `/mcp` only.
+#[cfg(feature = "mcp-server")]
+pub(crate) fn mcp_token(project: &Project) -> std::io::Result<String> {
+    token_in(project, "mcp.token")
+}
+
+/// The token kept in `.weft/<file>`, made (random, mode 0600) if there is none yet.
+fn token_in(project: &Project, file: &str) -> std::io::Result<String> {
+    let path = project.weft().join(file);
     match std::fs::read_to_string(&path) {
         Ok(t) if t.trim().len() >= 32 => return Ok(t.trim().to_string()),
         Ok(_) => {}
@@ -70,7 +84,15 @@ pub async fn serve(
     let public = !listener.local_addr()?.ip().is_loopback();
     #[cfg(feature = "mcp-server")]
     let mcp = super::mcp::http_service(rt.clone(), public, stop.clone());
-    let app = Arc::new(App { rt, hub, token });
+    #[cfg(feature = "mcp-server")]
+    let mcp_token = mcp_token(rt.project())?;
+    let app = Arc::new(App {
+        rt,
+        hub,
+        token,
+        #[cfg(feature = "mcp-server")]
+        mcp_token,
+    });
     let router = Router::new()
         .route("/", axum::routing::get(page))
         .route("/v1", axum::routing::any(v1))
@@ -119,6 +141,15 @@ fn reply(status: u16, body: serde_json::Value) -> Response {
         .into_response()
 }
 
+/// 401, naming the file that holds the token. No `WWW-Authenticate`: MCP clients read one as
+/// the start of an OAuth flow (the MCP Inspector then stops asking for a person's login).
+fn unauthorized(file: &str) -> Response {
+    reply(
+        401,
+        json!({ "error": format!("missing or wrong bearer token (send `Authorization: Bearer <{file}>`)") }),
+    )
+}
+
 /// Whether `headers` carry the bearer token (compared in constant time).
 fn authorized(headers: &HeaderMap, token: &str) -> bool {
     let given = headers
@@ -142,12 +173,9 @@ async fn bearer(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authorized(req.headers(), &app.token) {
+    match authorized(req.headers(), &app.mcp_token) {
         true => next.run(req).await,
-        false => reply(
-            401,
-            json!({ "error": "missing or wrong bearer token (send `Authorization: Bearer <.weft/serve.token>`)" }),
-        ),
+        false => unauthorized(".weft/mcp.token"),
     }
 }
 
@@ -159,10 +187,7 @@ async fn v1(
     body: Bytes,
 ) -> Response {
     if !authorized(&headers, &app.token) {
-        return reply(
-            401,
-            json!({ "error": "missing or wrong bearer token (send `Authorization: Bearer <.weft/serve.token>`)" }),
-        );
+        return unauthorized(".weft/serve.token");
     }
     let path = uri.path();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();

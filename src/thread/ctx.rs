@@ -80,8 +80,9 @@ pub enum Event {
 pub(crate) struct EffectsGate {
     /// None any more (the process is about to exit: what is not due stays in the store).
     pub closed: bool,
-    /// Only those of this tree (`weft run` once its tree has ended).
-    pub scope: Option<ThreadId>,
+    /// Only those of these trees, by root (`weft run` once its tree has ended: its own;
+    /// `weft mcp`: the trees its clients started).
+    pub scope: Option<std::collections::HashSet<ThreadId>>,
 }
 
 impl Ctx {

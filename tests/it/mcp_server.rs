@@ -26,8 +26,19 @@ fn project(mcp_server: Option<&str>) -> Fixture {
         "{SCRIPT}\nother/secret:\n  - text: hi\nslow/wait:\n  - text: done\n    delay: 60s\n    usage: {{ input_tokens: 10, output_tokens: 10 }}\n"
     );
     let config = mcp_server.map_or(String::new(), |m| format!("mcp_server: {m}\n"));
+    // Front matter renaming a file into, and out of, the open patterns.
+    let into = directive(
+        "name: research/deploy\ndescription: renamed into research/",
+        "Deploy.",
+    );
+    let out_of = directive(
+        "name: ops/renamed\ndescription: renamed out of research/",
+        "Hi.",
+    );
     Fixture::new(
         &[
+            ("ops/deploy", &into),
+            ("research/renamed", &out_of),
             ("research/fanout", FANOUT),
             ("research/question", QUESTION),
             ("research/source", SOURCE),
@@ -191,9 +202,11 @@ fn the_python_sdk_runs_a_directive_over_stdio_within_its_cap() {
         10,
         "{msgs:?}"
     );
+    // Each thread counts once started and once ended: progress only grows, to its total.
+    let last = r["progress"].as_array().unwrap().last().unwrap();
     assert_eq!(
-        r["progress"].as_array().unwrap().last().unwrap()["progress"],
-        10.0
+        (&last["progress"], &last["total"]),
+        (&json!(20.0), &json!(20.0))
     );
 }
 
@@ -216,6 +229,8 @@ fn an_mcp_client_can_only_lower_limits_and_start_what_the_config_opens() {
                 json!({"directive": "research/fanout", "inputs": {"topic": "x"}, "limits": {"turns": 1}})
             ),
             call(json!({"directive": "research/fanout"})),
+            call(json!({"directive": "ops/deploy"})),
+            call(json!({"directive": "research/renamed"})),
         ]),
     );
     let capped = &a[0]["structured"];
@@ -285,30 +300,45 @@ fn an_unconfigured_mcp_server_opens_nothing_and_says_how() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_sdk_over_http_cancels_and_reads_a_tree_behind_the_token() {
+async fn the_python_sdk_over_http_cancels_and_reads_a_tree_behind_its_own_token() {
     let Some(py) = sdk_python() else { return };
     let fx = project(Some(
-        "{ max_spend: 0.03, directives: [\"research/*\", \"slow/*\"] }",
+        "{ max_spend: 0.03, directives: [\"research/*\", \"slow/*\"], max_live_trees: 1 }",
     ));
     let script = fx.root().join("script.yaml");
     let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
     let url = format!("{}/mcp", srv.base);
-    // No token, no MCP.
-    let bare = reqwest::Client::new()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#)
+    let mcp_token = std::fs::read_to_string(fx.root().join(".weft/mcp.token")).unwrap();
+    assert_ne!(mcp_token, srv.token);
+    // No token, or the API's, gets no MCP; MCP's gets no API.
+    let http = reqwest::Client::new();
+    for token in ["", srv.token.as_str()] {
+        let r = http
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+    }
+    let api = http
+        .get(format!("{}/v1/threads", srv.base))
+        .bearer_auth(&mcp_token)
         .send()
         .await
         .unwrap();
-    assert_eq!(bare.status().as_u16(), 401);
-    let (py2, url2, token) = (py.clone(), url.clone(), srv.token.clone());
+    assert_eq!(api.status().as_u16(), 401);
+    let (py2, url2, token) = (py.clone(), url.clone(), mcp_token.clone());
     let a = tokio::task::spawn_blocking(move || {
         sdk(
             &py2,
             &["http", &url2, &token],
             json!([
                 {"op": "call", "tool": "run_directive", "args": {"directive": "slow/wait"}, "progress": true, "cancel_after": 2.0},
+                {"op": "sleep", "secs": 1.5},
+                {"op": "call", "tool": "run_directive", "args": {"directive": "slow/wait", "wait": false}},
                 {"op": "call", "tool": "run_directive", "args": {"directive": "slow/wait", "wait": false}},
             ]),
         )
@@ -331,7 +361,7 @@ async fn the_python_sdk_over_http_cancels_and_reads_a_tree_behind_the_token() {
         first()["status"] == "cancelled"
     })
     .await;
-    let (py3, url3, token) = (py.clone(), url.clone(), srv.token.clone());
+    let (py3, url3, token) = (py.clone(), url.clone(), mcp_token.clone());
     let first_id = first()["id"].as_str().unwrap().to_string();
     let uri = format!("weft://threads/{first_id}/transcript");
     let id2 = started.clone();
@@ -445,9 +475,10 @@ async fn the_mcp_inspector_cli_runs_a_directive_over_stdio_and_lists_tools_over_
         row(&fx, s["thread_id"].as_str().unwrap())["spend_nanos"]
     );
     let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    let token = std::fs::read_to_string(fx.root().join(".weft/mcp.token")).unwrap();
     let (url, auth) = (
         format!("{}/mcp", srv.base),
-        format!("Authorization: Bearer {}", srv.token),
+        format!("Authorization: Bearer {token}"),
     );
     let listed = tokio::task::spawn_blocking(move || {
         inspect(

@@ -50,8 +50,9 @@ pub(super) fn visible(rt: &Runtime, id: &str) -> Result<ThreadRow, String> {
 
 /// The `limit` most recently updated threads MCP clients may see.
 pub(super) fn visible_threads(rt: &Runtime, limit: usize) -> Result<Vec<ThreadRow>, String> {
+    // Threads of trees clients may not see are left out after the listing: look well past it.
     let f = ThreadFilter {
-        limit: Some(limit * 4),
+        limit: Some(5_000),
         ..Default::default()
     };
     let rows = rt.list(&f).map_err(|e| e.to_string())?;

@@ -26,11 +26,13 @@ use serde_json::Value;
 #[derive(Clone)]
 pub(crate) struct WeftMcp {
     rt: Runtime,
+    /// The trees clients run in this process (every session's).
+    live: run::LiveTrees,
 }
 
 impl WeftMcp {
-    pub(crate) fn new(rt: Runtime) -> WeftMcp {
-        WeftMcp { rt }
+    pub(crate) fn new(rt: Runtime, live: run::LiveTrees) -> WeftMcp {
+        WeftMcp { rt, live }
     }
 }
 
@@ -77,7 +79,7 @@ impl ServerHandler for WeftMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let args = Value::Object(request.arguments.unwrap_or_default());
         let result = match request.name.as_ref() {
-            "run_directive" => run::run_directive(&self.rt, &args, &context).await,
+            "run_directive" => run::run_directive(&self.rt, &self.live, &args, &context).await,
             "list_directives" => tools::list_directives(&self.rt),
             "thread_status" => tools::thread_status(&self.rt, &args),
             "cancel_thread" => tools::cancel_thread(&self.rt, &args).await,
@@ -156,7 +158,7 @@ fn internal(e: impl std::fmt::Display) -> ErrorData {
 #[cfg(feature = "cli")]
 pub(crate) async fn serve_stdio(rt: Runtime) -> Result<(), String> {
     use rmcp::ServiceExt;
-    let running = WeftMcp::new(rt)
+    let running = WeftMcp::new(rt, Default::default())
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| format!("the MCP client's handshake failed: {e}"))?;
@@ -179,17 +181,24 @@ pub(crate) fn http_service(
     WeftMcp,
     rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
 > {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService,
     };
+    use std::sync::Arc;
     let mut config = StreamableHttpServerConfig::default();
     config.cancellation_token = stop;
     if public {
         config = config.disable_allowed_hosts();
     }
+    // A session idle this long is closed (its requests, and their trees, cancelled): longer
+    // than any tree runs quietly (rmcp's default, 5 min, cut a long call's tree short).
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(std::time::Duration::from_secs(24 * 3600));
+    let live = run::LiveTrees::default();
     StreamableHttpService::new(
-        move || Ok(WeftMcp::new(rt.clone())),
-        Default::default(),
+        move || Ok(WeftMcp::new(rt.clone(), live.clone())),
+        Arc::new(sessions),
         config,
     )
 }

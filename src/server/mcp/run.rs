@@ -10,6 +10,11 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::RequestContext;
 use rmcp::{Peer, RoleServer};
 use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The longest a progress notification may wait for the client to take it.
+const SEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The arguments of `run_directive`, checked.
 struct Ask {
@@ -69,23 +74,75 @@ fn outcome(r: &ThreadReport) -> Value {
     })
 }
 
+/// How many trees MCP clients have running in this process (shared by every session).
+#[derive(Clone, Default)]
+pub(crate) struct LiveTrees(Arc<AtomicU64>);
+
+/// One live tree of a client, counted until dropped.
+struct Counted(Arc<AtomicU64>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl LiveTrees {
+    /// Counts one more tree, or says why not: `max` are running.
+    fn take(&self, max: u64) -> Result<Counted, String> {
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1))
+            .map(|_| Counted(self.0.clone()))
+            .map_err(|n| format!("{n} trees started by MCP clients are running, the most mcp_server.max_live_trees allows; wait for one to end or cancel one"))
+    }
+}
+
 /// `run_directive`.
 pub(super) async fn run_directive(
     rt: &Runtime,
+    live: &LiveTrees,
     args: &Value,
     context: &RequestContext<RoleServer>,
 ) -> Result<Value, String> {
     let bounds = access::bounds(rt)?;
+    let max_live = rt
+        .config()
+        .mcp_server
+        .as_ref()
+        .map_or(1, |m| m.max_live_trees);
     let ask = ask(args)?;
-    let mut handle = rt
+    let counted = live.take(max_live)?;
+    let handle = rt
         .start_for_client(&ask.directive, ask.inputs, ask.lower, bounds)
         .await
         .map_err(|e| e.to_string())?;
     let id = handle.id().clone();
+    rt.claim_effects_of(&id).await;
+    if context.ct.is_cancelled() {
+        // Cancelled while it started: the client will never learn its id.
+        rt.cancel(&id, "cancelled by the MCP client");
+    }
     if !ask.wait {
-        tokio::spawn(handle.wait());
+        let waiting = handle.wait();
+        rt.ctx().track(tokio::spawn(async move {
+            let _ = waiting.await;
+            drop(counted);
+        }));
         return Ok(json!({ "thread_id": id, "status": "running" }));
     }
+    let outcome = wait_telling(rt, handle, context).await;
+    drop(counted);
+    outcome
+}
+
+/// Waits for the tree of `handle`, telling the client of each thread that starts and ends,
+/// and cancels it when the client cancels the request.
+async fn wait_telling(
+    rt: &Runtime,
+    mut handle: crate::runtime::ThreadHandle,
+    context: &RequestContext<RoleServer>,
+) -> Result<Value, String> {
+    let id = handle.id().clone();
     let mut events = handle.events();
     let mut progress = Progress {
         peer: context.peer.clone(),
@@ -151,9 +208,11 @@ impl Progress {
         let Some(token) = self.token.clone() else {
             return;
         };
-        let p = ProgressNotificationParam::new(token, self.ended as f64)
-            .with_total(self.started as f64)
+        // Each thread counts twice, once started and once ended: progress only ever grows.
+        let p = ProgressNotificationParam::new(token, (self.started + self.ended) as f64)
+            .with_total((2 * self.started) as f64)
             .with_message(message);
-        let _ = self.peer.notify_progress(p).await;
+        // A client that stops reading never holds the tree's cancel or its end for long.
+        let _ = tokio::time::timeout(SEND_WAIT, self.peer.notify_progress(p)).await;
     }
 }

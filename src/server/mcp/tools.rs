@@ -85,13 +85,17 @@ pub(super) fn list_directives(rt: &Runtime) -> Result<Value, String> {
     let library = crate::directive::Library::for_project(rt.project());
     let mut out = Vec::new();
     for name in library.names().into_iter().filter(|n| bounds.opens(n)) {
-        out.push(match library.load_name(&name) {
-            Ok(d) => json!({
-                "name": d.name, "description": d.description,
+        match library.load_name(&name) {
+            // Listed by the name to send; one whose front matter renames it out of the open
+            // patterns is not startable, so not listed.
+            Ok(d) if bounds.opens(&d.name) => out.push(json!({
+                "name": name, "resolves_to": (d.name != name).then_some(&d.name),
+                "description": d.description,
                 "inputs": inputs_schema(&d), "outputs": d.outputs,
-            }),
-            Err(e) => json!({ "name": name, "error": e.to_string() }),
-        });
+            })),
+            Ok(_) => {}
+            Err(e) => out.push(json!({ "name": name, "error": e.to_string() })),
+        }
     }
     Ok(json!({ "directives": out, "max_spend_usd": bounds.max_spend.to_string() }))
 }
@@ -161,9 +165,16 @@ pub(super) fn search_threads(rt: &Runtime, args: &Value) -> Result<Value, String
         .as_str()
         .filter(|q| !q.trim().is_empty())
         .ok_or("`query` (words to look for) is required")?;
-    let limit = args["limit"].as_u64().unwrap_or(10).clamp(1, 100) as usize;
+    let limit = match &args["limit"] {
+        Value::Null => 10,
+        v => v
+            .as_u64()
+            .filter(|n| (1..=100).contains(n))
+            .ok_or("`limit` is a whole number from 1 to 100")? as usize,
+    };
     let mut q = SearchQuery::new(text);
-    q.limit = limit * 4;
+    // Threads MCP clients may not see are left out after the search: look well past `limit`.
+    q.limit = 500;
     let hits = rt.search(&q).map_err(|e| e.to_string())?;
     let seen: Vec<_> = hits
         .into_iter()

@@ -187,12 +187,24 @@ fn load(
     parent: Option<&ThreadDoc>,
 ) -> Result<Directive, SpawnError> {
     if let Origin::Client(b) = &req.origin {
+        // The name asked for, before any file is read (a refusal tells nothing of the library),
+        // and the name it resolves to (front matter may rename a file): both must be open.
+        let closed = |name: &str| {
+            SpawnError::Denied(format!(
+                "directive `{name}` is not open to {} (mcp_server.directives in .weft/config.yaml: {:?}); add a pattern that matches it",
+                b.who, b.directives
+            ))
+        };
+        let named = crate::directive::valid_name(&req.directive) && !req.directive.ends_with(".md");
+        if !named {
+            ctx.library.load_name(&req.directive)?; // refused for what it is, reading nothing
+        }
+        if !b.opens(&req.directive) {
+            return Err(closed(&req.directive));
+        }
         let d = ctx.library.load_name(&req.directive)?;
         if !b.opens(&d.name) {
-            return Err(SpawnError::Denied(format!(
-                "directive `{}` is not open to {} (mcp_server.directives in .weft/config.yaml: {:?}); add a pattern that matches it",
-                d.name, b.who, b.directives
-            )));
+            return Err(closed(&d.name));
         }
         return Ok(d);
     }
