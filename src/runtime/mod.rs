@@ -183,10 +183,7 @@ impl RuntimeBuilder {
             in_spawn: Default::default(),
             stopped: Default::default(),
             caused: Default::default(),
-            effects_gate: tokio::sync::Mutex::new(crate::thread::EffectsGate {
-                closed: false,
-                scope: self.effects_of_none.then(Default::default),
-            }),
+            effects_gate: crate::thread::EffectsGate::claiming(self.effects_of_none),
             _owner_lock: Box::new(owner),
             verified: Default::default(),
             writers,

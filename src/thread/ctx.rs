@@ -85,6 +85,16 @@ pub(crate) struct EffectsGate {
     pub scope: Option<std::collections::HashSet<ThreadId>>,
 }
 
+impl EffectsGate {
+    /// A gate open to every tree's effects, or (`of_none`) to no tree's until one is added.
+    pub(crate) fn claiming(of_none: bool) -> tokio::sync::Mutex<EffectsGate> {
+        tokio::sync::Mutex::new(EffectsGate {
+            closed: false,
+            scope: of_none.then(Default::default),
+        })
+    }
+}
+
 impl Ctx {
     /// Keeps work a thread leaves behind (hook commands, scheduled effects) for
     /// `Runtime::drain_hooks`, dropping what already finished — looked over only when the list
