@@ -82,8 +82,8 @@ pub use crate::core::limits::{LimitError, LimitSet, Limits};
 pub use crate::core::money::{MoneyError, Nanos, Price, Usage};
 pub use crate::core::status::Status;
 pub use crate::directive::{
-    Declared, Directive, DirectiveError, InputSpec, Library, ModelSpec, OnChildError, OutputSpec,
-    OutputsError,
+    Declared, Directive, DirectiveError, DirectiveSignature, InputSpec, Library, ModelSpec,
+    OnChildError, OutputSpec, OutputsError,
 };
 pub use crate::hooks::HookError;
 pub use crate::ledger::Account;

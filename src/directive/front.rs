@@ -103,23 +103,33 @@ fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
 /// Parses a directive's text. `source` names it in errors; `default_name` is used when the
 /// front matter has no `name`.
 pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, DirectiveError> {
+    let (signature, unsigned) = super::ryeos::split_signature(text);
+    let mut d = parse_unsigned(source, text, &unsigned, default_name)?;
+    d.signature = signature;
+    Ok(d)
+}
+
+/// Parses `unsigned` (`text` without a RyeOS signature line; `text` is what is hashed).
+fn parse_unsigned(
+    source: &str,
+    text: &str,
+    unsigned: &str,
+    default_name: &str,
+) -> Result<Directive, DirectiveError> {
     let err = |line: Option<(u64, u64)>, message: String| DirectiveError {
         file: source.into(),
         line,
         message,
     };
-    if text.contains("```xml") && !text.trim_start().starts_with("---") {
+    if unsigned.contains("```xml") && !unsigned.trim_start().starts_with("---") {
         return super::rye::parse(source, text, default_name);
     }
-    let (yaml, body, offset) = split_front(text).map_err(|(l, m)| err(Some((l, 1)), m))?;
-    let front: Front = if yaml.trim().is_empty() {
-        Front::default()
-    } else {
-        serde_saphyr::from_str(&yaml).map_err(|e| {
-            let loc = e.location().map(|l| (l.line() + offset - 1, l.column()));
-            err(loc, format!("invalid front matter: {}", yaml_message(&e)))
-        })?
-    };
+    // The signature line, if any, is not part of the front matter; lines are counted without it.
+    let shift = u64::from(unsigned.len() != text.len());
+    let (yaml, body, offset) =
+        split_front(unsigned).map_err(|(l, m)| err(Some((l + shift, 1)), m))?;
+    let offset = offset + shift;
+    let front = read_front(&yaml, offset).map_err(|(loc, m)| err(loc, m))?;
     let declared = Declared {
         description: front.description.is_some(),
         model: front.model.is_some(),
@@ -184,6 +194,36 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
         content_hash: crate::core::ids::sha256_hex(text.as_bytes()),
         extends: front.extends,
         declared,
+        signature: None,
+    })
+}
+
+/// The front matter in `yaml` (its first line at `offset` of the file): weft's own, read
+/// directly (errors at their line), or RyeOS's dialect, mapped onto weft's first.
+fn read_front(yaml: &str, offset: u64) -> Result<Front, (Option<(u64, u64)>, String)> {
+    if yaml.trim().is_empty() {
+        return Ok(Front::default());
+    }
+    let direct = |yaml: &str| {
+        serde_saphyr::from_str::<Front>(yaml).map_err(|e| {
+            let loc = e.location().map(|l| (l.line() + offset - 1, l.column()));
+            (loc, format!("invalid front matter: {}", yaml_message(&e)))
+        })
+    };
+    let value: serde_json::Value = match serde_saphyr::from_str(yaml) {
+        Ok(v) => v,
+        Err(_) => return direct(yaml),
+    };
+    if !super::ryeos::is_dialect(&value) {
+        return direct(yaml);
+    }
+    let mapped = super::ryeos::normalize(value)
+        .map_err(|m| (Some((offset, 1)), format!("RyeOS front matter: {m}")))?;
+    serde_json::from_value(mapped).map_err(|e| {
+        (
+            Some((offset, 1)),
+            format!("invalid front matter (RyeOS dialect): {e}"),
+        )
     })
 }
 

@@ -1,6 +1,6 @@
 //! Directives: markdown with YAML front matter (SPEC §3) parsed into a validated [`Directive`];
-//! Rye OS XML directives (`rye`); lookup and `extends` (`library`); inputs, rendering and
-//! outputs (`io`).
+//! Rye OS XML directives (`rye`); RyeOS's YAML dialect and signature line (`ryeos`); lookup
+//! and `extends` (`library`); inputs, rendering and outputs (`io`).
 //!
 //! Owns turning text into a validated [`Directive`]. Must never register a thread: every error
 //! here happens before anything is written, and names the file, line and column.
@@ -9,12 +9,14 @@ mod front;
 mod io;
 mod library;
 pub(crate) mod rye;
+mod ryeos;
 
 #[cfg(feature = "cli")]
 pub(crate) use front::json_schema;
 pub use front::parse;
 pub use io::OutputsError;
 pub use library::Library;
+pub use ryeos::DirectiveSignature;
 
 use crate::core::limits::LimitSet;
 use serde::Deserialize;
@@ -134,6 +136,9 @@ pub struct Directive {
     pub extends: Option<String>,
     /// Which inheritable keys the file itself sets (the rest come from `extends`).
     pub declared: Declared,
+    /// A RyeOS signature line the file starts with (checked against a trusted key when a
+    /// thread starts; see `ryeos.rs`).
+    pub signature: Option<DirectiveSignature>,
 }
 
 /// Front-matter keys a directive sets itself, for `extends`.

@@ -3,7 +3,8 @@
 //!
 //! Maps Rye's limits, permissions, model tier, inputs and outputs onto [`Directive`]. Follows the
 //! upstream parser where it is lenient: `<permissions>` outside `<metadata>` and non-`<output>`
-//! children of `<outputs>` are ignored. Upstream signature comments are not trusted or checked.
+//! children of `<outputs>` are ignored. A `<!-- ryeos:signed:… -->` first line is read by
+//! `ryeos.rs` (checked at a thread's start); older `rye:signed` comments are skipped unchecked.
 
 use crate::core::limits::LimitSet;
 use crate::directive::{Directive, DirectiveError, InputSpec, ModelSpec, OnChildError, OutputSpec};
@@ -64,6 +65,7 @@ pub(crate) fn parse(
         content_hash: crate::core::ids::sha256_hex(text.as_bytes()),
         extends: None,
         declared: Default::default(),
+        signature: None,
     })
 }
 

@@ -381,11 +381,20 @@ fn parse_run(r: &Value) -> Result<Action, String> {
 fn parse_rye_action(a: &Value, primary: &str, event: &str, root: &Path) -> Result<Action, String> {
     let item_type = a.get("item_type").and_then(Value::as_str).unwrap_or("");
     let item_id = a.get("item_id").and_then(Value::as_str).unwrap_or("");
+    // `knowledge/<id>.md` of the project, else RyeOS's own place, `.ai/knowledge/<id>.md`.
     let knowledge = || {
-        Action::Inject(Inject::File(
-            root.join("knowledge").join(format!("{item_id}.md")),
-        ))
+        let file = format!("{item_id}.md");
+        let weft = root.join("knowledge").join(&file);
+        let rye = root.join(".ai/knowledge").join(&file);
+        Action::Inject(Inject::File(if !weft.exists() && rye.exists() {
+            rye
+        } else {
+            weft
+        }))
     };
+    if item_type == "knowledge" && !crate::directive::valid_name(item_id) {
+        return Err(format!("knowledge `{item_id}` is not a knowledge name (segments of letters, digits, `_-.`; no `..`, no absolute path)"));
+    }
     match (primary, item_type) {
         ("load", "knowledge") | ("execute", "knowledge") => at_start(knowledge(), event),
         ("load", "directive") => at_start(Action::Inject(Inject::Directive(item_id.into())), event),

@@ -208,6 +208,13 @@ impl Trust {
         (t, warnings)
     }
 
+    /// The trusted key whose full fingerprint (sha256 of its bytes, hex: RyeOS's) is `fp`.
+    pub(crate) fn by_fingerprint(&self, fp: &str) -> Option<&VerifyingKey> {
+        self.keys
+            .values()
+            .find(|k| sha256_hex(k.as_bytes()).eq_ignore_ascii_case(fp.trim()))
+    }
+
     /// Verifies `block` over `domain ‖ JCS(doc)`.
     pub fn verify(
         &self,

@@ -113,6 +113,25 @@ pub struct ThreadDoc {
     /// fires them, so no hook causes itself again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caused_by: Vec<String>,
+    /// The signature its directive file carries (RyeOS's `<!-- ryeos:signed:… -->`), as
+    /// checked when the thread started. Absent when the file is not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directive_signature: Option<SignatureCheck>,
+}
+
+/// A directive file's signature as checked when a thread of it started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignatureCheck {
+    /// Whose signature format (`ryeos`).
+    pub scheme: String,
+    /// The signer's fingerprint (sha256 of its public key, hex).
+    pub signer: String,
+    /// When it says it was signed.
+    pub signed_at: String,
+    /// `verified` (a key in `.weft/trust/` signed the file as it is), `signer not trusted`, or
+    /// `signer not trusted, content hash differs` (a trusted signer's file that does not verify
+    /// never starts).
+    pub status: String,
 }
 
 /// The source of a forked thread.

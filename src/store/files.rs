@@ -316,6 +316,7 @@ impl ThreadStore for FileStore {
                 .map(|thread| crate::record::thread_doc::ForkedFrom { thread, seq: -1 }),
             imported: t.imported.clone(),
             caused_by: Vec::new(),
+            directive_signature: None,
         };
         doc.write_signed(&self.records, &self.signer, true)
             .map_err(storage)?;

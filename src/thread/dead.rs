@@ -524,5 +524,6 @@ fn doc_from_row(
         forked_from: None,
         imported: None,
         caused_by: Vec::new(),
+        directive_signature: None,
     }
 }

@@ -53,6 +53,8 @@ mod records;
 #[cfg(feature = "server")]
 mod redact;
 #[cfg(feature = "cli")]
+mod ryeos;
+#[cfg(feature = "cli")]
 mod schema;
 #[cfg(feature = "server")]
 mod serve;

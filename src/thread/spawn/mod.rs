@@ -177,6 +177,7 @@ fn first_doc(plan: &Plan, req: &SpawnRequest, head: crate::record::transcript::H
         forked_from: req.seed().map(|s| s.from.clone()),
         imported: None,
         caused_by: plan.caused_by.clone(),
+        directive_signature: plan.signature.clone(),
     }
 }
 

@@ -11,7 +11,7 @@ use crate::core::money::{Nanos, Price};
 use crate::directive::Directive;
 use crate::hooks::Hook;
 use crate::provider::Provider;
-use crate::record::thread_doc::ThreadDoc;
+use crate::record::thread_doc::{SignatureCheck, ThreadDoc};
 use crate::thread::ctx::Ctx;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -58,6 +58,8 @@ pub(crate) struct Plan {
     pub chain_parent: Option<ThreadId>,
     /// The hooks whose spawns led to it (it never fires them).
     pub caused_by: Vec<String>,
+    /// Its directive file's signature, checked (recorded in its thread.json).
+    pub signature: Option<SignatureCheck>,
 }
 
 impl Plan {
@@ -68,6 +70,7 @@ impl Plan {
             None => None,
         };
         let directive = load(ctx, req, parent_doc.as_ref())?;
+        let signature = signature_check(ctx, &directive)?;
         let (inputs, prompt) = match &req.origin {
             Origin::Continue(..) | Origin::Fork(_) => (Map::new(), String::new()),
             _ => {
@@ -144,8 +147,37 @@ impl Plan {
             chain_root: chain.root,
             chain_parent: chain.parent,
             caused_by,
+            signature,
         })
     }
+}
+
+/// The directive file's signature, checked: a trusted signer's (a key in `.weft/trust/` whose
+/// sha256 is its fingerprint) must verify over the file as it is, or nothing starts; an
+/// untrusted signer's is recorded as such.
+fn signature_check(ctx: &Ctx, d: &Directive) -> Result<Option<SignatureCheck>, SpawnError> {
+    let Some(sig) = &d.signature else {
+        return Ok(None);
+    };
+    let status = match ctx.trust.by_fingerprint(&sig.signer) {
+        Some(key) if sig.verified_by(key) => "verified",
+        Some(_) => {
+            return Err(SpawnError::Untrusted(format!(
+                "{}: its RyeOS signature by trusted signer {} does not verify ({}): the file was changed after it was signed, or the signature is forged; sign it again or remove the line",
+                d.source,
+                sig.signer,
+                if sig.unchanged { "bad signature" } else { "content hash differs" }
+            )))
+        }
+        None if sig.unchanged => "signer not trusted",
+        None => "signer not trusted, content hash differs",
+    };
+    Ok(Some(SignatureCheck {
+        scheme: "ryeos".into(),
+        signer: sig.signer.clone(),
+        signed_at: sig.signed_at.clone(),
+        status: status.into(),
+    }))
 }
 
 /// The hooks whose spawns led here: the parent's (or the chain's) and the one starting it.
