@@ -54,6 +54,10 @@ fn instances() -> Vec<(&'static str, PathBuf, Value)> {
             &mut md,
         );
     }
+    // RyeOS's own files (tests/fixtures/ryeos) are written in RyeOS's dialect, which weft maps
+    // onto its front matter when it reads them (tests/it/ryeos.rs): weft's schema is not theirs.
+    let ryeos = repo().join("tests/fixtures/ryeos");
+    md.retain(|p| !p.starts_with(&ryeos));
     out.extend(
         md.into_iter()
             .filter_map(|p| Some(("directive", p.clone(), front(&p)?))),
