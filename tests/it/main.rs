@@ -43,6 +43,8 @@ mod messages;
 mod nodes;
 #[cfg(feature = "otel")]
 mod otel;
+#[cfg(feature = "server")]
+mod page;
 mod pg;
 #[cfg(feature = "server")]
 mod placement;

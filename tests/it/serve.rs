@@ -464,7 +464,7 @@ fn serving_beyond_loopback_needs_public() {
 }
 
 /// A browser to drive: `WEFT_CHROMIUM`, else `chromium` or `chromium-browser` on PATH.
-fn chromium() -> Option<String> {
+pub(super) fn chromium() -> Option<String> {
     if let Ok(p) = std::env::var("WEFT_CHROMIUM") {
         return Some(p);
     }
@@ -480,7 +480,7 @@ fn chromium() -> Option<String> {
 }
 
 /// Runs the DevTools driver (`tests/fixtures/web/cdp.py`) on `url` with `steps`; its step lines.
-fn browse(chrome: &str, url: &str, steps: Value) -> Vec<Value> {
+pub(super) fn browse(chrome: &str, url: &str, steps: Value) -> Vec<Value> {
     let driver = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/web/cdp.py");
     let o = std::process::Command::new("python3")
         .arg(driver)
