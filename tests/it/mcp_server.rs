@@ -52,20 +52,7 @@ fn project(mcp_server: Option<&str>) -> Fixture {
 
 /// The Python of the venv holding the MCP SDK, or None (SKIPPED; fails under CI=true).
 fn sdk_python() -> Option<PathBuf> {
-    let p = mcp_dir().join("venv/bin/python");
-    let has = p.exists()
-        && std::process::Command::new(&p)
-            .args(["-c", "import mcp.client.streamable_http, httpx2"])
-            .status()
-            .is_ok_and(|s| s.success());
-    if has {
-        return Some(p);
-    }
-    skip(&format!(
-        "mcp_server: SKIPPED — no MCP Python SDK in {}/venv. `.ci/run` installs it (pip install mcp)",
-        mcp_dir().display()
-    ));
-    None
+    crate::support::venv_python("mcp.client.streamable_http, httpx2", "mcp_server")
 }
 
 /// Runs the SDK client (`tests/fixtures/mcp/weft_client.py`) with `args` on `steps`; its

@@ -2,7 +2,7 @@
 //! validates against its kind's schema, checked by `jsonschema` from PyPI (in
 //! `$WEFT_MCP_DIR/venv`), and files the parsers refuse are refused by the schemas too.
 
-use crate::support::{mcp_dir, skip, weft_cmd};
+use crate::support::weft_cmd;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -142,23 +142,6 @@ fn refused() -> Vec<(&'static str, &'static str, Value)> {
     ]
 }
 
-/// The Python of the venv with `jsonschema`, or None (SKIPPED; fails under CI=true).
-fn python() -> Option<PathBuf> {
-    let p = mcp_dir().join("venv/bin/python");
-    let ok = std::process::Command::new(&p)
-        .args(["-c", "import jsonschema"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(p);
-    }
-    skip(&format!(
-        "schema: SKIPPED — no jsonschema in {}/venv. `.ci/run` installs it (with the MCP SDK)",
-        mcp_dir().display()
-    ));
-    None
-}
-
 /// Validates every (kind, JSON) with `jsonschema`: the errors of each, in order.
 fn validate(py: &Path, dir: &Path, items: &[(&str, Value)]) -> Vec<Vec<String>> {
     let mut pairs = Vec::new();
@@ -203,7 +186,9 @@ fn validate(py: &Path, dir: &Path, items: &[(&str, Value)]) -> Vec<Vec<String>> 
 
 #[test]
 fn every_example_and_fixture_validates_against_its_schema_and_bad_files_do_not() {
-    let Some(py) = python() else { return };
+    let Some(py) = crate::support::venv_python("jsonschema", "schema") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     for kind in KINDS {
         let out = weft_cmd(dir.path())

@@ -435,6 +435,25 @@ pub fn mcp_dir() -> std::path::PathBuf {
         })
 }
 
+/// The Python of `$WEFT_MCP_DIR/venv` when it can import `modules` (e.g. `mcp, httpx2`), else
+/// None after [`skip`] saying what `test` misses (a failure under CI=true).
+pub fn venv_python(modules: &str, test: &str) -> Option<std::path::PathBuf> {
+    let p = mcp_dir().join("venv/bin/python");
+    let has = p.exists()
+        && std::process::Command::new(&p)
+            .args(["-c", &format!("import {modules}")])
+            .status()
+            .is_ok_and(|s| s.success());
+    if has {
+        return Some(p);
+    }
+    skip(&format!(
+        "{test}: SKIPPED — no `{modules}` in {}/venv. `.ci/run` installs them (pip)",
+        mcp_dir().display()
+    ));
+    None
+}
+
 /// Waits for `child` at most `secs`; kills it and fails the test naming `what` after that.
 #[cfg(feature = "cli")]
 pub fn exits_within(mut child: std::process::Child, secs: u64, what: &str) -> std::process::Output {
