@@ -168,10 +168,11 @@ pub mod internals {
     pub mod fuzz {
         use std::path::Path;
 
-        /// A hook file's text (written to `dir/hooks.yaml` and loaded as the project's).
+        /// A hook file's text (written to `dir/hooks.yaml` and loaded as the project's; the
+        /// user's hooks file is looked for in `dir/user/`).
         pub fn hooks(dir: &Path, text: &str) -> Result<(), String> {
             std::fs::write(dir.join("hooks.yaml"), text).map_err(|e| e.to_string())?;
-            crate::hooks::Hooks::load(dir, dir, dir, Default::default())
+            crate::hooks::Hooks::load(&dir.join("user"), dir, dir, Default::default())
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         }

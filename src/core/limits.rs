@@ -91,25 +91,45 @@ pub(crate) const LIMIT_NAMES: [&str; 7] = [
 /// takes, each in the forms it reads.
 #[cfg(feature = "cli")]
 pub(crate) fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let whole = serde_json::json!({ "anyOf": [
+    let whole = serde_json::json!([
         { "type": "integer", "minimum": 0 }, { "type": "string", "pattern": "^\\s*[0-9]+\\s*$" }
-    ] });
+    ]);
     schemars::json_schema!({
-        "type": "object",
+        "type": ["object", "null"],
         "additionalProperties": false,
         "properties": {
-            "turns": { "description": "most LLM calls", "anyOf": whole["anyOf"] },
-            "tokens": { "description": "most tokens (input + output) of the thread's own calls", "anyOf": whole["anyOf"] },
-            "spawns": { "description": "most children over the thread's life", "anyOf": whole["anyOf"] },
-            "concurrency": { "description": "most children alive at once", "anyOf": whole["anyOf"] },
+            "turns": { "description": "most LLM calls", "anyOf": whole },
+            "tokens": { "description": "most tokens (input + output) of the thread's own calls", "anyOf": whole },
+            "spawns": { "description": "most children over the thread's life", "anyOf": whole },
+            "concurrency": { "description": "most children alive at once", "anyOf": whole },
             "depth": { "description": "levels of descendants below the thread", "anyOf": [
                 { "type": "integer" }, { "type": "string", "pattern": "^\\s*-?[0-9]+\\s*$" } ] },
-            "spend": { "description": "most USD the thread and its subtree may spend (e.g. 0.50 or \"$0.50\")", "anyOf": [
-                { "type": "number", "minimum": 0 }, { "type": "string", "pattern": "^\\s*\\$?\\s*[0-9]*(\\.[0-9]{0,9})?\\s*$" } ] },
-            "duration": { "description": "wall-clock time: seconds, or a duration such as 10m, 90s, 1h", "anyOf": [
-                { "type": "integer", "minimum": 0 }, { "type": "string" } ] }
+            "spend": { "description": "most USD the thread and its subtree may spend (e.g. 0.50 or \"$0.50\")", "anyOf": usd_forms() },
+            "duration": { "description": "wall-clock time: whole seconds, or a duration with its unit (10m, 90s, 1h 30m)", "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": "^\\s*([0-9]+\\s*[a-zA-Zµ]+\\s*)+$" } ] }
         }
     })
+}
+
+/// The forms a USD amount takes (`Nanos::from_json_usd`): a number, or a decimal string with at
+/// most 9 decimals and an optional `$`.
+#[cfg(feature = "cli")]
+fn usd_forms() -> serde_json::Value {
+    serde_json::json!([
+        { "type": "number", "minimum": 0 },
+        { "type": "string", "pattern": "^\\s*\\$?\\s*([0-9]+(\\.[0-9]{0,9})?|\\.[0-9]{1,9})\\s*$" }
+    ])
+}
+
+/// JSON Schema of a USD amount (a price per million tokens), or nothing.
+#[cfg(feature = "cli")]
+pub(crate) fn usd_json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut forms = usd_forms();
+    if let Some(f) = forms.as_array_mut() {
+        f.push(serde_json::json!({ "type": "null" }));
+    }
+    schemars::json_schema!({ "description": "USD per million tokens", "anyOf": forms })
 }
 
 /// Built-in defaults, used under any config: 15 turns, 200k tokens, $0.50, 10 min, depth 5,

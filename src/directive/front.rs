@@ -60,7 +60,7 @@ struct Front {
     /// Rye's `version:` — accepted and not kept: a directive is identified by its name and
     /// its content hash, never by a version it declares.
     #[serde(default, rename = "version")]
-    #[cfg_attr(feature = "cli", schemars(with = "Option<String>"))]
+    #[cfg_attr(feature = "cli", schemars(with = "Option<serde_json::Value>"))]
     _version: Option<serde::de::IgnoredAny>,
 }
 
@@ -104,7 +104,10 @@ fn split_front(text: &str) -> Result<(String, String, u64), (u64, String)> {
 /// front matter has no `name`.
 pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, DirectiveError> {
     let (signature, unsigned) = super::ryeos::split_signature(text);
-    let mut d = parse_unsigned(source, text, &unsigned, default_name)?;
+    let mut d = parse_unsigned(source, text, unsigned, default_name)?;
+    // The hash is of the whole file, the signature line included; what was parsed is what
+    // the signature covers.
+    d.content_hash = crate::core::ids::sha256_hex(text.as_bytes());
     d.signature = signature;
     Ok(d)
 }
@@ -122,7 +125,7 @@ fn parse_unsigned(
         message,
     };
     if unsigned.contains("```xml") && !unsigned.trim_start().starts_with("---") {
-        return super::rye::parse(source, text, default_name);
+        return super::rye::parse(source, unsigned, default_name);
     }
     // The signature line, if any, is not part of the front matter; lines are counted without it.
     let shift = u64::from(unsigned.len() != text.len());
@@ -195,6 +198,7 @@ fn parse_unsigned(
         extends: front.extends,
         declared,
         signature: None,
+        extends_signatures: Vec::new(),
     })
 }
 

@@ -233,5 +233,9 @@ fn inherit(mut d: Directive, base: &Directive) -> Directive {
     }
     d.content_hash =
         crate::core::ids::sha256_hex(format!("{}{}", d.content_hash, base.content_hash).as_bytes());
+    d.extends_signatures
+        .push((base.source.clone(), base.signature.clone()));
+    d.extends_signatures
+        .extend(base.extends_signatures.iter().cloned());
     d
 }

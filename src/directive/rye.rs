@@ -66,6 +66,7 @@ pub(crate) fn parse(
         extends: None,
         declared: Default::default(),
         signature: None,
+        extends_signatures: Vec::new(),
     })
 }
 

@@ -51,17 +51,17 @@ fn parse_line(line: &str) -> Option<[String; 4]> {
     Some([parts[0], parts[1], parts[2], parts[3]].map(str::to_string))
 }
 
-/// The text without its RyeOS signature lines, and the signature of the first line if it is
-/// one (its content hash compared with the rest, as RyeOS computes it).
-pub(super) fn split_signature(text: &str) -> (Option<DirectiveSignature>, String) {
-    let Some(fields) = text.lines().next().and_then(parse_line) else {
-        return (None, text.to_string());
+/// The signature of `text`'s first line if it is a RyeOS signature line, and the text after
+/// that line: exactly what RyeOS hashes and signs (`content_hash_after_signature`: the bytes
+/// after the first line's `\n` or `\r\n`, nothing else removed) and what is parsed.
+pub(super) fn split_signature(text: &str) -> (Option<DirectiveSignature>, &str) {
+    let (first, body) = match text.find('\n') {
+        Some(i) => (&text[..i], &text[i + 1..]),
+        None => (text, ""),
     };
-    let kept: Vec<&str> = text.lines().filter(|l| parse_line(l).is_none()).collect();
-    let mut body = kept.join("\n");
-    if text.ends_with('\n') && !body.is_empty() {
-        body.push('\n');
-    }
+    let Some(fields) = parse_line(first.strip_suffix('\r').unwrap_or(first)) else {
+        return (None, text);
+    };
     let [signed_at, content_hash, signature, signer] = fields;
     let unchanged = crate::core::ids::sha256_hex(body.as_bytes()) == content_hash;
     let sig = DirectiveSignature {
@@ -262,6 +262,24 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_first_line_is_the_signature_and_the_rest_is_hashed_as_it_is() {
+        let body = "---\r\ndescription: x\r\n---\r\n<!-- ryeos:signed:a:b:c:d -->\r\nHi.\r\n";
+        let hash = crate::core::ids::sha256_hex(body.as_bytes());
+        let text = format!("<!-- ryeos:signed:2026-01-01T00:00:00Z:{hash}:sig:fp -->\r\n{body}");
+        let (sig, rest) = split_signature(&text);
+        let sig = sig.unwrap();
+        assert_eq!(rest, body, "CRLF kept, a later signature-like line kept");
+        assert!(sig.unchanged);
+        assert_eq!((sig.signer.as_str(), sig.signature.as_str()), ("fp", "sig"));
+        // One more signature-like line anywhere changes the hash.
+        let tampered = text.replace("Hi.", "<!-- ryeos:signed:x<metadata>:a:b:c -->\r\nHi.");
+        assert!(!split_signature(&tampered).0.unwrap().unchanged);
+        // Not on the first line: not a signature.
+        let (none, all) = split_signature(body);
+        assert!(none.is_none() && all == body);
+    }
 
     #[test]
     fn base64_reads_both_alphabets_with_or_without_padding() {

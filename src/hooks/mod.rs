@@ -330,7 +330,21 @@ fn parse_inject(i: &Value, root: &Path) -> Result<Inject, String> {
     if let Some(t) = i.get("text").and_then(Value::as_str) {
         Ok(Inject::Text(t.into()))
     } else if let Some(f) = i.get("file").and_then(Value::as_str) {
-        Ok(Inject::File(root.join(f)))
+        // A file of the project only: a hook (a directive's too, one downloaded included)
+        // never puts other files of the machine into a prompt.
+        let rel = Path::new(f);
+        let inside = rel.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        });
+        if !inside {
+            return Err(format!(
+                "inject file `{f}`: a path inside the project (no `..`, not absolute)"
+            ));
+        }
+        Ok(Inject::File(root.join(rel)))
     } else if let Some(d) = i.get("directive").and_then(Value::as_str) {
         Ok(Inject::Directive(d.into()))
     } else {

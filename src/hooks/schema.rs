@@ -17,7 +17,7 @@ fn hook() -> Value {
         "properties": {
             "id": { "type": "string", "description": "unique across every layer" },
             "event": { "enum": events },
-            "condition": { "$ref": "#/$defs/condition" },
+            "condition": { "anyOf": [ { "type": "null" }, { "$ref": "#/$defs/condition" } ] },
             "action": { "$ref": "#/$defs/action" },
             "layer": { "type": "integer", "description": "Rye files name their layer; 4 only observes" },
             "description": { "type": "string" }
@@ -29,7 +29,7 @@ fn hook() -> Value {
 fn action() -> Value {
     json!({
         "type": "object",
-        "oneOf": [
+        "anyOf": [
             { "required": ["inject"], "properties": { "inject": {
                 "type": "object",
                 "description": "add context before the first turn: text, a file of the project, or a directive's body",

@@ -51,11 +51,27 @@ pub enum Durability {
 #[cfg_attr(feature = "cli", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawPrice {
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::usd_json_schema")
+    )]
     input: serde_json::Value,
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::usd_json_schema")
+    )]
     output: serde_json::Value,
     #[serde(default)]
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::usd_json_schema")
+    )]
     cache_read: Option<serde_json::Value>,
     #[serde(default)]
+    #[cfg_attr(
+        feature = "cli",
+        schemars(schema_with = "crate::core::limits::usd_json_schema")
+    )]
     cache_write: Option<serde_json::Value>,
     #[serde(default)]
     prompt_overhead_tokens: Option<u64>,

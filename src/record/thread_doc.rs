@@ -128,9 +128,10 @@ pub struct SignatureCheck {
     pub signer: String,
     /// When it says it was signed.
     pub signed_at: String,
-    /// `verified` (a key in `.weft/trust/` signed the file as it is), `signer not trusted`, or
-    /// `signer not trusted, content hash differs` (a trusted signer's file that does not verify
-    /// never starts).
+    /// `verified` (a signer trusted in `.weft/trust/ryeos/` signed the file as it is, and
+    /// every file it extends), `verified, but a file it extends is not`, `signer not trusted`,
+    /// or `signer not trusted, content hash differs` (a trusted signer's file that does not
+    /// verify never starts).
     pub status: String,
 }
 

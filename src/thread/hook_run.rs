@@ -142,7 +142,20 @@ impl Thread {
         match i {
             Inject::Text(t) => Ok(crate::hooks::interpolate(t, ctx)),
             Inject::File(p) => {
-                std::fs::read_to_string(p).map_err(|e| format!("inject file {}: {e}", p.display()))
+                // Through no link out of the project (the path itself is checked when parsed).
+                let root = self.ctx.project.root.canonicalize();
+                let real = p.canonicalize();
+                match (root, real) {
+                    (Ok(root), Ok(real)) if real.starts_with(&root) => {
+                        std::fs::read_to_string(&real)
+                            .map_err(|e| format!("inject file {}: {e}", p.display()))
+                    }
+                    (_, Err(e)) => Err(format!("inject file {}: {e}", p.display())),
+                    _ => Err(format!(
+                        "inject file {}: it leads out of the project (a link); not read",
+                        p.display()
+                    )),
+                }
             }
             Inject::Directive(name) => self
                 .ctx

@@ -79,7 +79,7 @@ fn instances() -> Vec<(&'static str, PathBuf, Value)> {
             && p.extension().is_some_and(|e| e == "yaml")
     };
     files(&repo().join("examples"), &tool_file, &mut tools);
-    let mut hooks = Vec::new();
+    let mut hooks = vec![repo().join("tests/fixtures/hooks/weft.yaml")];
     files(
         &repo().join("tests/fixtures/rye/config"),
         &|p| p.extension().is_some_and(|e| e == "yaml"),
@@ -140,6 +140,31 @@ fn refused() -> Vec<(&'static str, &'static str, Value)> {
             json!({"hooks": [{"id": "a", "event": "error", "condition": {"path": "x", "op": "like"}, "action": {"control": "fail"}}]}),
         ),
     ]
+}
+
+/// Whether weft's own parser of `kind` takes `v` (as YAML: JSON is YAML), in `dir`.
+fn parses(kind: &str, v: &Value, dir: &Path) -> Result<(), String> {
+    let text = v.to_string();
+    let r = match kind {
+        // A directive's hooks are read when its thread starts, by the hooks file's parser.
+        "directive" => {
+            weft::internals::parse_directive("t.md", &format!("---\n{text}\n---\nBody.\n"), "t")
+                .map_err(|e| e.to_string())
+                .and_then(|_| match v.get("hooks") {
+                    Some(h) => {
+                        weft::internals::fuzz::hooks(dir, &json!({ "hooks": h }).to_string())
+                    }
+                    None => Ok(()),
+                })
+        }
+        "config" => weft::Config::default()
+            .overlay_text(Path::new("config.yaml"), &text)
+            .map_err(|e| e.to_string()),
+        "tool" => weft::internals::fuzz::tool(dir, &text),
+        _ => weft::internals::fuzz::hooks(dir, &text),
+    };
+    let _ = std::fs::remove_file(dir.join("hooks.yaml"));
+    r
 }
 
 /// Validates every (kind, JSON) with `jsonschema`: the errors of each, in order.
@@ -208,17 +233,38 @@ fn every_example_and_fixture_validates_against_its_schema_and_bad_files_do_not()
         let n = good.iter().filter(|(k, ..)| *k == kind).count();
         assert!(n > 0, "no {kind} file found to validate");
     }
+    // Counted, so a file that stops being found is noticed.
+    let count = |kind: &str| good.iter().filter(|(k, ..)| *k == kind).count();
+    let counts = KINDS.map(count);
+    eprintln!("schema: validating {counts:?} files of kinds {KINDS:?}");
+    assert!(
+        counts[0] >= 6 && counts[1] >= 3 && counts[2] >= 1 && counts[3] >= 5,
+        "{counts:?}"
+    );
     let items: Vec<(&str, Value)> = good.iter().map(|(k, _, v)| (*k, v.clone())).collect();
-    for ((_, path, _), errors) in good.iter().zip(validate(&py, dir.path(), &items)) {
+    let verdicts = validate(&py, dir.path(), &items);
+    assert_eq!(verdicts.len(), items.len(), "one verdict per file");
+    let scratch = tempfile::tempdir().unwrap();
+    for ((kind, path, v), errors) in good.iter().zip(verdicts) {
+        if let Err(e) = parses(kind, v, scratch.path()) {
+            panic!("{}: weft's own parser refuses it: {e}", path.display());
+        }
         assert!(
             errors.is_empty(),
             "{} does not validate: {errors:?}",
             path.display()
         );
     }
+    // Files the parser refuses are refused by the schema too.
     let bad = refused();
     let items: Vec<(&str, Value)> = bad.iter().map(|(k, _, v)| (*k, v.clone())).collect();
-    for ((kind, what, _), errors) in bad.iter().zip(validate(&py, dir.path(), &items)) {
+    let verdicts = validate(&py, dir.path(), &items);
+    assert_eq!(verdicts.len(), items.len(), "one verdict per file");
+    for ((kind, what, v), errors) in bad.iter().zip(verdicts) {
+        assert!(
+            parses(kind, v, scratch.path()).is_err(),
+            "the {kind} parser takes a file with {what}"
+        );
         assert!(
             !errors.is_empty(),
             "the {kind} schema takes a file with {what}"

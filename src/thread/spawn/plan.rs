@@ -152,30 +152,49 @@ impl Plan {
     }
 }
 
-/// The directive file's signature, checked: a trusted signer's (a key in `.weft/trust/` whose
-/// sha256 is its fingerprint) must verify over the file as it is, or nothing starts; an
-/// untrusted signer's is recorded as such.
+/// The directive file's RyeOS signature, checked against the signers trusted for directives
+/// (`.weft/trust/ryeos/*.pub`, apart from the keys that sign weft's own records): a file a
+/// trusted signer signed that does not verify as it is — the directive's, or one it extends —
+/// starts nothing; otherwise the directive file's status is recorded: `verified` only when
+/// every file of its chain verifies.
 fn signature_check(ctx: &Ctx, d: &Directive) -> Result<Option<SignatureCheck>, SpawnError> {
-    let Some(sig) = &d.signature else {
+    let chain = std::iter::once((&d.source, &d.signature))
+        .chain(d.extends_signatures.iter().map(|(s, g)| (s, g)));
+    if chain.clone().all(|(_, g)| g.is_none()) {
+        return Ok(None);
+    }
+    let (signers, _) = crate::record::signing::Trust::load(&ctx.project.trust_dir().join("ryeos"));
+    let mut all_verified = true;
+    for (source, sig) in chain {
+        let Some(sig) = sig else {
+            all_verified = false;
+            continue;
+        };
+        match signers.by_fingerprint(&sig.signer) {
+            Some(key) if sig.verified_by(key) => {}
+            Some(_) => {
+                return Err(SpawnError::Untrusted(format!(
+                    "{source}: its RyeOS signature by trusted signer {} does not verify ({}): the file was changed after it was signed, or the signature is forged; sign it again or remove the line",
+                    sig.signer,
+                    if sig.unchanged { "bad signature" } else { "content hash differs" }
+                )))
+            }
+            None => all_verified = false,
+        }
+    }
+    let Some(own) = &d.signature else {
         return Ok(None);
     };
-    let status = match ctx.trust.by_fingerprint(&sig.signer) {
-        Some(key) if sig.verified_by(key) => "verified",
-        Some(_) => {
-            return Err(SpawnError::Untrusted(format!(
-                "{}: its RyeOS signature by trusted signer {} does not verify ({}): the file was changed after it was signed, or the signature is forged; sign it again or remove the line",
-                d.source,
-                sig.signer,
-                if sig.unchanged { "bad signature" } else { "content hash differs" }
-            )))
-        }
-        None if sig.unchanged => "signer not trusted",
-        None => "signer not trusted, content hash differs",
+    let status = match (signers.by_fingerprint(&own.signer).is_some(), all_verified) {
+        (true, true) => "verified",
+        (true, false) => "verified, but a file it extends is not",
+        (false, _) if own.unchanged => "signer not trusted",
+        (false, _) => "signer not trusted, content hash differs",
     };
     Ok(Some(SignatureCheck {
         scheme: "ryeos".into(),
-        signer: sig.signer.clone(),
-        signed_at: sig.signed_at.clone(),
+        signer: own.signer.clone(),
+        signed_at: own.signed_at.clone(),
         status: status.into(),
     }))
 }
