@@ -315,3 +315,86 @@ fn the_pending_limit_holds_under_concurrent_schedulers() {
     let pending = store.scheduled(Some(&thread)).unwrap().len();
     assert_eq!(pending, 16, "{} refused", refused.len());
 }
+
+/// `weft mcp` is a short-lived process its client starts: it runs the scheduled work of the
+/// trees its clients start, and none of the project's other work (which it would cancel when
+/// the client goes away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weft_mcp_runs_its_clients_scheduled_work_and_no_other() {
+    use std::io::Write;
+    let fx = fixture();
+    let config = fx.root().join(".weft/config.yaml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text += "mcp_server: { max_spend: 0.05, directives: [planner] }\n";
+    std::fs::write(&config, text).unwrap();
+    let script = fx.root().join("script.yaml");
+    let out = weft_cmd(fx.root())
+        .args(["run", "planner", "--json", "--script"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = serde_json::from_slice::<Value>(&out.stdout).unwrap()["thread_id"].clone();
+    let mut mcp = weft_cmd(fx.root())
+        .args(["mcp", "--script"])
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = mcp.stdin.take().unwrap();
+    for l in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_directive", "arguments": {"directive": "planner"}}}),
+    ] {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    stdin.flush().unwrap();
+    // Both trees' 1 s effects come due; only the client's run here.
+    let start = Instant::now();
+    let (mine, others) = loop {
+        let now = effects(&fx);
+        let (others, mine): (Vec<&Value>, Vec<&Value>) =
+            now.iter().partition(|e| e["thread"] == theirs);
+        let done = mine.iter().filter(|e| e["status"] == "done").count();
+        if done == 2 || start.elapsed() > Duration::from_secs(20) {
+            break (
+                mine.len(),
+                others
+                    .iter()
+                    .map(|e| e["status"].clone())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(mine, 3, "the client's tree scheduled three");
+    let due: Vec<Value> = effects(&fx)
+        .into_iter()
+        .filter(|e| e["thread"] == theirs && e["status"] == "done")
+        .collect();
+    assert!(due.is_empty(), "weft mcp ran another tree's work: {due:?}");
+    assert!(others.iter().all(|s| s == "pending"), "{others:?}");
+    drop(stdin);
+    let out = tokio::task::spawn_blocking(move || {
+        crate::support::exits_within(mcp, 20, "weft mcp after its client left")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<Value> = effects(&fx)
+        .into_iter()
+        .filter(|e| e["thread"] == theirs)
+        .collect();
+    assert!(left.iter().all(|e| e["status"] == "pending"), "{left:?}");
+}
