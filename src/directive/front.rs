@@ -108,7 +108,7 @@ pub fn parse(source: &str, text: &str, default_name: &str) -> Result<Directive, 
     // The hash is of the whole file, the signature line included; what was parsed is what
     // the signature covers.
     d.content_hash = crate::core::ids::sha256_hex(text.as_bytes());
-    d.signature = signature;
+    d.signature = signature.map(Box::new);
     Ok(d)
 }
 

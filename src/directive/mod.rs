@@ -138,10 +138,10 @@ pub struct Directive {
     pub declared: Declared,
     /// A RyeOS signature line the file starts with (checked against a trusted key when a
     /// thread starts; see `ryeos.rs`).
-    pub signature: Option<DirectiveSignature>,
+    pub signature: Option<Box<DirectiveSignature>>,
     /// The files it `extends` (nearest first), each with its RyeOS signature if it has one:
     /// their metadata is part of the directive, so their signatures are checked too.
-    pub extends_signatures: Vec<(String, Option<DirectiveSignature>)>,
+    pub extends_signatures: Vec<(String, Option<Box<DirectiveSignature>>)>,
 }
 
 /// Front-matter keys a directive sets itself, for `extends`.

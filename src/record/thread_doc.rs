@@ -116,7 +116,7 @@ pub struct ThreadDoc {
     /// The signature its directive file carries (RyeOS's `<!-- ryeos:signed:… -->`), as
     /// checked when the thread started. Absent when the file is not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub directive_signature: Option<SignatureCheck>,
+    pub directive_signature: Option<Box<SignatureCheck>>,
 }
 
 /// A directive file's signature as checked when a thread of it started.

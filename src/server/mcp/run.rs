@@ -32,10 +32,13 @@ fn ask(args: &Value) -> Result<Ask, String> {
     {
         return Err(format!("unknown argument `{k}` (expected {KEYS:?})"));
     }
-    let directive = args["directive"]
-        .as_str()
-        .filter(|d| !d.trim().is_empty())
-        .ok_or("`directive` (a name from list_directives) is required")?;
+    let directive = match &args["directive"] {
+        Value::String(d) if !d.trim().is_empty() => d,
+        Value::Null | Value::String(_) => {
+            return Err("`directive` (a name from list_directives) is required".into())
+        }
+        other => return Err(format!("`directive` must be a string, not {other}")),
+    };
     let inputs = match &args["inputs"] {
         Value::Null => Map::new(),
         Value::Object(m) => m.clone(),

@@ -59,7 +59,7 @@ pub(crate) struct Plan {
     /// The hooks whose spawns led to it (it never fires them).
     pub caused_by: Vec<String>,
     /// Its directive file's signature, checked (recorded in its thread.json).
-    pub signature: Option<SignatureCheck>,
+    pub signature: Option<Box<SignatureCheck>>,
 }
 
 impl Plan {
@@ -157,7 +157,7 @@ impl Plan {
 /// trusted signer signed that does not verify as it is — the directive's, or one it extends —
 /// starts nothing; otherwise the directive file's status is recorded: `verified` only when
 /// every file of its chain verifies.
-fn signature_check(ctx: &Ctx, d: &Directive) -> Result<Option<SignatureCheck>, SpawnError> {
+fn signature_check(ctx: &Ctx, d: &Directive) -> Result<Option<Box<SignatureCheck>>, SpawnError> {
     let chain = std::iter::once((&d.source, &d.signature))
         .chain(d.extends_signatures.iter().map(|(s, g)| (s, g)));
     if chain.clone().all(|(_, g)| g.is_none()) {
@@ -191,12 +191,12 @@ fn signature_check(ctx: &Ctx, d: &Directive) -> Result<Option<SignatureCheck>, S
         (false, _) if own.unchanged => "signer not trusted",
         (false, _) => "signer not trusted, content hash differs",
     };
-    Ok(Some(SignatureCheck {
+    Ok(Some(Box::new(SignatureCheck {
         scheme: "ryeos".into(),
         signer: own.signer.clone(),
         signed_at: own.signed_at.clone(),
         status: status.into(),
-    }))
+    })))
 }
 
 /// The hooks whose spawns led here: the parent's (or the chain's) and the one starting it.
