@@ -108,6 +108,44 @@ pub(crate) async fn stop_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// A command's stop signals (Ctrl-C, SIGTERM), listened for from the moment it is made: one
+/// that arrives while nothing waits for it is kept for the next [`Stops::next`]. A listener
+/// made later misses it, and with weft's handler in place the signal is then lost: a Ctrl-C
+/// between `weft run`'s tree ending and its wait for what the tree caused did nothing.
+pub(crate) struct Stops {
+    #[cfg(unix)]
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Stops {
+    /// Starts listening.
+    pub(crate) fn listen() -> Stops {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let signals = signal(SignalKind::interrupt())
+                .and_then(|i| Ok((i, signal(SignalKind::terminate())?)))
+                .ok();
+            Stops { signals }
+        }
+        #[cfg(not(unix))]
+        Stops {}
+    }
+
+    /// The next stop signal (one already delivered since [`Stops::listen`] included).
+    pub(crate) async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some((int, term)) = self.signals.as_mut() {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+        stop_signal().await;
+    }
+}
+
 /// On a second stop signal the process exits at once (130), killing every tool process group
 /// it still runs first (nothing of a call outlives weft).
 pub(crate) fn exit_on_second_signal() {

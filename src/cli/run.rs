@@ -99,6 +99,8 @@ async fn follow(
             r.id, r.owner_pid
         );
     }
+    // One listener for the whole run: a Ctrl-C while the outcome is printed is not lost.
+    let mut stops = super::common::Stops::listen();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let printer = tokio::spawn(show_events(
         rt.clone(),
@@ -108,7 +110,7 @@ async fn follow(
         stop_rx,
     ));
     let id = handle.id().clone();
-    let report = wait_or_cancel(&rt, handle).await?;
+    let report = wait_or_cancel(&rt, handle, &mut stops).await?;
     let _ = stop_tx.send(());
     let _ = printer.await;
     let rows = Store::read_project(project)
@@ -123,7 +125,7 @@ async fn follow(
     // What the tree caused (an after_complete hook's command or spawn, a scheduled thread due
     // now) finishes before the process exits; Ctrl-C (or `weft cancel` through the control
     // socket, kept open until then) cancels it with the tree.
-    drain_or_cancel(&rt, &id).await;
+    drain_or_cancel(&rt, &id, &mut stops).await;
     drop(control);
     rt.shutdown();
     Ok(code)
@@ -180,17 +182,19 @@ async fn show_events(
 
 /// Waits for the thread's report; the first Ctrl-C (or SIGTERM) cancels the thread, a second
 /// one exits at once (130), killing the tool processes still running.
-async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadReport, Exit> {
+async fn wait_or_cancel(
+    rt: &Runtime,
+    handle: ThreadHandle,
+    stops: &mut super::common::Stops,
+) -> Result<ThreadReport, Exit> {
     let id = handle.id().clone();
     let done = handle.wait();
     tokio::pin!(done);
-    let ctrl_c = super::common::stop_signal();
-    tokio::pin!(ctrl_c);
     let mut interrupted = false;
     loop {
         tokio::select! {
             r = &mut done => return r.map_err(|e| Exit { code: 1, message: e.to_string() }),
-            _ = &mut ctrl_c, if !interrupted => {
+            _ = stops.next(), if !interrupted => {
                 interrupted = true;
                 eprintln!("weft: cancelling {id} (Ctrl-C again to exit at once)");
                 rt.cancel(&id, "Ctrl-C");
@@ -201,7 +205,7 @@ async fn wait_or_cancel(rt: &Runtime, handle: ThreadHandle) -> Result<ThreadRepo
 }
 
 /// Waits for the work the tree caused; a Ctrl-C cancels it (a second exits at once).
-async fn drain_or_cancel(rt: &Runtime, root: &ThreadId) {
+async fn drain_or_cancel(rt: &Runtime, root: &ThreadId, stops: &mut super::common::Stops) {
     rt.scope_effects(root).await;
     let drain = async {
         rt.drain_hooks().await;
@@ -211,7 +215,7 @@ async fn drain_or_cancel(rt: &Runtime, root: &ThreadId) {
     tokio::pin!(drain);
     tokio::select! {
         () = &mut drain => return,
-        () = super::common::stop_signal() => {}
+        () = stops.next() => {}
     }
     eprintln!("weft: cancelling what {root} caused (Ctrl-C again to exit at once)");
     super::common::exit_on_second_signal();

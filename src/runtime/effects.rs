@@ -150,15 +150,16 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
     let req = SpawnRequest::new(e.target.clone(), inputs, origin);
     let (tx, rx) = tokio::sync::oneshot::channel();
     match crate::thread::spawn(ctx, req, Some(tx)).await {
-        Ok((id, _)) => {
+        Ok((id, actor)) => {
             let _ = ctx
                 .store
                 .finish_effect(&e.id, true, &format!("started thread {id}"));
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
             let root = ctx.verified_doc(&id).map(|d| d.root_id.clone());
             let mut caused = root.ok().map(|r| ctx.caused.enter(&r));
-            if let Some(c) = &mut caused {
-                c.is_thread(id.clone());
+            if caused.as_mut().is_some_and(|c| c.is_thread(id.clone())) {
+                let reason = "its tree was cancelled as it started".to_string();
+                let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
             }
             let task = tokio::spawn(async move {
                 let _ = rx.await;

@@ -292,11 +292,17 @@ async fn spawn_deferred(
         d.id = Some(child.clone());
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if let Err(e) = super::spawn::spawn(ctx, req, Some(tx)).await {
-        give_back(ctx, child).await;
-        return Err(e);
+    let actor = match super::spawn::spawn(ctx, req, Some(tx)).await {
+        Ok((_, actor)) => actor,
+        Err(e) => {
+            give_back(ctx, child).await;
+            return Err(e);
+        }
+    };
+    if caused.is_thread(child) {
+        let reason = "its tree was cancelled as it started".to_string();
+        let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
     }
-    caused.is_thread(child);
     let _ = rx.await;
     Ok(())
 }
