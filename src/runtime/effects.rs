@@ -157,9 +157,8 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
             let root = ctx.verified_doc(&id).map(|d| d.root_id.clone());
             let mut caused = root.ok().map(|r| ctx.caused.enter(&r));
-            if caused.as_mut().is_some_and(|c| c.is_thread(id.clone())) {
-                let reason = "its tree was cancelled as it started".to_string();
-                let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
+            if let Some(c) = &mut caused {
+                c.is_thread(id.clone(), &actor);
             }
             let task = tokio::spawn(async move {
                 let _ = rx.await;

@@ -76,19 +76,25 @@ impl Caused {
 }
 
 impl CausedGuard {
-    /// This piece of work is deferred thread `id` (until the guard drops). True when its tree
-    /// was already cancelled: a root's cancel between the thread's start and this call did not
-    /// find it among the tree's threads, so the caller cancels it (a cancel after this call
-    /// finds it; `runtime/cancel.rs` fires the token before it reads the threads).
-    #[must_use = "a thread whose tree was cancelled meanwhile must be cancelled by the caller"]
-    pub(crate) fn is_thread(&mut self, id: ThreadId) -> bool {
+    /// This piece of work is deferred thread `id`, run by `actor` (until the guard drops).
+    /// When its tree was cancelled meanwhile — a root's cancel between the thread's start and
+    /// this call did not find it among the tree's threads — it is cancelled here (a cancel
+    /// after this call finds it; `runtime/cancel.rs` fires the token before it reads them).
+    pub(crate) fn is_thread(
+        &mut self,
+        id: ThreadId,
+        actor: &ractor::ActorRef<crate::thread::ThreadMsg>,
+    ) {
         if let Ok(mut m) = self.caused.by_root.lock() {
             if let Some(e) = m.get_mut(&self.root) {
                 e.threads.push(id.clone());
             }
         }
         self.thread = Some(id);
-        self.token.is_cancelled()
+        if self.token.is_cancelled() {
+            let reason = "its tree was cancelled as it started".to_string();
+            let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
+        }
     }
 }
 

@@ -299,10 +299,7 @@ async fn spawn_deferred(
             return Err(e);
         }
     };
-    if caused.is_thread(child) {
-        let reason = "its tree was cancelled as it started".to_string();
-        let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
-    }
+    caused.is_thread(child, &actor);
     let _ = rx.await;
     Ok(())
 }

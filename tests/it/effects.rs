@@ -319,9 +319,9 @@ fn the_pending_limit_holds_under_concurrent_schedulers() {
 /// `weft mcp` is a short-lived process its client starts: it runs the scheduled work of the
 /// trees its clients start, and none of the project's other work (which it would cancel when
 /// the client goes away).
+#[cfg(feature = "mcp-server")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weft_mcp_runs_its_clients_scheduled_work_and_no_other() {
-    use std::io::Write;
     let fx = fixture();
     let config = fx.root().join(".weft/config.yaml");
     let mut text = std::fs::read_to_string(&config).unwrap();
@@ -339,23 +339,7 @@ async fn weft_mcp_runs_its_clients_scheduled_work_and_no_other() {
         String::from_utf8_lossy(&out.stderr)
     );
     let theirs = serde_json::from_slice::<Value>(&out.stdout).unwrap()["thread_id"].clone();
-    let mut mcp = weft_cmd(fx.root())
-        .args(["mcp", "--script"])
-        .arg(&script)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = mcp.stdin.take().unwrap();
-    for l in [
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_directive", "arguments": {"directive": "planner"}}}),
-    ] {
-        writeln!(stdin, "{l}").unwrap();
-    }
-    stdin.flush().unwrap();
+    let (mcp, stdin) = crate::support::mcp_running(fx.root(), &script, "planner");
     // Both trees' 1 s effects come due; only the client's run here.
     let start = Instant::now();
     let (mine, others) = loop {

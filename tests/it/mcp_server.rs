@@ -4,9 +4,8 @@
 //! starts stays under `mcp_server.max_spend` and the limits it asked for.
 
 use super::serve::Server;
-use crate::support::{directive, mcp_dir, rows_json, skip, weft_cmd, Fixture};
+use crate::support::{directive, mcp_dir, rows_json, skip, Fixture};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::PathBuf;
 
 const FANOUT: &str = include_str!("../../examples/research/directives/research/fanout.md");
@@ -62,22 +61,12 @@ fn sdk(python: &PathBuf, args: &[&str], steps: Value) -> Vec<Value> {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/mcp/weft_client.py"
     );
-    let mut child = std::process::Command::new(python)
-        .arg(client)
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(client)
         .args(args)
-        .env("WEFT_HOME", crate::support::weft_home())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(steps.to_string().as_bytes())
-        .unwrap();
-    let out = crate::support::exits_within(child, 120, "the MCP Python client");
+        .env("WEFT_HOME", crate::support::weft_home());
+    let input = steps.to_string();
+    let out = crate::support::fed(&mut cmd, input.as_bytes(), 120, "the MCP Python client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -498,23 +487,7 @@ async fn the_mcp_inspector_cli_runs_a_directive_over_stdio_and_lists_tools_over_
 async fn weft_mcp_cancels_its_trees_and_exits_when_its_client_goes_away() {
     let fx = project(Some("{ max_spend: 0.03, directives: [\"slow/*\"] }"));
     let script = fx.root().join("script.yaml");
-    let mut child = weft_cmd(fx.root())
-        .args(["mcp", "--script", script.to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let lines = [
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_directive", "arguments": {"directive": "slow/wait"}}}),
-    ];
-    for l in lines {
-        writeln!(stdin, "{l}").unwrap();
-    }
-    stdin.flush().unwrap();
+    let (child, stdin) = crate::support::mcp_running(fx.root(), &script, "slow/wait");
     crate::support::wait_until("the tree to start", || {
         rows_json(fx.root())
             .iter()

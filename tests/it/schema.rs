@@ -4,7 +4,6 @@
 
 use crate::support::weft_cmd;
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const KINDS: [&str; 4] = ["directive", "config", "tool", "hooks"];
@@ -176,20 +175,10 @@ fn validate(py: &Path, dir: &Path, items: &[(&str, Value)]) -> Vec<Vec<String>> 
         pairs.push(json!({"schema": dir.join(format!("{kind}.json")), "instance": inst}));
     }
     let script = repo().join("tests/fixtures/schema/validate.py");
-    let mut child = std::process::Command::new(py)
-        .arg(script)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(Value::Array(pairs).to_string().as_bytes())
-        .unwrap();
-    let out = crate::support::exits_within(child, 60, "the jsonschema validator");
+    let input = Value::Array(pairs).to_string();
+    let mut cmd = std::process::Command::new(py);
+    cmd.arg(script);
+    let out = crate::support::fed(&mut cmd, input.as_bytes(), 60, "the jsonschema validator");
     assert!(
         out.status.success(),
         "{}",

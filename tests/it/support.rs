@@ -454,6 +454,55 @@ pub fn venv_python(modules: &str, test: &str) -> Option<std::path::PathBuf> {
     None
 }
 
+/// Runs `cmd` with `input` on its stdin (then closed) and waits at most `secs` for it.
+#[cfg(feature = "cli")]
+pub fn fed(
+    cmd: &mut std::process::Command,
+    input: &[u8],
+    secs: u64,
+    what: &str,
+) -> std::process::Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    exits_within(child, secs, what)
+}
+
+/// `weft mcp` on `project` (scripted by `script`), spoken to over raw JSON-RPC lines: the
+/// handshake is sent, then a `tools/call` of `run_directive` for `directive`. Its stdin stays
+/// open (dropping it is the client going away).
+#[cfg(feature = "mcp-server")]
+pub fn mcp_running(
+    project: &Path,
+    script: &Path,
+    directive: &str,
+) -> (std::process::Child, std::process::ChildStdin) {
+    use std::io::Write;
+    let mut child = weft_cmd(project)
+        .args(["mcp", "--script"])
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for l in [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_directive", "arguments": {"directive": directive}}}),
+    ] {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    stdin.flush().unwrap();
+    (child, stdin)
+}
+
 /// Waits for `child` at most `secs`; kills it and fails the test naming `what` after that.
 #[cfg(feature = "cli")]
 pub fn exits_within(mut child: std::process::Child, secs: u64, what: &str) -> std::process::Output {
