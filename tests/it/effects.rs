@@ -328,17 +328,9 @@ async fn weft_mcp_runs_its_clients_scheduled_work_and_no_other() {
     text += "mcp_server: { max_spend: 0.05, directives: [planner] }\n";
     std::fs::write(&config, text).unwrap();
     let script = fx.root().join("script.yaml");
-    let out = weft_cmd(fx.root())
-        .args(["run", "planner", "--json", "--script"])
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let theirs = serde_json::from_slice::<Value>(&out.stdout).unwrap()["thread_id"].clone();
+    let path = script.to_str().unwrap();
+    let ran = crate::support::weft_json(fx.root(), &["run", "planner", "--json", "--script", path]);
+    let theirs = ran["thread_id"].clone();
     let (mcp, stdin) = crate::support::mcp_running(fx.root(), &script, "planner");
     // Both trees' 1 s effects come due; only the client's run here.
     let start = Instant::now();

@@ -33,17 +33,7 @@ leaf:
         script,
         "",
     );
-    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
-    std::fs::write(
-        fx.root().join("tools/upper.yaml"),
-        "name: upper\nargv: [tr, a-z, A-Z]\napproval: required\n",
-    )
-    .unwrap();
-    std::fs::write(
-        fx.root().join("tools/say.yaml"),
-        "name: say\nargv: [printf, \"%s\", \"{input.word}\"]\n",
-    )
-    .unwrap();
+    crate::support::approval_tools(&fx);
     let path = fx.root().join("script.yaml");
     let srv = Server::start(&fx, &["--script", path.to_str().unwrap()]);
     let (_, b) = srv

@@ -454,6 +454,22 @@ pub fn venv_python(modules: &str, test: &str) -> Option<std::path::PathBuf> {
     None
 }
 
+/// Two command tools for the approval tests: `upper` (its YAML says a person approves each
+/// call) and `say` (a directive's `approval:` list may name it).
+pub fn approval_tools(fx: &Fixture) {
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/upper.yaml"),
+        "name: upper\nargv: [tr, a-z, A-Z]\napproval: required\n",
+    )
+    .unwrap();
+    std::fs::write(
+        fx.root().join("tools/say.yaml"),
+        "name: say\nargv: [printf, \"%s\", \"{input.word}\"]\n",
+    )
+    .unwrap();
+}
+
 /// Runs `cmd` with `input` on its stdin (then closed) and waits at most `secs` for it.
 #[cfg(feature = "cli")]
 pub fn fed(

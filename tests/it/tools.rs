@@ -539,17 +539,7 @@ root:
   - text: done
 "#;
     let fx = Fixture::new(&[("root", &root)], script, "");
-    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
-    std::fs::write(
-        fx.root().join("tools/upper.yaml"),
-        "name: upper\nargv: [tr, a-z, A-Z]\napproval: required\n",
-    )
-    .unwrap();
-    std::fs::write(
-        fx.root().join("tools/say.yaml"),
-        "name: say\nargv: [printf, \"%s\", \"{input.word}\"]\n",
-    )
-    .unwrap();
+    crate::support::approval_tools(&fx);
     let script_path = fx.root().join("script.yaml");
     let run = weft_cmd(fx.root())
         .args(["run", "root", "--json", "--script"])

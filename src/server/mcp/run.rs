@@ -44,16 +44,11 @@ fn ask(args: &Value) -> Result<Ask, String> {
         Value::Object(m) => m.clone(),
         _ => return Err("`inputs` must be an object of name: value".into()),
     };
-    let mut lower = LimitSet::default();
-    match &args["limits"] {
-        Value::Null => {}
-        Value::Object(m) => {
-            for (k, v) in m {
-                lower.set(k, v).map_err(|e| format!("limits.{k}: {e}"))?;
-            }
-        }
+    let lower = match &args["limits"] {
+        Value::Null => LimitSet::default(),
+        Value::Object(m) => LimitSet::from_map(m).map_err(|e| format!("limits: {e}"))?,
         _ => return Err("`limits` must be an object of name: value".into()),
-    }
+    };
     let wait = match &args["wait"] {
         Value::Null => true,
         Value::Bool(b) => *b,
