@@ -8,35 +8,40 @@
 //!
 //! Writes only the anchor log; reads what it is given.
 
-use crate::core::ids::{now_ts, sha256_hex, ThreadId, GENESIS};
+use crate::core::ids::{sha256_hex, ThreadId, GENESIS};
 use crate::core::status::Status;
+use crate::record::anchor_group::Pending;
 use crate::record::place::Records;
 use crate::record::signing::{verify_embedded, Signer, Trust};
 use crate::record::transcript::Head;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The signature domain of an anchor line.
 const DOMAIN: &str = "weft.anchor.v1\n";
 
 /// Appends root `thread`'s final head to `records`' anchor log, chained to the last line and
-/// signed; stored (synced, or committed) before it returns.
+/// signed; stored (synced, or committed) before it returns. Roots that end together share one
+/// append (see `anchor_group`).
 pub(crate) fn anchor_root(
     records: &Records,
-    signer: &Signer,
+    signer: &Arc<Signer>,
     thread: &ThreadId,
     status: Status,
     head: &Head,
 ) -> std::io::Result<()> {
-    records.append_anchor(&mut |prev| {
-        let mut line = json!({
-            "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
-            "prev": prev, "at": now_ts(),
-        });
-        let sig = signer.sign(DOMAIN, &line);
-        line["signature"] = serde_json::to_value(sig).unwrap_or(Value::Null);
-        line.to_string().into_bytes()
-    })
+    let unsigned = json!({
+        "thread": thread, "status": status, "head_seq": head.seq, "head": head.hash,
+    });
+    super::anchor_group::append(
+        records,
+        Pending {
+            line: unsigned,
+            signer: signer.clone(),
+            domain: DOMAIN,
+        },
+    )
 }
 
 /// The anchor log read and checked.

@@ -6,9 +6,13 @@ use crate::core::ids::{sha256_hex, GENESIS};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-/// Appends the line `make` builds from the hash of the last line (GENESIS for the first) to
-/// the log at `path` (created on first use), under its lock; synced before it returns.
-pub(crate) fn append(path: &Path, make: &mut dyn FnMut(&str) -> Vec<u8>) -> std::io::Result<()> {
+/// Builds the `i`-th line of a batch from the hash of the line before it; None past the last.
+pub(crate) type MakeLines<'a> = &'a mut dyn FnMut(usize, &str) -> Option<Vec<u8>>;
+
+/// Appends the lines `make` builds, each from the hash of the line before it (GENESIS for the
+/// log's first), to the log at `path` (created on first use), under its lock, in one write;
+/// synced once before it returns.
+pub(crate) fn append(path: &Path, make: MakeLines) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -27,9 +31,7 @@ pub(crate) fn append(path: &Path, make: &mut dyn FnMut(&str) -> Vec<u8>) -> std:
             last_line(&mut f)?.map_or_else(|| GENESIS.to_string(), |l| sha256_hex(&l))
         }
     };
-    let mut bytes = make(&prev);
-    let hash = sha256_hex(&bytes);
-    bytes.push(b'\n');
+    let (bytes, hash) = chained(make, prev);
     let written = f.write_all(&bytes).and_then(|_| f.sync_data());
     remember_tail(
         path,
@@ -39,6 +41,19 @@ pub(crate) fn append(path: &Path, make: &mut dyn FnMut(&str) -> Vec<u8>) -> std:
     );
     written?;
     f.unlock()
+}
+
+/// The lines `make` builds after the line hashed `prev`, each ending in a newline, and the
+/// hash of the last (`prev` when there is none).
+fn chained(make: MakeLines, mut prev: String) -> (Vec<u8>, String) {
+    let mut bytes = Vec::new();
+    for i in 0.. {
+        let Some(line) = make(i, &prev) else { break };
+        prev = sha256_hex(&line);
+        bytes.extend_from_slice(&line);
+        bytes.push(b'\n');
+    }
+    (bytes, prev)
 }
 
 /// The log this process appended to last: its length after that line and the line's hash.

@@ -10,6 +10,7 @@
 //! what it is given and reads back what is there, naming the file and line of any damage.
 
 pub(crate) mod adopt;
+pub(crate) mod anchor_group;
 pub(crate) mod anchors;
 pub(crate) mod batch;
 pub(crate) mod behind;

@@ -334,10 +334,11 @@ impl Records {
         }
     }
 
-    /// Appends the line `make` builds from the hash of the last line ([`GENESIS`](crate::core::ids::GENESIS) when the
-    /// log is empty) to the anchor log, every process's appends taking turns; on the disk (or
-    /// committed) before it returns.
-    pub(crate) fn append_anchor(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
+    /// Appends the lines `make` builds, each from the hash of the line before it
+    /// ([`GENESIS`](crate::core::ids::GENESIS) when the log is empty), to the anchor log at
+    /// once, every process's appends taking turns; on the disk (or committed) before it
+    /// returns.
+    pub(crate) fn append_anchor(&self, make: super::log_file::MakeLines) -> io::Result<()> {
         match &self.place {
             Place::Files { anchors, .. } => super::log_file::append(anchors, make),
             Place::Server(s) => s.append_anchor(make),

@@ -17,6 +17,7 @@
 //! [`MAX_OPEN`] per process, for one statement each.
 
 use super::behind::{Behind, Op};
+use super::log_file::MakeLines;
 use super::tables::open_schema;
 use crate::core::ids::{sha256_hex, GENESIS};
 use crate::sql::{params, DatabaseUrl, Db, Lock, SqlError};
@@ -300,10 +301,10 @@ impl Server {
         })
     }
 
-    /// Appends the line `make` builds from the hash of the last one to the anchor log, under
-    /// the records' write lock: appends from every process on the database take turns, so the
-    /// chain never forks.
-    pub(crate) fn append_anchor(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
+    /// Appends the lines `make` builds, each from the hash of the one before it, to the anchor
+    /// log in one transaction, under the records' write lock: appends from every process on
+    /// the database take turns, so the chain never forks.
+    pub(crate) fn append_anchor(&self, make: MakeLines) -> io::Result<()> {
         // The lock waits at most the session's `lock_timeout`; a burst of roots ending in
         // several processes may wait longer: tried again, up to about a minute (a file's lock
         // waits as long as it takes).
@@ -316,22 +317,26 @@ impl Server {
         }
     }
 
-    fn anchor_once(&self, make: &mut dyn FnMut(&str) -> Vec<u8>) -> io::Result<()> {
+    fn anchor_once(&self, make: MakeLines) -> io::Result<()> {
         self.with(|db| {
             db.begin_write(Lock::Records)?;
             let last = db.row(
                 "SELECT n, line FROM anchor_lines ORDER BY n DESC LIMIT 1",
                 &[],
             )?;
-            let (n, prev) = match &last {
+            let (mut n, mut prev) = match &last {
                 Some(r) => (r.int(0)? + 1, sha256_hex(&r.blob(1)?)),
                 None => (1, GENESIS.to_string()),
             };
-            let line = make(&prev);
-            db.execute(
-                "INSERT INTO anchor_lines(n, line) VALUES(?1, ?2)",
-                params![n, line],
-            )?;
+            let mut i = 0;
+            while let Some(line) = make(i, &prev) {
+                db.execute(
+                    "INSERT INTO anchor_lines(n, line) VALUES(?1, ?2)",
+                    params![n, line.clone()],
+                )?;
+                prev = sha256_hex(&line);
+                (n, i) = (n + 1, i + 1);
+            }
             db.batch("SET LOCAL synchronous_commit = on")?;
             db.commit()
         })

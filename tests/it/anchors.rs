@@ -244,3 +244,58 @@ async fn a_rolled_back_scheduled_thread_fails_verify() {
         "{out}"
     );
 }
+
+/// Roots that end together share the anchor log's appends (one lock, one write and one sync
+/// for all the lines queued meanwhile): 120 roots cancelled at once are each anchored exactly
+/// once, at the head their signed thread.json names, in one unbroken signed chain that
+/// `weft verify --all` accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_ending_together_are_each_anchored_once_in_one_chain() {
+    const N: usize = 120;
+    let idle = directive("limits: { duration: 1h }", "Wait.");
+    let fx = Fixture::new(
+        &[("idle", &idle)],
+        "idle:\n  - text: never\n    delay: 1h\n",
+        "",
+    );
+    let rt = fx.runtime().await;
+    let mut handles = Vec::new();
+    for _ in 0..N {
+        let h = rt
+            .start("idle", Default::default(), Default::default())
+            .await
+            .unwrap();
+        handles.push(h);
+    }
+    for h in &handles {
+        assert!(h.cancel("all at once"));
+    }
+    let mut ids = Vec::new();
+    for h in handles {
+        ids.push(h.id().to_string());
+        let report = h.wait().await.unwrap();
+        assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
+    }
+    rt.shutdown();
+    let log = std::fs::read_to_string(fx.root().join(".weft/state/anchors.jsonl")).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), N, "one line per root:\n{log}");
+    for id in &ids {
+        let mine: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["thread"] == id.as_str())
+            .collect();
+        assert_eq!(mine.len(), 1, "{id} anchored once");
+        let doc: Value = serde_json::from_slice(
+            &std::fs::read(fx.root().join(".weft/threads").join(id).join("thread.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(mine[0]["head"], doc["transcript_head"]["hash"], "{id}");
+        assert_eq!(mine[0]["status"], "cancelled");
+    }
+    let (ok, out) = verify(&fx, &["--all"]);
+    assert!(ok, "{out}");
+}
