@@ -40,7 +40,10 @@ impl Thread {
         let (ctx, me) = (self.ctx.clone(), self.me.clone());
         let parent = self.doc.id.clone();
         tokio::spawn(async move {
-            let started = super::placed::start_child(&ctx, req, (parent, me.clone())).await;
+            // Boxed: a start's future is large (the whole spawn pipeline, kilobytes); inline,
+            // tokio copied all of it into the task and again when the task ended.
+            let start = Box::pin(super::placed::start_child(&ctx, req, (parent, me.clone())));
+            let started = start.await;
             match started {
                 Ok((child, actor)) => {
                     let msg = ThreadMsg::ChildSpawned {

@@ -242,7 +242,8 @@ impl Thread {
         let ctx = self.ctx.clone();
         let (thread, hook) = (self.doc.id.clone(), id.to_string());
         let task = tokio::spawn(async move {
-            if let Err(e) = spawn_deferred(&ctx, req).await {
+            // Boxed, as a child's start (see `start_child`): the future is large.
+            if let Err(e) = Box::pin(spawn_deferred(&ctx, req)).await {
                 tracing::warn!(thread = %thread, hook = %hook, "after_complete spawn refused: {e}")
             }
         });

@@ -35,7 +35,9 @@ pub(crate) async fn start_child(
     if let (Some(max), Some(placer)) = (max, placer) {
         match ctx.placement.try_slot(max) {
             Some(slot) => req.slot = Some(slot),
-            None => match place(ctx, placer, &req, parent).await {
+            // Boxed: placing is rare, and its future (a deferred start) is large; inline, every
+            // child start's task carried (and tokio copied, on spawn and at its end) its room.
+            None => match Box::pin(place(ctx, placer, &req, parent)).await {
                 Err(e) if e.is_limit() => tracing::info!(
                     "a child runs on this full node: its budget cannot be set aside whole ({e})"
                 ),
