@@ -20,9 +20,16 @@ static NODE_IDLE_MS: AtomicU32 = AtomicU32::new(0);
 /// This process as an owner: its node's number, else its pid.
 pub(crate) fn me() -> u32 {
     match NODE.load(Ordering::Relaxed) {
-        0 => std::process::id(),
+        0 => pid(),
         n => n,
     }
+}
+
+/// This process's id, asked of the kernel once (a syscall each time otherwise; weft never
+/// forks a copy of itself, its tools are new programs).
+fn pid() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
 }
 
 /// This process's node owner number, if it joined as a node on a shared database.
