@@ -55,7 +55,8 @@ struct State {
     done: HashMap<u64, Outcome>,
 }
 
-/// The group of each anchor log (by its name: one name, one log).
+/// The group of each anchor log, by what names it (`Records::anchors_key`): the lines of
+/// one group are written through whichever caller's `Records` appends them.
 static GROUPS: LazyLock<Mutex<HashMap<String, Arc<Group>>>> = LazyLock::new(Default::default);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,7 +67,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// meanwhile; returns once it is stored, or with the error that kept it from being stored.
 pub(crate) fn append(records: &Records, line: Pending) -> io::Result<()> {
     let group = lock(&GROUPS)
-        .entry(records.anchors_name())
+        .entry(records.anchors_key())
         .or_default()
         .clone();
     let mut st = lock(&group.state);
@@ -78,7 +79,10 @@ pub(crate) fn append(records: &Records, line: Pending) -> io::Result<()> {
             return outcome.map_err(|(kind, msg)| io::Error::new(kind, msg));
         }
         if st.appending {
-            st = group.stored.wait(st).unwrap_or_else(|e| e.into_inner());
+            // Off the runtime's workers: a caller may be an async task (a dead thread's end),
+            // and the append it waits for may be a whole batch long.
+            st = crate::sql::off_workers(|| group.stored.wait(st))
+                .unwrap_or_else(|e| e.into_inner());
             continue;
         }
         // No append under way: this caller writes the queue, its own line in it.

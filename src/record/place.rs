@@ -137,6 +137,21 @@ impl Records {
         }
     }
 
+    /// What tells anchor logs apart within this process: the log file's real path (two
+    /// spellings of one project are one log, two projects are two), or the server's.
+    pub(crate) fn anchors_key(&self) -> String {
+        match &self.place {
+            Place::Files { anchors, .. } => {
+                let real = anchors.parent().and_then(|d| std::fs::canonicalize(d).ok());
+                match (real, anchors.file_name()) {
+                    (Some(dir), Some(name)) => dir.join(name).to_string_lossy().into_owned(),
+                    _ => anchors.to_string_lossy().into_owned(),
+                }
+            }
+            Place::Server(s) => format!("{} anchor log", s.shown()),
+        }
+    }
+
     /// Whether `id` has any record (its folder, or a line or thread.json on the server).
     pub(crate) fn has(&self, id: &ThreadId) -> io::Result<bool> {
         match &self.place {
