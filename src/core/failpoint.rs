@@ -24,6 +24,7 @@ pub const STEPS: &[&str] = &[
     "tool.result",
     "finalize.closed",
     "finalize.line",
+    "finalize.signed",
     "finalize.doc",
     "finalize.row",
 ];

@@ -277,6 +277,20 @@ async fn already_finished(
     done: ThreadDoc,
 ) -> Finalized {
     rec.had_ended = true;
+    // Its process may have died between its final thread.json and its anchor line (a root's),
+    // and no parent of a dead tree records it: anchored here, as every dead thread is (a
+    // line again for one that was anchored is harmless: the latest names the same head).
+    let records = ctx.store.records();
+    if let Err(e) = crate::record::anchors::anchor_root(
+        records,
+        &ctx.signer,
+        &done.id,
+        done.status,
+        &done.transcript_head,
+    ) {
+        rec.problems
+            .push(format!("{}: {e}", records.anchors_name()));
+    }
     let mut fin = row.clone();
     fin.status = done.status;
     fin.error = done.error.clone();

@@ -335,6 +335,7 @@ impl Thread {
             .run(self.id(), move || {
                 sync_transcript()?;
                 doc.write_signed(&records, &signer, true)?;
+                crate::core::failpoint::hit("finalize.signed");
                 // The final head of a thread no running parent records (a root, a deferred child,
                 // their continuations) goes to the project's anchor log; a child's is in its
                 // parent's `child_finished` line.

@@ -410,3 +410,34 @@ fn run_solo(p: &Path, failpoint: &str) -> std::process::Output {
     ];
     weft(p, &args, Some(failpoint))
 }
+
+/// A root whose process died after it signed its final thread.json, before its line reached
+/// the project's anchor log, is anchored by recovery: once the log has begun, an unanchored
+/// finished root is what a rollback looks like, and `weft verify --all` would say so.
+#[test]
+fn a_root_that_died_before_its_anchor_line_is_anchored_by_recovery() {
+    let fx = solo();
+    let p = fx.root();
+    let first = run_solo(p, "no.such.step:1");
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let run = run_solo(p, "finalize.signed:1");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
+    let rec = weft(p, &["recover", "--json"], None);
+    assert!(
+        rec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+    let log = std::fs::read_to_string(p.join(".weft/state/anchors.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 2, "both roots anchored:\n{log}");
+    let verify = weft(p, &["verify", "--all"], None);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
