@@ -137,18 +137,16 @@ impl Records {
         }
     }
 
-    /// What tells anchor logs apart within this process: the log file's real path (two
-    /// spellings of one project are one log, two projects are two), or the server's.
+    /// What tells anchor logs apart within this process: the log file's absolute path (a
+    /// relative project root never names another project's log; no file is read for it), or
+    /// the server's.
     pub(crate) fn anchors_key(&self) -> String {
         match &self.place {
-            Place::Files { anchors, .. } => {
-                let real = anchors.parent().and_then(|d| std::fs::canonicalize(d).ok());
-                match (real, anchors.file_name()) {
-                    (Some(dir), Some(name)) => dir.join(name).to_string_lossy().into_owned(),
-                    _ => anchors.to_string_lossy().into_owned(),
-                }
-            }
-            Place::Server(s) => format!("{} anchor log", s.shown()),
+            Place::Files { anchors, .. } => std::path::absolute(anchors)
+                .unwrap_or_else(|_| anchors.clone())
+                .to_string_lossy()
+                .into_owned(),
+            Place::Server(_) => self.anchors_name(),
         }
     }
 

@@ -330,11 +330,11 @@ impl Server {
             };
             let mut i = 0;
             while let Some(line) = make(i, &prev) {
+                prev = sha256_hex(&line);
                 db.execute(
                     "INSERT INTO anchor_lines(n, line) VALUES(?1, ?2)",
-                    params![n, line.clone()],
+                    params![n, line],
                 )?;
-                prev = sha256_hex(&line);
                 (n, i) = (n + 1, i + 1);
             }
             db.batch("SET LOCAL synchronous_commit = on")?;

@@ -277,20 +277,10 @@ async fn already_finished(
     done: ThreadDoc,
 ) -> Finalized {
     rec.had_ended = true;
-    // Its process may have died between its final thread.json and its anchor line (a root's),
-    // and no parent of a dead tree records it: anchored here, as every dead thread is (a
-    // line again for one that was anchored is harmless: the latest names the same head).
-    let records = ctx.store.records();
-    if let Err(e) = crate::record::anchors::anchor_root(
-        records,
-        &ctx.signer,
-        &done.id,
-        done.status,
-        &done.transcript_head,
-    ) {
-        rec.problems
-            .push(format!("{}: {e}", records.anchors_name()));
-    }
+    // Its process may have died between its final thread.json and its anchor line (a root's):
+    // anchored here, as every dead thread is (a line again for one that was anchored is
+    // harmless: the latest names the same head).
+    anchor(ctx, &done, &mut rec);
     let mut fin = row.clone();
     fin.status = done.status;
     fin.error = done.error.clone();
@@ -430,20 +420,25 @@ fn end_doc(
         return None;
     }
     // In the log whatever its parent: a parent that is gone too never records it.
-    {
-        let anchored = crate::record::anchors::anchor_root(
-            records,
-            &ctx.signer,
-            &doc.id,
-            doc.status,
-            &doc.transcript_head,
-        );
-        if let Err(e) = anchored {
-            rec.problems
-                .push(format!("{}: {e}", records.anchors_name()));
-        }
-    }
+    anchor(ctx, &doc, rec);
     Some(doc.transcript_head.hash)
+}
+
+/// Puts a dead thread's final head in the project's anchor log (its parent, dead too, never
+/// records it); a failure is one of `rec`'s problems.
+fn anchor(ctx: &Ctx, doc: &ThreadDoc, rec: &mut Recovered) {
+    let records = ctx.store.records();
+    let anchored = crate::record::anchors::anchor_root(
+        records,
+        &ctx.signer,
+        &doc.id,
+        doc.status,
+        &doc.transcript_head,
+    );
+    if let Err(e) = anchored {
+        rec.problems
+            .push(format!("{}: {e}", records.anchors_name()));
+    }
 }
 
 /// Settles the calls `id`'s transcript recorded but whose settlement the ledger may never have

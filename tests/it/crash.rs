@@ -120,12 +120,7 @@ fn trial(backend: Backend, step: &str, n: u32) -> bool {
     );
     let rows_before = row_statuses(&fx);
     let docs_before = doc_statuses(&fx);
-    let rec = weft(p, &["recover", "--json"], None);
-    assert!(
-        rec.status.success(),
-        "{fp}: recovery failed: {}",
-        String::from_utf8_lossy(&rec.stderr)
-    );
+    recover(p, &fp);
     let rows = row_statuses(&fx);
     let docs = doc_statuses(&fx);
     for (id, status) in &rows {
@@ -349,12 +344,7 @@ fn recovery_charges_an_unrecorded_call_at_its_bound() {
     let p = fx.root();
     let run = run_solo(p, "turn.reserved:1");
     assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
-    let rec = weft(p, &["recover", "--json"], None);
-    assert!(
-        rec.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rec.stderr)
-    );
+    recover(p, "recovery");
     let id = fx.id_of("solo");
     let ledger = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
     let spent: i64 = ledger
@@ -398,6 +388,16 @@ fn solo() -> Fixture {
     )
 }
 
+/// `weft recover` in `p`, which must succeed (`what` names the trial in the failure).
+fn recover(p: &Path, what: &str) {
+    let rec = weft(p, &["recover", "--json"], None);
+    assert!(
+        rec.status.success(),
+        "{what}: recovery failed: {}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+}
+
 /// `weft run solo` with `solo()`'s script, the failpoint armed.
 fn run_solo(p: &Path, failpoint: &str) -> std::process::Output {
     let script = p.join("script.yaml");
@@ -426,12 +426,7 @@ fn a_root_that_died_before_its_anchor_line_is_anchored_by_recovery() {
     );
     let run = run_solo(p, "finalize.signed:1");
     assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
-    let rec = weft(p, &["recover", "--json"], None);
-    assert!(
-        rec.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rec.stderr)
-    );
+    recover(p, "recovery");
     let log = std::fs::read_to_string(p.join(".weft/state/anchors.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 2, "both roots anchored:\n{log}");
     let verify = weft(p, &["verify", "--all"], None);
