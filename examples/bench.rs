@@ -1005,6 +1005,7 @@ fn f(v: &Value, k: &str) -> f64 {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    weft::prefer_small_pages();
     let a = args();
     let (w, d) = a.shape.unwrap_or(if a.tiny { (3, 2) } else { (10, 4) });
     let mut out = serde_json::Map::new();

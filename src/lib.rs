@@ -99,8 +99,8 @@ pub use crate::provider::{
 pub use crate::record::render::{describe as describe_line, human_duration};
 pub use crate::registry::{ThreadFilter, ThreadRow};
 pub use crate::runtime::{
-    diagnose, Checkup, ControlError, Fork, Health, OpenError, Problem, QueryError, Recovered,
-    Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
+    diagnose, prefer_small_pages, Checkup, ControlError, Fork, Health, OpenError, Problem,
+    QueryError, Recovered, Runtime, RuntimeBuilder, SubtreeEvents, ThreadHandle, ThreadStatus,
 };
 pub use crate::sql::{BadDatabaseUrl, DatabaseUrl};
 pub use crate::store::{

@@ -7,6 +7,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    weft::prefer_small_pages();
     let cli = weft::Cli::parse();
     cli.apply_database();
     let rt = match tokio::runtime::Builder::new_multi_thread()

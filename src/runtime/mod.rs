@@ -583,6 +583,15 @@ impl Runtime {
 }
 
 /// A thread's actor that stopped before answering a call.
+/// For a program that runs many threads (the `weft` binary, the benchmark): its memory in
+/// small pages. Without this, the allocator asks for transparent huge pages, so each region it
+/// touches costs 2 MiB of zeroed memory at once; a tree of 11,111 threads then peaks ~10 MiB
+/// higher (BENCHMARKS.md). Process-wide, and inherited by the tool processes it starts; only a
+/// program that asked for huge pages itself notices. A refusal (an old kernel) changes nothing.
+pub fn prefer_small_pages() {
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
+}
+
 fn no_answer(id: &ThreadId, e: impl std::fmt::Display) -> ControlError {
     ControlError::NoAnswer {
         id: id.clone(),

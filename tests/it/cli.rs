@@ -434,3 +434,32 @@ fn completions_cover_every_command_for_three_shells() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !err.contains("panicked"), "{err}");
 }
+
+/// `weft` asks for its memory in small pages (BENCHMARKS.md: a tree of 11,111 threads peaks
+/// ~10 MiB lower): the kernel reports transparent huge pages off for a running `weft run`.
+#[test]
+fn a_running_weft_uses_small_pages() {
+    let slow = "s:\n  - text: done\n    delay: 30s\n";
+    let fx = Fixture::new(&[("s", &directive("", "Wait."))], slow, "");
+    let mut run = crate::support::spawn_run(&fx, "s");
+    let status = format!("/proc/{}/status", run.id());
+    let mut thp = None;
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&status).unwrap_or_default();
+        thp = text
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:"))
+            .map(|v| v.trim().to_string());
+        // The flag is set first thing in main, before the project is even read.
+        if thp.as_deref() == Some("0") || text.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = run.kill();
+    let _ = run.wait();
+    match thp.as_deref() {
+        Some(v) => assert_eq!(v, "0", "a running weft has THP_enabled: {v}"),
+        None => crate::support::skip("this kernel's /proc/<pid>/status has no THP_enabled"),
+    }
+}
