@@ -275,6 +275,7 @@ async fn tree_on(p: &Proj, w: usize, d: usize) -> Value {
     let t0 = Instant::now();
     let report = rt.run("l0", Map::new(), LimitSet::default()).await.unwrap();
     let wall = t0.elapsed();
+    perf_ctl("disable");
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let rows = weft::internals::Store::read_project(&Project {
         root: p.root.clone(),
@@ -492,6 +493,13 @@ async fn bench_sse(w: usize, d: usize, clients: usize) -> Value {
     })
 }
 
+/// 1,000 turns (50 with `--size tiny`); `WEFT_BENCH_TURNS=<n>` for a longer profile.
+fn turn_count(tiny: bool) -> usize {
+    let env = std::env::var("WEFT_BENCH_TURNS").ok();
+    env.and_then(|n| n.parse().ok())
+        .unwrap_or(if tiny { 50 } else { 1000 })
+}
+
 async fn bench_turns(turns: usize, strict: bool) -> Value {
     let mut script = String::from("looper:\n");
     for _ in 0..turns {
@@ -502,6 +510,7 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
     let p = project(&[("looper", d)], &script, strict);
     let rt = open(&p).await;
     let mut events = rt.events();
+    perf_ctl("enable");
     let t0 = Instant::now();
     let handle = rt
         .start("looper", Map::new(), LimitSet::default())
@@ -1064,7 +1073,7 @@ async fn main() {
         let v = match a.what.as_str() {
             "floor" => bench_floor(w, d).await,
             "tree" => bench_tree(w, d, a.strict).await,
-            "turns" => bench_turns(if a.tiny { 50 } else { 1000 }, a.strict).await,
+            "turns" => bench_turns(turn_count(a.tiny), a.strict).await,
             "memory" => bench_memory(if a.tiny { 200 } else { 10_000 }).await,
             "cancel" => {
                 let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };

@@ -109,10 +109,7 @@ impl Thread {
             return self.tool_done(call_id, running).await;
         }
         self.kids.claim(&child);
-        self.kids.waiters.push(Waiter {
-            call_id,
-            ids: vec![child],
-        });
+        self.kids.waiters.push(Waiter::new(call_id, vec![child]));
         self.resolve_waiters().await;
     }
 
@@ -168,8 +165,9 @@ impl Thread {
         if r.status == Status::Error && self.on_child_error(&r).await {
             return;
         }
-        let waited = self.kids.waiters.iter().any(|w| w.ids.contains(&id));
-        if !claimed && !waited {
+        // A claimed report is some wait's (spawn's) result; only an unclaimed one is looked up
+        // in the waits (a scan of every waited id, kept off the common road).
+        if !claimed && !self.kids.waiters.iter().any(|w| w.ids().contains(&id)) {
             self.kids.announce.push(r);
         }
         self.resolve_waiters().await;
@@ -199,7 +197,7 @@ impl Thread {
     /// Answers every wait whose children have all reported.
     pub(crate) async fn resolve_waiters(&mut self) {
         for w in self.kids.take_ready() {
-            let outcome = self.kids.wait_result(&w.ids, false);
+            let outcome = self.kids.wait_result(w.ids(), false);
             self.tool_done(w.call_id, outcome).await;
         }
     }
@@ -209,7 +207,7 @@ impl Thread {
         let Some(w) = self.kids.take_waiter(&call_id) else {
             return;
         };
-        let outcome = self.kids.wait_result(&w.ids, true);
+        let outcome = self.kids.wait_result(w.ids(), true);
         self.tool_done(w.call_id, outcome).await;
     }
 

@@ -23,7 +23,7 @@ use crate::registry::{RegistryMsg, ThreadRow};
 use crate::tools::ToolOutcome;
 use ractor::ActorRef;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,6 +70,9 @@ pub(crate) enum Phase {
     Tools {
         /// The calls of the turn, in the order the model made them.
         order: Vec<String>,
+        /// The calls whose result is not in yet (a set: a turn of 1,000 spawns looked each
+        /// result's call up in `order`, half a million string compares).
+        pending: HashSet<String>,
         /// The results in so far.
         results: HashMap<String, ToolOutcome>,
         /// The outputs of a valid `directive_return` among them.

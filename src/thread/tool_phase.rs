@@ -207,21 +207,23 @@ impl Thread {
             outcome.content = clean;
         }
         let Phase::Tools {
-            order,
+            pending,
             results,
             returned,
+            ..
         } = &mut self.phase
         else {
             return;
         };
-        if !order.contains(&call_id) || results.contains_key(&call_id) {
+        // Not a call of this turn, or its result is already in.
+        if !pending.remove(&call_id) {
             return;
         }
         if let Some(outputs) = &outcome.returned {
             *returned = Some(outputs.clone());
         }
         results.insert(call_id.clone(), outcome.clone());
-        let done = results.len() == order.len();
+        let done = pending.is_empty();
         if let Some(span) = self.work.spans.remove(&call_id) {
             if outcome.is_error {
                 span.record("error.type", "tool_error");
@@ -244,6 +246,7 @@ impl Thread {
             order,
             mut results,
             returned,
+            ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
@@ -282,6 +285,7 @@ impl Thread {
     pub(crate) async fn start_tools(&mut self, calls: Vec<ToolCall>) {
         self.phase = Phase::Tools {
             order: calls.iter().map(|c| c.id.clone()).collect(),
+            pending: calls.iter().map(|c| c.id.clone()).collect(),
             results: HashMap::new(),
             returned: None,
         };

@@ -236,10 +236,7 @@ impl Thread {
             let call_id = call.id.clone();
             self.after(wait, ThreadMsg::WaitTimeout { call_id });
         }
-        self.kids.waiters.push(Waiter {
-            call_id: call.id,
-            ids,
-        });
+        self.kids.waiters.push(Waiter::new(call.id, ids));
         None
     }
 

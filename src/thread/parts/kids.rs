@@ -26,7 +26,27 @@ pub(crate) struct Waiter {
     /// The call answered when they have all reported.
     pub(crate) call_id: String,
     /// The children it waits for.
-    pub(crate) ids: Vec<ThreadId>,
+    ids: Vec<ThreadId>,
+    /// How many of `ids`, from the front, are known to have reported. A report is never taken
+    /// back, so each report moves this on instead of every report rescanning the reported: a
+    /// wait for 1,000 children checked half a million ids while they ended (`bench scale`).
+    reported: usize,
+}
+
+impl Waiter {
+    /// Call `call_id` waits for `ids`.
+    pub(crate) fn new(call_id: String, ids: Vec<ThreadId>) -> Waiter {
+        Waiter {
+            call_id,
+            ids,
+            reported: 0,
+        }
+    }
+
+    /// The children it waits for.
+    pub(crate) fn ids(&self) -> &[ThreadId] {
+        &self.ids
+    }
 }
 
 /// A thread's children and waits.
@@ -86,9 +106,18 @@ impl Kids {
 
     /// Takes the waits whose children have all reported, the latest first.
     pub(crate) fn take_ready(&mut self) -> Vec<Waiter> {
-        let (mut ready, waiting): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut self.waiters)
-            .into_iter()
-            .partition(|w| self.all_reported(&w.ids));
+        let mut waiters = std::mem::take(&mut self.waiters);
+        for w in &mut waiters {
+            while w
+                .ids
+                .get(w.reported)
+                .is_some_and(|id| self.map.get(id).is_some_and(|c| c.report.is_some()))
+            {
+                w.reported += 1;
+            }
+        }
+        let (mut ready, waiting): (Vec<Waiter>, Vec<Waiter>) =
+            waiters.into_iter().partition(|w| w.reported == w.ids.len());
         self.waiters = waiting;
         ready.reverse();
         ready
@@ -113,9 +142,13 @@ impl Kids {
                 claimed,
             },
         );
-        for id in self.waiters.iter_mut().flat_map(|w| w.ids.iter_mut()) {
-            if id == old {
-                *id = new.clone();
+        for w in &mut self.waiters {
+            for (i, id) in w.ids.iter_mut().enumerate() {
+                if id == old {
+                    *id = new.clone();
+                    // The continuation has not reported: the wait is back to it.
+                    w.reported = w.reported.min(i);
+                }
             }
         }
         self.continued.insert(old.clone(), new);
