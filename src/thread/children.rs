@@ -3,7 +3,6 @@
 //! a failure does.
 
 use super::msg::ThreadMsg;
-use super::parts::Waiter;
 use super::report::ThreadReport;
 use super::spawn::{Origin, ParentLink, SpawnRequest};
 use super::state::{Phase, Thread};
@@ -109,8 +108,8 @@ impl Thread {
             return self.tool_done(call_id, running).await;
         }
         self.kids.claim(&child);
-        self.kids.waiters.push(Waiter::new(call_id, vec![child]));
-        self.resolve_waiters().await;
+        self.kids.wait(call_id, vec![child.clone()]);
+        self.resolve_waiters(&child).await;
     }
 
     /// A child's spawn was refused: the call (or the hook) that asked gets the error.
@@ -170,7 +169,7 @@ impl Thread {
         if !claimed && !self.kids.waiters.iter().any(|w| w.ids().contains(&id)) {
             self.kids.announce.push(r);
         }
-        self.resolve_waiters().await;
+        self.resolve_waiters(&id).await;
     }
 
     /// What the directive's `on_child_error` does about child `r`'s failure. Returns whether
@@ -194,9 +193,9 @@ impl Thread {
         }
     }
 
-    /// Answers every wait whose children have all reported.
-    pub(crate) async fn resolve_waiters(&mut self) {
-        for w in self.kids.take_ready() {
+    /// Answers every wait whose children have all reported, now that `id` has.
+    pub(crate) async fn resolve_waiters(&mut self, id: &ThreadId) {
+        for w in self.kids.take_ready(id) {
             let outcome = self.kids.wait_result(w.ids(), false);
             self.tool_done(w.call_id, outcome).await;
         }

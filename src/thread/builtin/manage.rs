@@ -13,7 +13,6 @@ use crate::directive::Directive;
 use crate::provider::{ToolCall, ToolSpec};
 use crate::registry::RegistryMsg;
 use crate::thread::msg::ThreadMsg;
-use crate::thread::parts::Waiter;
 use crate::thread::spawn::{Origin, SpawnRequest};
 use crate::thread::state::Thread;
 use crate::tools::ToolOutcome;
@@ -236,7 +235,7 @@ impl Thread {
             let call_id = call.id.clone();
             self.after(wait, ThreadMsg::WaitTimeout { call_id });
         }
-        self.kids.waiters.push(Waiter::new(call.id, ids));
+        self.kids.wait(call.id, ids);
         None
     }
 

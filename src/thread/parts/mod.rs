@@ -14,7 +14,7 @@ mod work;
 
 pub(crate) use call::{backoff, unique_call_ids, Billed, Call, Calls};
 pub(crate) use hooks::HookState;
-pub(crate) use kids::{Kids, Waiter};
+pub(crate) use kids::Kids;
 pub(crate) use life::Life;
 pub(crate) use record::Record;
 pub(crate) use talk::Talk;
