@@ -108,6 +108,9 @@ impl Thread {
             return self.tool_done(call_id, running).await;
         }
         self.kids.claim(&child);
+        // A child that ended before its spawn was reported had its report announced: this
+        // call delivers it instead (as `wait_threads` does), never both.
+        self.kids.announce.retain(|r| r.thread_id != child);
         self.kids.wait(call_id, vec![child.clone()]);
         self.resolve_waiters(&child).await;
     }

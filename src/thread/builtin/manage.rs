@@ -217,6 +217,8 @@ impl Thread {
                 )))
             }
         };
+        // A child that handed off answers through its continuation.
+        let ids = self.kids.latest_ids(ids);
         for id in &ids {
             self.kids.claim(id);
         }

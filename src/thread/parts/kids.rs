@@ -107,11 +107,29 @@ impl Kids {
             .all(|id| self.map.get(id).is_some_and(|c| c.report.is_some()))
     }
 
-    /// Call `call_id` now waits for `ids` (answered by [`Self::take_ready`]).
+    /// `ids` with each child that handed off replaced by its last continuation (which answers
+    /// in its place), each once, in their order.
+    pub(crate) fn latest_ids(&self, ids: Vec<ThreadId>) -> Vec<ThreadId> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::with_capacity(ids.len());
+        for mut id in ids {
+            while let Some(next) = self.continued.get(&id) {
+                id = next.clone();
+            }
+            if seen.insert(id.clone()) {
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// Call `call_id` now waits for `ids` (answered by [`Self::take_ready`]). A child that
+    /// handed off is waited for in its continuation: its own report, `continued`, is nobody's
+    /// result, and a wait left on it would never be answered.
     pub(crate) fn wait(&mut self, call_id: String, ids: Vec<ThreadId>) {
         let mut w = Waiter {
             call_id,
-            ids,
+            ids: self.latest_ids(ids),
             reported: 0,
         };
         w.advance(&self.map);
@@ -216,5 +234,62 @@ impl Kids {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ThreadRow;
+
+    fn id(s: &str) -> ThreadId {
+        ThreadId::parse(s).unwrap()
+    }
+
+    fn report(kids: &mut Kids, child: &str, status: Status) {
+        let row = ThreadRow::new(id(child), id("root-1"), status);
+        kids.entry(&id(child)).report = Some(ThreadReport::of_row(&row));
+    }
+
+    /// A wait is answered at the report of its last child, whatever the order of reports.
+    #[test]
+    fn a_wait_is_answered_when_its_last_child_reports() {
+        let mut kids = Kids::default();
+        kids.wait("call_1".into(), vec![id("a-1"), id("b-1"), id("c-1")]);
+        report(&mut kids, "b-1", Status::Completed);
+        assert!(kids.take_ready(&id("b-1")).is_empty());
+        report(&mut kids, "a-1", Status::Completed);
+        assert!(kids.take_ready(&id("a-1")).is_empty());
+        report(&mut kids, "c-1", Status::Error);
+        let ready = kids.take_ready(&id("c-1"));
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].call_id, "call_1");
+        assert!(kids.waiters.is_empty());
+    }
+
+    /// A wait made after its child ended (a spawn reported late) is answered at once.
+    #[test]
+    fn a_wait_on_a_child_that_already_ended_is_answered_at_once() {
+        let mut kids = Kids::default();
+        report(&mut kids, "a-1", Status::Completed);
+        kids.wait("call_1".into(), vec![id("a-1")]);
+        assert_eq!(kids.take_ready(&id("a-1")).len(), 1);
+    }
+
+    /// A wait naming a child that already handed off waits for its continuation, once: the
+    /// handed-off child's own report (`continued`) neither answers it nor leaves it hanging.
+    #[test]
+    fn a_wait_on_a_handed_off_child_is_answered_by_its_continuation() {
+        let mut kids = Kids::default();
+        kids.continued.insert(id("a-1"), id("a-2"));
+        kids.continued.insert(id("a-2"), id("a-3"));
+        kids.wait("call_1".into(), vec![id("a-1"), id("a-3"), id("b-1")]);
+        assert_eq!(kids.waiters[0].ids(), &[id("a-3"), id("b-1")]);
+        report(&mut kids, "b-1", Status::Completed);
+        report(&mut kids, "a-1", Status::Continued);
+        assert!(kids.take_ready(&id("b-1")).is_empty());
+        // A `continued` report resolves no wait (`child_finished` returns before).
+        report(&mut kids, "a-3", Status::Completed);
+        assert_eq!(kids.take_ready(&id("a-3")).len(), 1);
     }
 }
