@@ -509,7 +509,8 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
     let d = format!("---\npermissions: [\"thread.spawn.none\"]\nlimits: {{ turns: {}, tokens: 100000000, spend: 1000, duration: 1h }}\n---\nLoop.\n", turns + 1);
     let p = project(&[("looper", d)], &script, strict);
     let rt = open(&p).await;
-    let mut events = rt.events();
+    // What `weft run` watches: progress, not every transcript line.
+    let mut events = rt.progress_events();
     perf_ctl("enable");
     let t0 = Instant::now();
     let handle = rt

@@ -39,7 +39,7 @@ pub(super) async fn run(
     }
     let overrides = parse_limits(&limits)?;
     let (rt, control) = open_serving(chosen(&project, choice)).await?;
-    let events = rt.events();
+    let events = rt.progress_events();
     let handle = rt
         .start(&directive, given, overrides)
         .await
@@ -289,7 +289,7 @@ pub(super) async fn resume(
         builder = builder.script(s);
     }
     let (rt, control) = open_serving(builder).await?;
-    let events = rt.events();
+    let events = rt.progress_events();
     let handle = rt
         .resume(&id, &message, overrides)
         .await
@@ -315,7 +315,7 @@ pub(super) async fn fork(explicit: Option<PathBuf>, args: super::ForkArgs) -> Re
         builder = builder.script(s);
     }
     let (rt, control) = open_serving(builder).await?;
-    let events = rt.events();
+    let events = rt.progress_events();
     let handle = rt.fork(&id, fork).await.map_err(spawn_exit)?;
     if !as_json {
         out!("forked {id} as {}", handle.id());

@@ -84,6 +84,12 @@ impl ThreadHandle {
         self.ctx
             .wants_lines
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.progress_events()
+    }
+
+    /// [`Self::events`] without asking for transcript lines or streamed text (see
+    /// `Runtime::progress_events`).
+    pub fn progress_events(&mut self) -> SubtreeEvents {
         let rx = self
             .first_events
             .take()

@@ -349,6 +349,14 @@ impl Runtime {
         self.ctx
             .wants_lines
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.progress_events()
+    }
+
+    /// Subscribes to the progress of every thread of this runtime — started, turns, waiting,
+    /// status, finished — without asking for transcript lines or streamed text: for a watcher
+    /// that shows progress only (`weft run`), so no thread copies and sends each line for it.
+    /// Line and token events still arrive while another subscriber asks for them.
+    pub fn progress_events(&self) -> broadcast::Receiver<Event> {
         self.ctx.events.subscribe()
     }
 
@@ -582,16 +590,17 @@ impl Runtime {
     }
 }
 
-/// A thread's actor that stopped before answering a call.
 /// For a program that runs many threads (the `weft` binary, the benchmark): its memory in
 /// small pages. Without this, the allocator asks for transparent huge pages, so each region it
 /// touches costs 2 MiB of zeroed memory at once; a tree of 11,111 threads then peaks ~10 MiB
 /// higher (BENCHMARKS.md). Process-wide, and inherited by the tool processes it starts; only a
 /// program that asked for huge pages itself notices. A refusal (an old kernel) changes nothing.
 pub fn prefer_small_pages() {
+    #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
 
+/// A thread's actor that stopped before answering a call.
 fn no_answer(id: &ThreadId, e: impl std::fmt::Display) -> ControlError {
     ControlError::NoAnswer {
         id: id.clone(),

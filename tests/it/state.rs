@@ -111,3 +111,42 @@ async fn a_thread_keeps_its_own_values_and_emits_events() {
         .unwrap();
     assert_eq!(none.status.code(), Some(2));
 }
+
+/// A watcher of progress only (what `weft run` and an MCP client's run show) asks for no
+/// transcript line: threads send none for it. One that asks for every event gets each line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_watcher_is_sent_no_transcript_lines() {
+    let go = directive("", "Go.");
+    let script = "first:\n  - text: one\nsecond:\n  - text: two\n";
+    let fx = Fixture::new(&[("first", &go), ("second", &go)], script, "");
+    let rt = fx.runtime().await;
+    let heard = |rx: &mut tokio::sync::broadcast::Receiver<weft::Event>| {
+        let (mut started, mut lines) = (0, 0);
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                weft::Event::Started { .. } => started += 1,
+                weft::Event::Line { .. } => lines += 1,
+                _ => {}
+            }
+        }
+        (started, lines)
+    };
+    let mut progress = rt.progress_events();
+    let quiet = rt.run("first", Default::default(), weft::LimitSet::default());
+    assert_eq!(quiet.await.unwrap().status, Status::Completed);
+    assert_eq!(
+        heard(&mut progress),
+        (1, 0),
+        "progress only: a start, no line"
+    );
+    let mut all = rt.events();
+    let loud = rt.run("second", Default::default(), weft::LimitSet::default());
+    assert_eq!(loud.await.unwrap().status, Status::Completed);
+    let (started, lines) = heard(&mut all);
+    assert_eq!(started, 1);
+    assert!(
+        lines >= 2,
+        "every event: each transcript line ({lines} heard)"
+    );
+    rt.shutdown();
+}

@@ -141,7 +141,8 @@ async fn wait_telling(
     context: &RequestContext<RoleServer>,
 ) -> Result<Value, String> {
     let id = handle.id().clone();
-    let mut events = handle.events();
+    // Only starts and ends are told: no transcript line is needed.
+    let mut events = handle.progress_events();
     let mut progress = Progress {
         peer: context.peer.clone(),
         token: context.meta.get_progress_token(),
