@@ -212,7 +212,7 @@ async fn route(t: &mut Thread, msg: ThreadMsg) {
         }
         ThreadMsg::ChildContinued { old, new, actor } => t.child_continued(old, new, actor),
         ThreadMsg::ChildFinished(r) => t.child_finished(*r).await,
-        ThreadMsg::WaitTimeout { call_id } => t.wait_timeout(call_id).await,
+        ThreadMsg::WaitTimeout { call_id, wait } => t.wait_timeout(call_id, wait).await,
         ThreadMsg::Cancel { reason } => t.cancel(reason).await,
         ThreadMsg::DurationExpired => t.duration_expired().await,
         ThreadMsg::GraceExpired => t.grace_expired().await,

@@ -205,8 +205,8 @@ impl Thread {
     }
 
     /// A `wait_threads` timeout fired.
-    pub(crate) async fn wait_timeout(&mut self, call_id: String) {
-        let Some(w) = self.kids.take_waiter(&call_id) else {
+    pub(crate) async fn wait_timeout(&mut self, call_id: String, wait: u64) {
+        let Some(w) = self.kids.take_waiter(&call_id, wait) else {
             return;
         };
         let outcome = self.kids.wait_result(w.ids(), true);

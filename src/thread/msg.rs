@@ -87,6 +87,8 @@ pub(crate) enum ThreadMsg {
     WaitTimeout {
         /// The tool call.
         call_id: String,
+        /// The wait's serial (`Kids::wait`).
+        wait: u64,
     },
     /// Cancel this thread and its subtree.
     Cancel {

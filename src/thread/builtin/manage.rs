@@ -227,17 +227,17 @@ impl Thread {
         if self.kids.all_reported(&ids) {
             return Some(self.kids.wait_result(&ids, false));
         }
-        if let Some(secs) = call
+        let timeout = call
             .input
             .get("timeout")
             .and_then(Value::as_f64)
-            .filter(|t| t.is_finite() && *t >= 0.0)
-        {
-            let wait = Duration::from_secs_f64(secs.min(86_400.0));
-            let call_id = call.id.clone();
-            self.after(wait, ThreadMsg::WaitTimeout { call_id });
+            .filter(|t| t.is_finite() && *t >= 0.0);
+        let call_id = call.id.clone();
+        let wait = self.kids.wait(call.id, ids);
+        if let Some(secs) = timeout {
+            let after = Duration::from_secs_f64(secs.min(86_400.0));
+            self.after(after, ThreadMsg::WaitTimeout { call_id, wait });
         }
-        self.kids.wait(call.id, ids);
         None
     }
 

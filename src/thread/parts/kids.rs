@@ -25,6 +25,9 @@ pub(crate) struct Child {
 pub(crate) struct Waiter {
     /// The call answered when they have all reported.
     pub(crate) call_id: String,
+    /// Which wait of the thread this is (a call id can come again in a later turn: a timer
+    /// set for an earlier wait must not answer it).
+    serial: u64,
     /// The children it waits for.
     ids: Vec<ThreadId>,
     /// How many of `ids`, from the front, have reported: `ids[reported]` is the first that has
@@ -59,6 +62,8 @@ pub(crate) struct Kids {
     pub(crate) map: HashMap<ThreadId, Child>,
     /// Calls waiting for children, in the order they were made.
     pub(crate) waiters: Vec<Waiter>,
+    /// Waits made so far (the next one's serial).
+    waits_made: u64,
     /// Reports nobody waits for, announced to the model before its next turn.
     pub(crate) announce: Vec<ThreadReport>,
     /// Children that handed off, to the continuation that took each one's place.
@@ -125,15 +130,19 @@ impl Kids {
 
     /// Call `call_id` now waits for `ids` (answered by [`Self::take_ready`]). A child that
     /// handed off is waited for in its continuation: its own report, `continued`, is nobody's
-    /// result, and a wait left on it would never be answered.
-    pub(crate) fn wait(&mut self, call_id: String, ids: Vec<ThreadId>) {
+    /// result, and a wait left on it would never be answered. Returns the wait's serial (see
+    /// [`Self::take_waiter`]).
+    pub(crate) fn wait(&mut self, call_id: String, ids: Vec<ThreadId>) -> u64 {
+        self.waits_made += 1;
         let mut w = Waiter {
             call_id,
+            serial: self.waits_made,
             ids: self.latest_ids(ids),
             reported: 0,
         };
         w.advance(&self.map);
         self.waiters.push(w);
+        self.waits_made
     }
 
     /// Takes the waits that are complete now that `id` has reported (or its spawn, for a wait
@@ -155,8 +164,11 @@ impl Kids {
     }
 
     /// Takes the wait of tool call `call_id`.
-    pub(crate) fn take_waiter(&mut self, call_id: &str) -> Option<Waiter> {
-        let i = self.waiters.iter().position(|w| w.call_id == call_id)?;
+    pub(crate) fn take_waiter(&mut self, call_id: &str, serial: u64) -> Option<Waiter> {
+        let i = self
+            .waiters
+            .iter()
+            .position(|w| w.call_id == call_id && w.serial == serial)?;
         Some(self.waiters.remove(i))
     }
 
@@ -274,6 +286,18 @@ mod tests {
         report(&mut kids, "a-1", Status::Completed);
         kids.wait("call_1".into(), vec![id("a-1")]);
         assert_eq!(kids.take_ready(&id("a-1")).len(), 1);
+    }
+
+    /// A timeout set for an earlier wait of the same call id answers nothing later.
+    #[test]
+    fn a_timeout_answers_only_the_wait_it_was_set_for() {
+        let mut kids = Kids::default();
+        let first = kids.wait("call_1".into(), vec![id("a-1")]);
+        report(&mut kids, "a-1", Status::Completed);
+        assert_eq!(kids.take_ready(&id("a-1")).len(), 1);
+        let second = kids.wait("call_1".into(), vec![id("b-1")]);
+        assert!(kids.take_waiter("call_1", first).is_none());
+        assert!(kids.take_waiter("call_1", second).is_some());
     }
 
     /// A wait naming a child that already handed off waits for its continuation, once: the
