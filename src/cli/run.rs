@@ -39,7 +39,7 @@ pub(super) async fn run(
     }
     let overrides = parse_limits(&limits)?;
     let (rt, control) = open_serving(chosen(&project, choice)).await?;
-    let events = rt.progress_events();
+    let events = watch(&rt, as_json);
     let handle = rt
         .start(&directive, given, overrides)
         .await
@@ -129,6 +129,15 @@ async fn follow(
     drop(control);
     rt.shutdown();
     Ok(code)
+}
+
+/// What `follow` shows needs: on a terminal, the live tree with what the model is saying
+/// (streamed text); otherwise progress only. Never every transcript line.
+fn watch(rt: &Runtime, as_json: bool) -> tokio::sync::broadcast::Receiver<Event> {
+    match !as_json && std::io::stdout().is_terminal() {
+        true => rt.progress_and_text_events(),
+        false => rt.progress_events(),
+    }
 }
 
 /// Shows the tree's events as they come — the live tree on a terminal, one line each
@@ -289,7 +298,7 @@ pub(super) async fn resume(
         builder = builder.script(s);
     }
     let (rt, control) = open_serving(builder).await?;
-    let events = rt.progress_events();
+    let events = watch(&rt, as_json);
     let handle = rt
         .resume(&id, &message, overrides)
         .await
@@ -315,7 +324,7 @@ pub(super) async fn fork(explicit: Option<PathBuf>, args: super::ForkArgs) -> Re
         builder = builder.script(s);
     }
     let (rt, control) = open_serving(builder).await?;
-    let events = rt.progress_events();
+    let events = watch(&rt, as_json);
     let handle = rt.fork(&id, fork).await.map_err(spawn_exit)?;
     if !as_json {
         out!("forked {id} as {}", handle.id());

@@ -180,6 +180,7 @@ impl RuntimeBuilder {
             usage_log: Default::default(),
             events,
             wants_lines: Default::default(),
+            wants_text: Default::default(),
             in_spawn: Default::default(),
             stopped: Default::default(),
             caused: Default::default(),
@@ -358,6 +359,16 @@ impl Runtime {
     /// Line and token events still arrive while another subscriber asks for them.
     pub fn progress_events(&self) -> broadcast::Receiver<Event> {
         self.ctx.events.subscribe()
+    }
+
+    /// [`Self::progress_events`] and the models' streamed text ([`Event::Token`]), still
+    /// without transcript lines: for a watcher that shows what a model is saying (`weft run`'s
+    /// live tree on a terminal).
+    pub fn progress_and_text_events(&self) -> broadcast::Receiver<Event> {
+        self.ctx
+            .wants_text
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.progress_events()
     }
 
     /// Starts a root thread running `directive` (a library name, or a path to a `.md` file).

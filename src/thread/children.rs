@@ -111,7 +111,7 @@ impl Thread {
         // A child that ended before its spawn was reported had its report announced: this
         // call delivers it instead (as `wait_threads` does), never both.
         self.kids.announce.retain(|r| r.thread_id != child);
-        self.kids.wait(call_id, vec![child.clone()]);
+        self.kids.wait(call_id, vec![child.clone()], true);
         self.resolve_waiters(&child).await;
     }
 
@@ -199,7 +199,7 @@ impl Thread {
     /// Answers every wait whose children have all reported, now that `id` has.
     pub(crate) async fn resolve_waiters(&mut self, id: &ThreadId) {
         for w in self.kids.take_ready(id) {
-            let outcome = self.kids.wait_result(w.ids(), false);
+            let outcome = self.kids.wait_result(w.ids(), w.single(), false);
             self.tool_done(w.call_id, outcome).await;
         }
     }
@@ -209,7 +209,7 @@ impl Thread {
         let Some(w) = self.kids.take_waiter(&call_id, wait) else {
             return;
         };
-        let outcome = self.kids.wait_result(w.ids(), true);
+        let outcome = self.kids.wait_result(w.ids(), w.single(), true);
         self.tool_done(w.call_id, outcome).await;
     }
 

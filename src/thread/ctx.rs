@@ -127,7 +127,7 @@ impl Ctx {
         Option<crate::provider::TextSink>,
         Option<Box<dyn FnOnce() + Send>>,
     ) {
-        if !self.publish_lines() {
+        if !self.publish_text() {
             return (None, None);
         }
         let held = Arc::new(std::sync::Mutex::new(
@@ -189,9 +189,16 @@ impl Ctx {
         }
     }
 
-    /// Whether transcript lines and streamed text should be published now.
+    /// Whether transcript lines should be published now.
     pub(crate) fn publish_lines(&self) -> bool {
         self.wants_lines.load(std::sync::atomic::Ordering::Relaxed)
+            && self.events.receiver_count() > 0
+    }
+
+    /// Whether streamed text should be published now.
+    pub(crate) fn publish_text(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.wants_lines.load(Relaxed) || self.wants_text.load(Relaxed))
             && self.events.receiver_count() > 0
     }
 }
@@ -271,6 +278,9 @@ pub(crate) struct Ctx {
     /// only then are transcript lines and streamed text published as events (building them
     /// costs ~6% of a large tree's CPU).
     pub wants_lines: std::sync::atomic::AtomicBool,
+    /// Someone asked for streamed text but not for lines (`Runtime::progress_and_text_events`:
+    /// `weft run`'s live tree on a terminal).
+    pub wants_text: std::sync::atomic::AtomicBool,
     /// Threads between their registry row and their running actor (see `spawn`): ending a
     /// subtree without its actors waits for them (a kill must find the actor, and nothing may
     /// write a thread's files after the thread was finalized).

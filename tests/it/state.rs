@@ -112,38 +112,49 @@ async fn a_thread_keeps_its_own_values_and_emits_events() {
     assert_eq!(none.status.code(), Some(2));
 }
 
-/// A watcher of progress only (what `weft run` and an MCP client's run show) asks for no
-/// transcript line: threads send none for it. One that asks for every event gets each line.
+/// A watcher of progress only (an MCP client's run, `weft run --json` or piped) asks for no
+/// transcript line and no streamed text: threads send none for it. `weft run`'s live tree on a
+/// terminal asks for the streamed text only; a watcher of every event gets each line too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_progress_watcher_is_sent_no_transcript_lines() {
     let go = directive("", "Go.");
-    let script = "first:\n  - text: one\nsecond:\n  - text: two\n";
-    let fx = Fixture::new(&[("first", &go), ("second", &go)], script, "");
+    let script = "first:\n  - text: one\nsecond:\n  - text: two\nthird:\n  - text: three\n";
+    let fx = Fixture::new(
+        &[("first", &go), ("second", &go), ("third", &go)],
+        script,
+        "",
+    );
     let rt = fx.runtime().await;
     let heard = |rx: &mut tokio::sync::broadcast::Receiver<weft::Event>| {
-        let (mut started, mut lines) = (0, 0);
+        let (mut started, mut lines, mut text) = (0, 0, String::new());
         while let Ok(ev) = rx.try_recv() {
             match ev {
                 weft::Event::Started { .. } => started += 1,
                 weft::Event::Line { .. } => lines += 1,
+                weft::Event::Token { text: t, .. } => text.push_str(&t),
                 _ => {}
             }
         }
-        (started, lines)
+        (started, lines, text)
     };
+    let run = |d: &'static str| rt.run(d, Default::default(), weft::LimitSet::default());
     let mut progress = rt.progress_events();
-    let quiet = rt.run("first", Default::default(), weft::LimitSet::default());
-    assert_eq!(quiet.await.unwrap().status, Status::Completed);
+    assert_eq!(run("first").await.unwrap().status, Status::Completed);
+    let quiet = heard(&mut progress);
     assert_eq!(
-        heard(&mut progress),
-        (1, 0),
-        "progress only: a start, no line"
+        quiet,
+        (1, 0, String::new()),
+        "progress only: a start, no line, no text"
     );
+    let mut text = rt.progress_and_text_events();
+    assert_eq!(run("second").await.unwrap().status, Status::Completed);
+    let (started, lines, said) = heard(&mut text);
+    assert_eq!((started, lines), (1, 0), "with text: a start, no line");
+    assert_eq!(said, "two", "the model's streamed text");
     let mut all = rt.events();
-    let loud = rt.run("second", Default::default(), weft::LimitSet::default());
-    assert_eq!(loud.await.unwrap().status, Status::Completed);
-    let (started, lines) = heard(&mut all);
-    assert_eq!(started, 1);
+    assert_eq!(run("third").await.unwrap().status, Status::Completed);
+    let (started, lines, said) = heard(&mut all);
+    assert_eq!((started, said.as_str()), (1, "three"));
     assert!(
         lines >= 2,
         "every event: each transcript line ({lines} heard)"

@@ -217,7 +217,9 @@ impl Thread {
                 )))
             }
         };
-        // A child that handed off answers through its continuation.
+        // A child that handed off answers through its continuation; the answer's shape is
+        // the one asked for (one child, or a list).
+        let single = ids.len() == 1;
         let ids = self.kids.latest_ids(ids);
         for id in &ids {
             self.kids.claim(id);
@@ -225,7 +227,7 @@ impl Thread {
         // Reports already announced-to-be are now delivered by this call instead.
         self.kids.announce.retain(|r| !ids.contains(&r.thread_id));
         if self.kids.all_reported(&ids) {
-            return Some(self.kids.wait_result(&ids, false));
+            return Some(self.kids.wait_result(&ids, single, false));
         }
         let timeout = call
             .input
@@ -233,7 +235,7 @@ impl Thread {
             .and_then(Value::as_f64)
             .filter(|t| t.is_finite() && *t >= 0.0);
         let call_id = call.id.clone();
-        let wait = self.kids.wait(call.id, ids);
+        let wait = self.kids.wait(call.id, ids, single);
         if let Some(secs) = timeout {
             let after = Duration::from_secs_f64(secs.min(86_400.0));
             self.after(after, ThreadMsg::WaitTimeout { call_id, wait });

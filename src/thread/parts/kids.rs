@@ -30,6 +30,8 @@ pub(crate) struct Waiter {
     serial: u64,
     /// The children it waits for.
     ids: Vec<ThreadId>,
+    /// It asked for one child: answered with that child's report alone (else a list).
+    single: bool,
     /// How many of `ids`, from the front, have reported: `ids[reported]` is the first that has
     /// not (reports are never taken back). Only that child's report can move the wait on, so a
     /// report looks at each wait once instead of rescanning its reported children; a parent of
@@ -41,6 +43,11 @@ impl Waiter {
     /// The children it waits for.
     pub(crate) fn ids(&self) -> &[ThreadId] {
         &self.ids
+    }
+
+    /// It asked for one child.
+    pub(crate) fn single(&self) -> bool {
+        self.single
     }
 
     /// Moves past the children that have reported; true once they all have.
@@ -131,12 +138,13 @@ impl Kids {
     /// Call `call_id` now waits for `ids` (answered by [`Self::take_ready`]). A child that
     /// handed off is waited for in its continuation: its own report, `continued`, is nobody's
     /// result, and a wait left on it would never be answered. Returns the wait's serial (see
-    /// [`Self::take_waiter`]).
-    pub(crate) fn wait(&mut self, call_id: String, ids: Vec<ThreadId>) -> u64 {
+    /// [`Self::take_waiter`]). `single`: it asked for one child.
+    pub(crate) fn wait(&mut self, call_id: String, ids: Vec<ThreadId>, single: bool) -> u64 {
         self.waits_made += 1;
         let mut w = Waiter {
             call_id,
             serial: self.waits_made,
+            single,
             ids: self.latest_ids(ids),
             reported: 0,
         };
@@ -213,8 +221,13 @@ impl Kids {
     }
 
     /// The result of a wait: each child's report, or `running` for those still live at a
-    /// timeout.
-    pub(crate) fn wait_result(&self, ids: &[ThreadId], timed_out: bool) -> ToolOutcome {
+    /// timeout; `single`: it asked for one child (its report alone, an error if it failed).
+    pub(crate) fn wait_result(
+        &self,
+        ids: &[ThreadId],
+        single: bool,
+        timed_out: bool,
+    ) -> ToolOutcome {
         let mut any_failed = false;
         let items: Vec<Value> = ids
             .iter()
@@ -228,12 +241,13 @@ impl Kids {
                 },
             )
             .collect();
-        let mut out = if ids.len() == 1 && !timed_out {
+        let single = single && ids.len() == 1;
+        let mut out = if single && !timed_out {
             ToolOutcome::ok(items.into_iter().next().unwrap_or(Value::Null))
         } else {
             ToolOutcome::ok(json!({ "threads": items, "timed_out": timed_out }))
         };
-        out.is_error = any_failed && ids.len() == 1;
+        out.is_error = any_failed && single;
         out
     }
 
@@ -267,7 +281,11 @@ mod tests {
     #[test]
     fn a_wait_is_answered_when_its_last_child_reports() {
         let mut kids = Kids::default();
-        kids.wait("call_1".into(), vec![id("a-1"), id("b-1"), id("c-1")]);
+        kids.wait(
+            "call_1".into(),
+            vec![id("a-1"), id("b-1"), id("c-1")],
+            false,
+        );
         report(&mut kids, "b-1", Status::Completed);
         assert!(kids.take_ready(&id("b-1")).is_empty());
         report(&mut kids, "a-1", Status::Completed);
@@ -284,7 +302,7 @@ mod tests {
     fn a_wait_on_a_child_that_already_ended_is_answered_at_once() {
         let mut kids = Kids::default();
         report(&mut kids, "a-1", Status::Completed);
-        kids.wait("call_1".into(), vec![id("a-1")]);
+        kids.wait("call_1".into(), vec![id("a-1")], false);
         assert_eq!(kids.take_ready(&id("a-1")).len(), 1);
     }
 
@@ -292,12 +310,28 @@ mod tests {
     #[test]
     fn a_timeout_answers_only_the_wait_it_was_set_for() {
         let mut kids = Kids::default();
-        let first = kids.wait("call_1".into(), vec![id("a-1")]);
+        let first = kids.wait("call_1".into(), vec![id("a-1")], false);
         report(&mut kids, "a-1", Status::Completed);
         assert_eq!(kids.take_ready(&id("a-1")).len(), 1);
-        let second = kids.wait("call_1".into(), vec![id("b-1")]);
+        let second = kids.wait("call_1".into(), vec![id("b-1")], false);
         assert!(kids.take_waiter("call_1", first).is_none());
         assert!(kids.take_waiter("call_1", second).is_some());
+    }
+
+    /// A wait that asked for two ids of one chain (a child and its continuation) is answered
+    /// with a list, as asked, though it waits for one child.
+    #[test]
+    fn a_wait_keeps_the_shape_it_asked_for() {
+        let mut kids = Kids::default();
+        kids.continued.insert(id("a-1"), id("a-2"));
+        kids.wait("call_1".into(), vec![id("a-1"), id("a-2")], false);
+        report(&mut kids, "a-2", Status::Error);
+        let w = kids.take_ready(&id("a-2")).pop().unwrap();
+        assert_eq!(w.ids(), &[id("a-2")]);
+        let out = kids.wait_result(w.ids(), w.single(), false);
+        let v: Value = serde_json::from_str(&out.content).unwrap();
+        assert_eq!(v["threads"].as_array().map(Vec::len), Some(1), "{v}");
+        assert!(!out.is_error, "a list is not an error");
     }
 
     /// A wait naming a child that already handed off waits for its continuation, once: the
@@ -307,7 +341,11 @@ mod tests {
         let mut kids = Kids::default();
         kids.continued.insert(id("a-1"), id("a-2"));
         kids.continued.insert(id("a-2"), id("a-3"));
-        kids.wait("call_1".into(), vec![id("a-1"), id("a-3"), id("b-1")]);
+        kids.wait(
+            "call_1".into(),
+            vec![id("a-1"), id("a-3"), id("b-1")],
+            false,
+        );
         assert_eq!(kids.waiters[0].ids(), &[id("a-3"), id("b-1")]);
         report(&mut kids, "b-1", Status::Completed);
         report(&mut kids, "a-1", Status::Continued);
