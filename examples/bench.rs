@@ -275,7 +275,6 @@ async fn tree_on(p: &Proj, w: usize, d: usize) -> Value {
     let t0 = Instant::now();
     let report = rt.run("l0", Map::new(), LimitSet::default()).await.unwrap();
     let wall = t0.elapsed();
-    perf_ctl("disable");
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let rows = weft::internals::Store::read_project(&Project {
         root: p.root.clone(),
@@ -532,6 +531,7 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
         }
     };
     let wall = t0.elapsed();
+    perf_ctl("disable");
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let mut gaps: Vec<f64> = stamps
         .windows(2)

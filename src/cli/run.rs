@@ -131,10 +131,15 @@ async fn follow(
     Ok(code)
 }
 
-/// What `follow` shows needs: on a terminal, the live tree with what the model is saying
-/// (streamed text); otherwise progress only. Never every transcript line.
+/// Whether `follow` draws the live tree (a terminal, not `--json`).
+fn live_tree(as_json: bool) -> bool {
+    !as_json && std::io::stdout().is_terminal()
+}
+
+/// What `follow` shows needs: the live tree, what the model is saying too (streamed text);
+/// otherwise progress only. Never every transcript line.
 fn watch(rt: &Runtime, as_json: bool) -> tokio::sync::broadcast::Receiver<Event> {
-    match !as_json && std::io::stdout().is_terminal() {
+    match live_tree(as_json) {
         true => rt.progress_and_text_events(),
         false => rt.progress_events(),
     }
@@ -149,7 +154,7 @@ async fn show_events(
     as_json: bool,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let live = !as_json && std::io::stdout().is_terminal();
+    let live = live_tree(as_json);
     let show_lines = !as_json;
     let mut tree = LiveTree::default();
     tree.focus = Some(focus.to_string());

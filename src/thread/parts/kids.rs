@@ -53,13 +53,18 @@ impl Waiter {
     /// Moves past the children that have reported; true once they all have.
     fn advance(&mut self, map: &HashMap<ThreadId, Child>) -> bool {
         while let Some(id) = self.ids.get(self.reported) {
-            if map.get(id).is_none_or(|c| c.report.is_none()) {
+            if !has_reported(map, id) {
                 return false;
             }
             self.reported += 1;
         }
         true
     }
+}
+
+/// Whether child `id` has reported.
+fn has_reported(map: &HashMap<ThreadId, Child>, id: &ThreadId) -> bool {
+    map.get(id).is_some_and(|c| c.report.is_some())
 }
 
 /// A thread's children and waits.
@@ -115,8 +120,7 @@ impl Kids {
 
     /// Whether every one of `ids` has reported.
     pub(crate) fn all_reported(&self, ids: &[ThreadId]) -> bool {
-        ids.iter()
-            .all(|id| self.map.get(id).is_some_and(|c| c.report.is_some()))
+        ids.iter().all(|id| has_reported(&self.map, id))
     }
 
     /// `ids` with each child that handed off replaced by its last continuation (which answers
