@@ -64,6 +64,8 @@ mod nodes;
 mod pg;
 #[path = "bench/scale.rs"]
 mod scale;
+#[path = "bench/turn_floor.rs"]
+mod turn_floor;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -544,8 +546,12 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
         Some(_) => Value::Null,
         None => turn_parts(strict).await,
     };
+    // The same number of turns with nothing but what SPEC makes a turn do (turn_floor.rs).
+    let dir = tempfile::tempdir_in(bench_tmp()).unwrap();
+    let floor = turn_floor::turn_floor(turns, dir.path()).await;
     json!({
         "turns": turns, "durability": if strict { "strict" } else { "normal" },
+        "floor_us_per_turn": floor,
         "us_per_turn_mean": wall.as_secs_f64() * 1e6 / (turns + 1) as f64,
         "us_per_turn_p50": pct(&gaps, 0.5), "us_per_turn_p99": pct(&gaps, 0.99),
         "note": "p50/p99: gaps between consecutive turn events; mean: wall time / turns",
@@ -1150,6 +1156,13 @@ async fn main() {
                 ),
                 "≤ 15×",
             );
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+            let per_thread = 3.0 * f(fl, "ed25519_sign_us") + f(fl, "thread_files_us");
+            row(
+                "  SPEC floor: 3 signatures + files, per core",
+                format!("{:.2} s", f(t, "threads") * per_thread / 1e6 / cores),
+                "",
+            );
         }
     }
     if let Some(t) = v.get("turns") {
@@ -1157,6 +1170,11 @@ async fn main() {
             &format!("per turn ({} turns): mean", t["turns"]),
             format!("{:.0} µs", f(t, "us_per_turn_mean")),
             "≤ 50 µs, p99 ≤ 150",
+        );
+        row(
+            "  floor: SPEC's turn alone (turn_floor.rs)",
+            format!("{:.0} µs", f(t, "floor_us_per_turn")),
+            "",
         );
         row(
             "  p50 / p99",
