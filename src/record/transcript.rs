@@ -1,7 +1,9 @@
 //! Transcripts: the append-only, hash-chained event log of one thread (`transcript.jsonl`).
 //!
 //! Each line is one JSON object with `seq`, `ts`, `type`, the event's payload and `prev`, the
-//! sha256 of the previous line's bytes (64 zeros for the first). Signed `checkpoint` lines are
+//! sha256 of the previous line's bytes (64 zeros for the first). Key order is not part of the
+//! format: a line is hashed as written, and a reader parses it (a thread's own lines lead with
+//! `type` and end with `seq`, `ts`, `prev`; lines built as values are in key order). Signed `checkpoint` lines are
 //! written every N lines and at the end. Only the owning thread actor appends; readers tolerate
 //! a torn last line (a crash mid-append) and report it instead of failing.
 
@@ -120,6 +122,34 @@ impl TranscriptWriter {
             return Err(std::io::Error::other("failpoint transcript.append"));
         }
         self.write_line(kind, payload)?;
+        self.counted()
+    }
+
+    /// Appends one typed line as it serializes, with no `serde_json::Value` built between (the
+    /// hot path of a thread's own lines when there is no secret to redact). The line's own
+    /// fields come first (`type` leading), then `seq`, `ts` and `prev`; a reader parses it
+    /// like any other line, and the chain hashes its bytes as written.
+    pub(crate) fn append_typed(&mut self, line: &Line) -> std::io::Result<()> {
+        // A line kept whole from elsewhere may carry its own `seq` or `prev`: the general path.
+        if let Line::Other(_) = line {
+            let (kind, payload) = line.clone().into_parts();
+            return self.append(&kind, payload);
+        }
+        if crate::core::failpoint::fails("transcript.append") {
+            return Err(std::io::Error::other("failpoint transcript.append"));
+        }
+        let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
+        if bytes.first() != Some(&b'{') || bytes.pop() != Some(b'}') {
+            return Err(std::io::Error::other(
+                "a transcript line must be a JSON object",
+            ));
+        }
+        self.seal(bytes)?;
+        self.counted()
+    }
+
+    /// One more line since the last checkpoint; a checkpoint when it is due.
+    fn counted(&mut self) -> std::io::Result<()> {
         self.since_checkpoint += 1;
         if self.since_checkpoint >= self.checkpoint_every {
             self.checkpoint()?;
@@ -177,7 +207,28 @@ impl TranscriptWriter {
         obj.insert("ts".into(), json!(now_ts()));
         obj.insert("type".into(), json!(kind));
         obj.insert("prev".into(), json!(self.head.hash));
-        let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(std::io::Error::other)?;
+        let line = serde_json::to_vec(&Value::Object(obj)).map_err(std::io::Error::other)?;
+        self.chain(seq, line)
+    }
+
+    /// Closes an object's bytes (all but its final `}`) with `seq`, `ts` and `prev`, and
+    /// writes it as the next line.
+    fn seal(&mut self, mut line: Vec<u8>) -> std::io::Result<()> {
+        use std::io::Write;
+        let seq = self.head.seq + 1;
+        let sep = if line.len() > 1 { "," } else { "" };
+        // A timestamp and a hex hash need no escaping.
+        write!(
+            line,
+            "{sep}\"seq\":{seq},\"ts\":\"{}\",\"prev\":\"{}\"}}",
+            now_ts(),
+            self.head.hash
+        )?;
+        self.chain(seq, line)
+    }
+
+    /// Hashes a complete line, writes it with its newline, and moves the head to it.
+    fn chain(&mut self, seq: i64, mut line: Vec<u8>) -> std::io::Result<()> {
         let hash = crate::core::ids::sha256_hex(&line);
         line.push(b'\n');
         self.lines

@@ -151,15 +151,18 @@ impl Thread {
         let redactor = self.ctx.redactor();
         let seq = self.record.next_seq();
         self.remember_said(seq, &line, &redactor);
+        // Nothing to redact and nobody watching lines: the line goes out as it serializes.
+        if redactor.is_empty() && !self.ctx.publish_lines() {
+            if let Err(e) = self.record.transcript.append_typed(&line) {
+                self.append_failed(&line.into_parts().0, e);
+            }
+            return;
+        }
         let (kind, mut payload) = line.into_parts();
         redactor.redact_value(&mut payload);
         let copy = self.ctx.publish_lines().then(|| payload.clone());
         if let Err(e) = self.record.transcript.append(&kind, payload) {
-            tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
-            let lost = format!(
-                "the transcript could not be written at its `{kind}` line (that line, or the checkpoint after it, was lost): {e}"
-            );
-            self.record.failed.get_or_insert(lost);
+            self.append_failed(&kind, e);
             return;
         }
         if let Some(data) = copy {
@@ -170,6 +173,15 @@ impl Thread {
                 data: Arc::new(data),
             });
         }
+    }
+
+    /// A line (or the checkpoint after it) could not be written: the thread ends `error`.
+    fn append_failed(&mut self, kind: &str, e: std::io::Error) {
+        tracing::error!(thread = %self.doc.id, "transcript append failed: {e}");
+        let lost = format!(
+            "the transcript could not be written at its `{kind}` line (that line, or the checkpoint after it, was lost): {e}"
+        );
+        self.record.failed.get_or_insert(lost);
     }
 
     /// Keeps a user or assistant message for the search index (its secrets redacted).
