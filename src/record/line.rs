@@ -5,8 +5,10 @@
 //!
 //! The JSON is the format of record and these types do not change it: a variant serializes to
 //! exactly the object its line has always carried — a field written as `null` is still `null`,
-//! one left out is still left out — and the transcript writer adds `seq`, `ts`, `type` and
-//! `prev` (its `serde_json::Map` sorts the keys, so field order here does not matter).
+//! one left out is still left out — and the transcript writer adds `seq`, `ts` and `prev`
+//! (after the fields, as written by `TranscriptWriter::append_typed`; in key order when the line
+//! goes through a value). Field order is not part of the format; no variant may carry a field
+//! named `seq`, `ts` or `prev` (a test below checks the ones with nested or flattened parts).
 //!
 //! Reading is tolerant, because transcripts outlive the code that wrote them: a missing field
 //! takes its default (older lines lack fields added since; lines appended through the store
@@ -565,6 +567,41 @@ fn lenient<'de, D: Deserializer<'de>, T: DeserializeOwned + Default>(d: D) -> Re
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn no_line_carries_the_writers_own_keys() {
+        let lines = [
+            Line::ToolUse {
+                id: "c1".into(),
+                name: "kv_get".into(),
+                input: json!({ "seq": 1, "ts": "x", "prev": "y" }),
+            },
+            Line::ThreadFinished {
+                status: crate::core::status::Status::Completed,
+                error: None,
+                spend_nanos: crate::core::money::Nanos(1),
+                own_spend_nanos: crate::core::money::Nanos(1),
+                run: Some(RunTotals {
+                    result: Some("done".into()),
+                    outputs: Some(json!({ "seq": 1 })),
+                    turns: 2,
+                    usage: Default::default(),
+                    overrun_nanos: crate::core::money::Nanos(0),
+                }),
+                error_kind: None,
+            },
+            Line::user("hi".into()),
+            Line::Checkpoint { sig: None },
+        ];
+        for line in lines {
+            let v = serde_json::to_value(&line).unwrap();
+            let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+            for own in ["seq", "ts", "prev"] {
+                assert!(!keys.iter().any(|k| *k == own), "{own} in {v}");
+            }
+            assert!(v.get("type").is_some(), "{v}");
+        }
+    }
 
     #[test]
     fn a_line_reads_back_as_written_and_an_unknown_one_whole() {

@@ -110,10 +110,9 @@ impl Ctx {
 
     /// The current redactor (cheap: a read lock and an `Arc` clone).
     pub(crate) fn redactor(&self) -> Arc<crate::core::redact::Redactor> {
-        self.secrets
-            .read()
-            .map(|s| s.redactor.clone())
-            .unwrap_or_default()
+        // Never fails open: a poisoned lock still holds the secrets.
+        let secrets = self.secrets.read().unwrap_or_else(|e| e.into_inner());
+        secrets.redactor.clone()
     }
 
     /// Where a call's streamed text goes while someone listens: live `Token` events, through a
