@@ -3,8 +3,8 @@
 //! Each line is one JSON object with `seq`, `ts`, `type`, the event's payload and `prev`, the
 //! sha256 of the previous line's bytes (64 zeros for the first). Key order is not part of the
 //! format: a line is hashed as written, and a reader parses it (a thread's own lines lead with
-//! `type` and end with `seq`, `ts`, `prev`; lines built as values are in key order). Signed `checkpoint` lines are
-//! written every N lines and at the end. Only the owning thread actor appends; readers tolerate
+//! `type` and end with `seq`, `ts`, `prev`; lines built as values are in key order). Signed
+//! `checkpoint` lines are written every N lines and at the end. Only the owning thread actor appends; readers tolerate
 //! a torn last line (a crash mid-append) and report it instead of failing.
 
 use super::line::Line;
@@ -118,9 +118,7 @@ impl TranscriptWriter {
     /// Appends one event; `payload` must be an object (other values go under `value`).
     /// The line reaches the OS before this returns (and the disk, under `durability: strict`).
     pub fn append(&mut self, kind: &str, payload: Value) -> std::io::Result<()> {
-        if crate::core::failpoint::fails("transcript.append") {
-            return Err(std::io::Error::other("failpoint transcript.append"));
-        }
+        refused()?;
         self.write_line(kind, payload)?;
         self.counted()
     }
@@ -135,9 +133,7 @@ impl TranscriptWriter {
             let (kind, payload) = line.clone().into_parts();
             return self.append(&kind, payload);
         }
-        if crate::core::failpoint::fails("transcript.append") {
-            return Err(std::io::Error::other("failpoint transcript.append"));
-        }
+        refused()?;
         let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
         if bytes.first() != Some(&b'{') || bytes.pop() != Some(b'}') {
             return Err(std::io::Error::other(
@@ -235,6 +231,14 @@ impl TranscriptWriter {
             .write(seq, &line, self.durability == Durability::Strict)?;
         self.head = Head { seq, hash };
         Ok(())
+    }
+}
+
+/// The `transcript.append` failpoint (crash tests): an append refused before it writes.
+fn refused() -> std::io::Result<()> {
+    match crate::core::failpoint::fails("transcript.append") {
+        true => Err(std::io::Error::other("failpoint transcript.append")),
+        false => Ok(()),
     }
 }
 

@@ -151,8 +151,9 @@ impl Thread {
         let redactor = self.ctx.redactor();
         let seq = self.record.next_seq();
         self.remember_said(seq, &line, &redactor);
+        let publish = self.ctx.publish_lines();
         // Nothing to redact and nobody watching lines: the line goes out as it serializes.
-        if redactor.is_empty() && !self.ctx.publish_lines() {
+        if redactor.is_empty() && !publish {
             if let Err(e) = self.record.transcript.append_typed(&line) {
                 self.append_failed(&line.into_parts().0, e);
             }
@@ -160,7 +161,7 @@ impl Thread {
         }
         let (kind, mut payload) = line.into_parts();
         redactor.redact_value(&mut payload);
-        let copy = self.ctx.publish_lines().then(|| payload.clone());
+        let copy = publish.then(|| payload.clone());
         if let Err(e) = self.record.transcript.append(&kind, payload) {
             self.append_failed(&kind, e);
             return;
