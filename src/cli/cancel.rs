@@ -87,7 +87,7 @@ pub(super) async fn cancel(
     };
     if row.status.is_terminal() {
         finish(&row, &format!("already {}; nothing to cancel", row.status));
-        rt.shutdown();
+        rt.close().await;
         return Ok(0);
     }
     ask_owner(&project, &row, "cancel", json!({ "reason": "weft cancel" })).await?;
@@ -98,11 +98,11 @@ pub(super) async fn cancel(
         let row = store.get(id.as_str()).ok().flatten();
         if let Some(r) = row.filter(|r| r.status.is_terminal()) {
             finish(&r, "cancelled with its subtree");
-            rt.shutdown();
+            rt.close().await;
             return Ok(0);
         }
         if std::time::Instant::now() > deadline {
-            rt.shutdown();
+            rt.close().await;
             return Err(Exit {
                 code: 1,
                 message: format!("{id} did not finish within the cancel grace period"),

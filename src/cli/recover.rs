@@ -34,6 +34,6 @@ pub(super) async fn recover(explicit: Option<PathBuf>, as_json: bool) -> Result<
             }
         }
     }
-    rt.shutdown();
+    rt.close().await;
     Ok(0)
 }

@@ -127,7 +127,7 @@ async fn follow(
     // socket, kept open until then) cancels it with the tree.
     drain_or_cancel(&rt, &id, &mut stops).await;
     drop(control);
-    rt.shutdown();
+    rt.close().await;
     Ok(code)
 }
 

@@ -97,7 +97,7 @@ pub(super) async fn doctor(
             .await
             .map_err(super::open_error)?;
         rt.repair(&mut up).await;
-        rt.shutdown();
+        rt.close().await;
     }
     let code = i32::from(
         !up.broken.is_empty()

@@ -1,10 +1,10 @@
 //! The ledger actor: owns the runtime's one [`Book`] and `ledger.db`, with group commit.
 
-use super::db::st;
+use super::batch::{Undo, Unfolded};
 use super::{Account, Book, Grant, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
 use crate::core::money::{Nanos, Price};
-use crate::sql::{params, Db, Lock};
+use crate::sql::Db;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 /// Whether the process with this pid still runs.
@@ -171,20 +171,14 @@ pub enum LedgerMsg {
 /// get the storage error: nothing was granted. *Facts* (a call's settlement, an account closed)
 /// already happened and cannot be refused: they stay in the book, stay pending, and the commit is
 /// retried until it lands (a crash meanwhile is repaired by recovery from the transcripts).
+///
+/// On SQLite a batch of only reservations and settlements — a turn's ledger work — is not
+/// committed but written to the runtime's write-ahead journal before its replies go (see
+/// `journal.rs` and `commit.rs`); the next commit, or a fold every so many records, stores it
+/// in ledger.db.
 pub(crate) struct LedgerActor;
 
 type HeldReply = crate::record::batch::HeldReply<LedgerError>;
-
-/// How long after a failed commit the pending changes are tried again.
-const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// A decision of the current batch, with what undoes it if the batch is not stored.
-enum Undo {
-    /// An account opened: close it and forget it.
-    Open(ThreadId),
-    /// A reservation granted: release it unspent.
-    Reserve(ReservationId),
-}
 
 /// State of the ledger actor.
 pub(crate) struct LedgerState {
@@ -192,18 +186,31 @@ pub(crate) struct LedgerState {
     pub(super) db: Db,
     /// Whether a process (by pid) still runs (its owner lock is held).
     pub(super) alive: Alive,
-    dirty: std::collections::HashSet<ThreadId>,
-    added: Vec<Reservation>,
-    removed: Vec<(ThreadId, ReservationId)>,
+    /// The batch: accounts changed, reservations added and removed since the last flush.
+    pub(super) dirty: std::collections::HashSet<ThreadId>,
+    pub(super) added: Vec<Reservation>,
+    pub(super) removed: Vec<(ThreadId, ReservationId)>,
     /// Final rows of closed accounts the book has dropped (see [`Book::prune`]).
-    dropped: Vec<Account>,
-    undo: Vec<Undo>,
-    held: crate::record::batch::GroupCommit<LedgerError>,
+    pub(super) dropped: Vec<Account>,
+    pub(super) undo: Vec<Undo>,
+    pub(super) held: crate::record::batch::GroupCommit<LedgerError>,
+    /// The batch holds a change other than reservations and settlements: it must commit.
+    pub(super) must_commit: bool,
+    /// This runtime's write-ahead journal (SQLite; None on a database server).
+    pub(super) journal: Option<super::journal::Journal>,
+    /// Journaled since the last fold.
+    pub(super) unfolded: Unfolded,
 }
 
 impl LedgerState {
-    /// Holds `reply` until the next flush, queueing one if none is.
+    /// Holds `reply` until the next flush, queueing one if none is; the batch then commits.
     pub(super) fn hold(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
+        self.must_commit = true;
+        self.hold_journaled(me, reply);
+    }
+
+    /// Holds the reply of a reservation or a settlement: its batch may be journaled.
+    fn hold_journaled(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
         self.held.hold(reply, || me.cast(LedgerMsg::Flush).is_ok());
     }
 
@@ -211,7 +218,7 @@ impl LedgerState {
         self.dirty.extend(ids.iter().cloned());
     }
 
-    fn pending(&self) -> bool {
+    pub(super) fn pending(&self) -> bool {
         !(self.dirty.is_empty()
             && self.added.is_empty()
             && self.removed.is_empty()
@@ -224,128 +231,6 @@ impl LedgerState {
         for a in self.book.prune(id) {
             self.dirty.remove(&a.id);
             self.dropped.push(a);
-        }
-    }
-
-    /// Persists every change since the last flush in one transaction holding the ledger's
-    /// write lock.
-    fn persist(&mut self) -> Result<(), LedgerError> {
-        // A call's cost is in its transcript before its settlement is stored: when the batch
-        // settles or releases a reservation, the thread records this process queued for a
-        // database server are committed first (files need nothing).
-        if let (false, Some(url)) = (self.removed.is_empty(), self.db.url()) {
-            crate::record::behind::barrier(url);
-        }
-        self.db.begin_write(Lock::Ledger).map_err(st)?;
-        let written = self.write_batch();
-        match written {
-            Ok(()) => self.db.commit().map_err(st),
-            Err(e) => {
-                self.db.rollback();
-                Err(e)
-            }
-        }
-    }
-
-    /// The batch's statements, inside the transaction [`Self::persist`] opened.
-    fn write_batch(&self) -> Result<(), LedgerError> {
-        let rows = self
-            .dirty
-            .iter()
-            .filter_map(|id| self.book.get(id))
-            .chain(&self.dropped);
-        for a in rows {
-            self.db
-                .execute_later(
-                    "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed)
-                     VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)
-                     ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
-                       spent=excluded.spent, own_spent=excluded.own_spent, inflight=excluded.inflight,
-                       guaranteed=excluded.guaranteed, pool_left=excluded.pool_left,
-                       closed=excluded.closed, owner=excluded.owner, placed=excluded.placed",
-                    params![
-                        a.id.as_str(),
-                        a.parent.as_ref().map(ThreadId::as_str),
-                        a.max.0,
-                        a.spent.0,
-                        a.own_spent.0,
-                        a.inflight.0,
-                        a.guaranteed.0,
-                        a.pool_left.0,
-                        a.closed,
-                        a.owner,
-                        a.placed
-                    ],
-                )
-                .map_err(st)?;
-        }
-        for r in &self.added {
-            let body = serde_json::to_string(r).unwrap_or_default();
-            self.db
-                .execute_later(
-                    "INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)
-                     ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
-                    params![r.id.0, r.chain[0].as_str(), body],
-                )
-                .map_err(st)?;
-        }
-        for (t, id) in &self.removed {
-            self.db
-                .execute_later(
-                    "DELETE FROM reservations WHERE thread=?1 AND id=?2",
-                    params![t.as_str(), id.0],
-                )
-                .map_err(st)?;
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self, me: Option<&ActorRef<LedgerMsg>>) {
-        let res = self.persist();
-        match &res {
-            Ok(()) => {
-                crate::core::failpoint::hit("ledger.committed");
-                self.dirty.clear();
-                self.added.clear();
-                self.removed.clear();
-                self.dropped.clear();
-                self.undo.clear();
-            }
-            Err(e) => {
-                tracing::error!(
-                    "ledger commit failed: {e}; {} decision(s) undone and refused, settlements and closes kept and retried",
-                    self.undo.len()
-                );
-                self.undo_decisions();
-                if let (Some(me), true) = (me, self.pending()) {
-                    me.send_after(RETRY_AFTER, || LedgerMsg::Flush);
-                }
-            }
-        }
-        self.held.release(&res);
-    }
-
-    /// Undoes the decisions of a batch that was not stored, by their exact inverses.
-    fn undo_decisions(&mut self) {
-        for undo in std::mem::take(&mut self.undo) {
-            match undo {
-                Undo::Reserve(r) => {
-                    if let Some(chain) = self.book.reservations.get(&r).map(|x| x.chain.clone()) {
-                        self.book.settle(r, Nanos::ZERO);
-                        self.touch(&chain);
-                    }
-                    self.added.retain(|x| x.id != r);
-                }
-                Undo::Open(id) => {
-                    let chain = self.book.chain(&id).unwrap_or_default();
-                    let _ = self.book.close(&id);
-                    self.touch(&chain[1..]);
-                    self.dirty.remove(&id);
-                    self.prune(&id);
-                    // Never stored, so nothing to store: ledger.db keeps no trace of it.
-                    self.dropped.retain(|a| a.id != id);
-                }
-            }
         }
     }
 }
@@ -434,7 +319,7 @@ impl LedgerState {
             self.added.push(r);
         }
         self.undo.push(Undo::Reserve(g.reservation));
-        self.hold(
+        self.hold_journaled(
             me,
             Box::new(move |e| {
                 let _ = reply.send(e.map_or(Ok(g), Err));
@@ -464,7 +349,7 @@ impl LedgerState {
         // calls, so it needs no commit of its own.
         // A fact: if this commit fails it stays pending and is retried.
         if let Some(reply) = reply {
-            self.hold(
+            self.hold_journaled(
                 me,
                 Box::new(move |_| {
                     let _ = reply.send(Ok(()));
@@ -519,14 +404,23 @@ impl LedgerState {
 impl Actor for LedgerActor {
     type Msg = LedgerMsg;
     type State = LedgerState;
-    type Arguments = (Db, Alive);
+    /// The ledger's database, who is alive, and where journals are kept (SQLite only).
+    type Arguments = (Db, Alive, Option<std::path::PathBuf>);
 
     async fn pre_start(
         &self,
         _me: ActorRef<LedgerMsg>,
-        (db, alive): (Db, Alive),
+        (mut db, alive, journals): Self::Arguments,
     ) -> Result<LedgerState, ActorProcessingErr> {
+        // What runtimes that are gone journaled is in ledger.db before anything is read from
+        // it (reservation ids continue after theirs; their calls are charged at bound).
+        if let Some(dir) = &journals {
+            super::journal::fold_dead_now(&mut db, dir, &*alive)?;
+        }
         let book = Book::load(&db)?;
+        let journal = journals
+            .filter(|_| db.url().is_none())
+            .map(|dir| super::journal::Journal::new(dir, db.fsyncs()));
         Ok(LedgerState {
             book,
             alive,
@@ -537,6 +431,9 @@ impl Actor for LedgerActor {
             dropped: vec![],
             undo: vec![],
             held: Default::default(),
+            must_commit: false,
+            journal,
+            unfolded: Default::default(),
         })
     }
 
@@ -630,9 +527,7 @@ impl Actor for LedgerActor {
         _me: ActorRef<LedgerMsg>,
         s: &mut LedgerState,
     ) -> Result<(), ActorProcessingErr> {
-        if !s.held.is_empty() || s.pending() {
-            s.flush(None);
-        }
+        s.stop();
         Ok(())
     }
 }

@@ -28,7 +28,67 @@ const SCHEMA: &[Step] = &[
         sql: "ALTER TABLE accounts ADD COLUMN placed INTEGER NOT NULL DEFAULT 0",
         postgres: None,
     },
+    // How far each runtime's write-ahead journal is folded into these tables (see
+    // `journal.rs`; SQLite only, unused on a server).
+    Step {
+        sql: "CREATE TABLE IF NOT EXISTS journal_folds(name TEXT PRIMARY KEY, folded INTEGER NOT NULL)",
+        postgres: None,
+    },
 ];
+
+/// Stores account `a` as it is now (inside the caller's transaction).
+pub(super) fn put_account(db: &Db, a: &Account) -> Result<(), LedgerError> {
+    db.execute_later(
+        "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed)
+         VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)
+         ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
+           spent=excluded.spent, own_spent=excluded.own_spent, inflight=excluded.inflight,
+           guaranteed=excluded.guaranteed, pool_left=excluded.pool_left,
+           closed=excluded.closed, owner=excluded.owner, placed=excluded.placed",
+        params![
+            a.id.as_str(),
+            a.parent.as_ref().map(ThreadId::as_str),
+            a.max.0,
+            a.spent.0,
+            a.own_spent.0,
+            a.inflight.0,
+            a.guaranteed.0,
+            a.pool_left.0,
+            a.closed,
+            a.owner,
+            a.placed
+        ],
+    )
+    .map_err(st)
+}
+
+/// Stores open reservation `r` (inside the caller's transaction).
+pub(super) fn put_reservation(db: &Db, r: &Reservation) -> Result<(), LedgerError> {
+    let Some(thread) = r.chain.first() else {
+        return Ok(());
+    };
+    let body = serde_json::to_string(r).unwrap_or_default();
+    db.execute_later(
+        "INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)
+         ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
+        params![r.id.0, thread.as_str(), body],
+    )
+    .map_err(st)
+}
+
+/// Deletes the settled or released reservation `id` of `thread` (inside the caller's
+/// transaction).
+pub(super) fn drop_reservation(
+    db: &Db,
+    thread: &ThreadId,
+    id: super::ReservationId,
+) -> Result<(), LedgerError> {
+    db.execute_later(
+        "DELETE FROM reservations WHERE thread=?1 AND id=?2",
+        params![thread.as_str(), id.0],
+    )
+    .map_err(st)
+}
 
 /// Opens (creating) the ledger: on the Postgres database `url`, or in the file `path` (WAL
 /// mode) when `url` is None; brings its schema up to date.

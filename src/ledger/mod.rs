@@ -2,7 +2,9 @@
 //! reservations cascading up the ancestor chain, guarantees, and exactly-once release.
 //!
 //! [`Book`] is the pure bookkeeping; [`LedgerActor`] owns the one `Book` of a runtime and
-//! persists every change to `ledger.db` in one IMMEDIATE transaction before replying.
+//! persists every change before replying: in one IMMEDIATE transaction on `ledger.db`, or — a
+//! batch of only reservations and settlements, on SQLite — in one record of its write-ahead
+//! journal, folded into `ledger.db` by the next commit (`journal.rs`).
 //! The ledger knows nothing about providers, tokens or actors other than its callers: it only
 //! moves nanos between accounts.
 //!
@@ -21,8 +23,11 @@
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
 mod actor;
+mod batch;
 mod book;
+mod commit;
 mod db;
+mod journal;
 mod placed;
 mod trees;
 
@@ -75,7 +80,7 @@ pub enum LedgerError {
 }
 
 /// One thread's account.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Account {
     /// The thread.
     pub id: ThreadId,

@@ -54,6 +54,7 @@ impl LedgerState {
 
     fn take_placed(&mut self, id: &ThreadId) -> Result<Nanos, LedgerError> {
         // Always the stored row: a copy this book loaded at its start may be stale.
+        self.fold()?;
         let stored =
             super::db::account(&self.db, id)?.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
         // A taker that died before registering the child leaves the account to the next.
@@ -78,25 +79,28 @@ impl LedgerState {
         id: ThreadId,
         reply: RpcReplyPort<Result<Account, LedgerError>>,
     ) {
-        let settled = super::db::account(&self.db, &id).and_then(|row| {
-            let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
-            if row.closed && self.book.get(&id).is_none() {
-                // Owner 0: settled already on the parent's side, and dropped since.
-                if row.owner == 0 {
-                    return Ok(row);
+        let settled = self
+            .fold()
+            .and_then(|()| super::db::account(&self.db, &id))
+            .and_then(|row| {
+                let row = row.ok_or_else(|| LedgerError::Unknown(id.clone()))?;
+                if row.closed && self.book.get(&id).is_none() {
+                    // Owner 0: settled already on the parent's side, and dropped since.
+                    if row.owner == 0 {
+                        return Ok(row);
+                    }
+                    // Closed by its holder, never settled: its parent's tree was adopted here
+                    // (which reads open accounts only). Settled from the guarantee it was.
+                    self.guarantee_again(&row)?;
                 }
-                // Closed by its holder, never settled: its parent's tree was adopted here
-                // (which reads open accounts only). Settled from the guarantee it was.
-                self.guarantee_again(&row)?;
-            }
-            match (row.closed, row.owner) {
-                (true, _) => self.book.settle_placed(&id, row.spent, row.own_spent),
-                // Never taken by a node (withdrawn, or its start failed): all of it comes back.
-                (false, 0) => self.book.settle_placed(&id, Nanos::ZERO, Nanos::ZERO),
-                // Its holder still spends from the guarantee until it closes the account.
-                (false, _) => Err(LedgerError::Exists(id.clone())),
-            }
-        });
+                match (row.closed, row.owner) {
+                    (true, _) => self.book.settle_placed(&id, row.spent, row.own_spent),
+                    // Never taken by a node (withdrawn, or its start failed): all of it comes back.
+                    (false, 0) => self.book.settle_placed(&id, Nanos::ZERO, Nanos::ZERO),
+                    // Its holder still spends from the guarantee until it closes the account.
+                    (false, _) => Err(LedgerError::Exists(id.clone())),
+                }
+            });
         match settled {
             Ok(a) => {
                 let ids = self.book.chain(&id).unwrap_or_default();

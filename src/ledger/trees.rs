@@ -73,11 +73,18 @@ impl LedgerState {
     /// reservations read afresh from the ledger, so the adopter settles what the dead holder
     /// left in flight.
     pub(super) fn take_over(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
+        self.fold()?;
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
         let me = crate::core::owner::me();
-        let changed = take(&mut self.db, &top, me, &*self.alive, None)?;
+        let journals = self.journal.as_ref().map(|j| j.dir().to_path_buf());
+        let whom = Whom {
+            me,
+            alive: &*self.alive,
+            journals: journals.as_deref(),
+        };
+        let changed = take(&mut self.db, &top, &whom, None)?;
         // Also when an earlier take-over committed but its read failed: the book lacks the tree.
         if changed || self.book.get(&top).is_none() {
             self.book.forget_tree(&top);
@@ -98,11 +105,17 @@ impl LedgerState {
         id: &ThreadId,
         open: Option<&ThreadId>,
     ) -> Result<(), LedgerError> {
+        self.fold()?;
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let me = crate::core::owner::me();
-        if take(&mut self.db, &top, me, &*self.alive, open)? {
+        let journals = self.journal.as_ref().map(|j| j.dir().to_path_buf());
+        let whom = Whom {
+            me: crate::core::owner::me(),
+            alive: &*self.alive,
+            journals: journals.as_deref(),
+        };
+        if take(&mut self.db, &top, &whom, open)? {
             self.book.forget_tree(&top);
         }
         Ok(())
@@ -127,18 +140,37 @@ fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
         .and_then(|t| ThreadId::parse(&t).ok()))
 }
 
+/// Who takes a tree: this process, who is alive, and where the runtimes' journals are.
+struct Whom<'a> {
+    me: u32,
+    alive: &'a (dyn Fn(u32) -> bool + Send + Sync),
+    journals: Option<&'a std::path::Path>,
+}
+
 /// Sets `me` as the holder of tree `top` unless a live other process holds it (and marks
 /// `open`'s account open, when given); true when the tree changed hands (this book's copies of
 /// it are stale). Under the ledger's write lock, so two processes taking one tree at once take
-/// turns.
+/// turns. What runtimes that are gone journaled is folded into ledger.db first, in the same
+/// transaction: a dead holder's last reservations and settlements are read with its tree.
 fn take(
     db: &mut Db,
     top: &ThreadId,
-    me: u32,
-    alive: &(dyn Fn(u32) -> bool + Send + Sync),
+    whom: &Whom<'_>,
     open: Option<&ThreadId>,
 ) -> Result<bool, LedgerError> {
+    let (me, alive) = (whom.me, whom.alive);
     db.begin_write(Lock::Ledger).map_err(st)?;
+    let folded = match whom.journals {
+        Some(dir) => super::journal::fold_dead(db, dir, alive),
+        None => Ok(Vec::new()),
+    };
+    let folded = match folded {
+        Ok(f) => f,
+        Err(e) => {
+            db.rollback();
+            return Err(e);
+        }
+    };
     let decided = (|| {
         let owner = db
             .row(
@@ -172,9 +204,16 @@ fn take(
         }
         Ok(owner != me)
     })();
-    match &decided {
-        Ok(changed) if *changed || open.is_some() => db.commit().map_err(st)?,
-        _ => db.rollback(),
+    let keep = match &decided {
+        Ok(changed) => *changed || open.is_some() || !folded.is_empty(),
+        Err(LedgerError::Busy { .. }) => !folded.is_empty(),
+        Err(_) => false,
+    };
+    if keep {
+        db.commit().map_err(st)?;
+        super::journal::remove_folded(folded);
+    } else {
+        db.rollback();
     }
     decided
 }

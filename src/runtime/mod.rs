@@ -231,7 +231,10 @@ async fn start_actors(
         .map_err(|e| st(e.to_string()))?;
     let judged = project.clone();
     let alive: crate::ledger::Alive = Arc::new(move |o| owner::owner_alive(&judged, o));
-    let (ledger, _) = Actor::spawn(None, LedgerActor, (ledger_db, alive))
+    let journals = url
+        .is_none()
+        .then(|| project.state_dir().join("ledger.journal"));
+    let (ledger, _) = Actor::spawn(None, LedgerActor, (ledger_db, alive, journals))
         .await
         .map_err(|e| st(e.to_string()))?;
     Ok((registry, ledger))
@@ -589,10 +592,20 @@ impl Runtime {
         .flatten()
     }
 
-    /// Stops the registry and ledger actors (after every thread has ended).
+    /// Stops the registry and ledger actors (after every thread has ended). A process that exits
+    /// right after leaves its ledger journal to the next runtime that opens the project; see
+    /// [`Runtime::close`].
     pub fn shutdown(self) {
         self.ctx.registry.stop(None);
         self.ctx.ledger.stop(None);
+    }
+
+    /// [`Runtime::shutdown`], waiting (up to 10 s each) until the actors have stored their last
+    /// changes: the ledger's journal is then folded into ledger.db and removed.
+    pub async fn close(self) {
+        let wait = Some(std::time::Duration::from_secs(10));
+        let _ = self.ctx.ledger.stop_and_wait(None, wait).await;
+        let _ = self.ctx.registry.stop_and_wait(None, wait).await;
     }
 
     /// The shared wiring (for the crate's own surfaces and the `internals` module).

@@ -218,6 +218,11 @@ impl Db {
         Ok(())
     }
 
+    /// Whether commits reach the disk before they return (`durability: strict`).
+    pub(crate) fn fsyncs(&self) -> bool {
+        self.fsyncs
+    }
+
     /// A session setting (`SET …`), kept on a Postgres connection made again.
     pub(crate) fn set_session(&mut self, sql: &'static str) -> Result<(), SqlError> {
         match &self.conn {

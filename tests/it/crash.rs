@@ -344,9 +344,27 @@ fn recovery_charges_an_unrecorded_call_at_its_bound() {
     let p = fx.root();
     let run = run_solo(p, "turn.reserved:1");
     assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
-    recover(p, "recovery");
     let id = fx.id_of("solo");
+    // The reservation was answered once written ahead to the journal, not to ledger.db.
     let ledger = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
+    let stored: i64 = ledger
+        .query_row("SELECT COUNT(*) FROM reservations", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        stored, 0,
+        "the reservation is in the dead process's journal only"
+    );
+    assert_eq!(
+        journals(p),
+        1,
+        "the dead process's journal is left for the next opener"
+    );
+    recover(p, "recovery");
+    assert_eq!(
+        journals(p),
+        0,
+        "recovery folds a dead journal and removes it"
+    );
     let spent: i64 = ledger
         .query_row("SELECT spent FROM accounts WHERE id=?1", [&id], |r| {
             r.get(0)
@@ -380,6 +398,45 @@ fn recovery_charges_an_unrecorded_call_at_its_bound() {
 }
 
 /// One thread answering at once.
+/// The runtimes' journals left in project `p` (`.weft/state/ledger.journal/`).
+fn journals(p: &Path) -> usize {
+    std::fs::read_dir(p.join(".weft/state/ledger.journal")).map_or(0, |d| d.count())
+}
+
+/// A runtime that was already open when another process died mid-call takes the dead process's
+/// tree over (as it does to adopt, resume or recover a thread) and finds the reservation the
+/// dead process had only journaled: its call is charged at its bound, never free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_open_before_a_crash_reads_the_dead_journal_when_it_takes_the_tree() {
+    use weft::internals::LedgerMsg;
+    let fx = solo();
+    let p = fx.root();
+    let rt = fx.runtime().await;
+    let run = run_solo(p, "turn.reserved:1");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
+    assert_eq!(journals(p), 1);
+    let id = weft::ThreadId::parse(&fx.id_of("solo")).unwrap();
+    let (_, ledger) = weft::internals::actors(&rt);
+    ractor::call!(ledger, |reply| LedgerMsg::TakeOver {
+        id: id.clone(),
+        reply
+    })
+    .unwrap()
+    .expect("the dead process's tree is taken over");
+    let open = ractor::call!(ledger, |reply| LedgerMsg::OpenOf {
+        id: id.clone(),
+        reply
+    })
+    .unwrap();
+    assert_eq!(
+        open.len(),
+        1,
+        "the journaled reservation is read with the tree: {open:?}"
+    );
+    assert!(open[0].1 .0 > 0, "{open:?}");
+    assert_eq!(journals(p), 0, "folded into ledger.db, then removed");
+}
+
 fn solo() -> Fixture {
     Fixture::new(
         &[("solo", &directive("", "Answer."))],

@@ -382,8 +382,8 @@ fn ledger_reservations(fx: &Fixture) -> i64 {
 
 /// A ledger.db commit that fails (here: another process holds the write lock past the busy
 /// timeout) must leave memory and ledger.db alike: a refused decision (a child's guarantee) is
-/// not left holding the parent's budget, and a settlement, which is a fact, still reaches
-/// ledger.db once it can be written.
+/// not left holding the parent's budget, and a settlement and a close, which are facts, still
+/// reach ledger.db once it can be written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     use weft::internals::LedgerMsg;
@@ -434,14 +434,15 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
         reply
     });
 
-    // A call reserved (stored), then settled while ledger.db is locked: the settlement stands
-    // and reaches ledger.db once the lock is gone.
+    // A call reserved and settled while ledger.db is locked: both are written ahead to the
+    // runtime's journal (SPEC §5), so neither waits on the lock nor is refused.
     let price = Price {
         input: 1_000_000_000,
         output: 1_000_000_000,
         cache_read: 0,
         cache_write: 0,
     };
+    let lock = WriteLock::take(&db);
     let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
         id: parent.clone(),
         price,
@@ -451,9 +452,7 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
         reply
     })
     .unwrap()
-    .unwrap();
-    assert_eq!(ledger_reservations(&fx), 1);
-    let lock = WriteLock::take(&db);
+    .expect("a reservation is journaled, not committed: the lock does not refuse it");
     let settled = ractor::call!(ledger, |reply| LedgerMsg::Settle {
         reservation: grant.reservation,
         actual: Nanos(7_000),
@@ -461,9 +460,17 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     })
     .unwrap();
     assert!(settled.is_ok(), "a settlement is a fact: {settled:?}");
+    // Closing the account must commit, and cannot: a fact, answered, kept and retried. It
+    // reaches ledger.db with the journaled settlement once the lock is gone.
+    let closed = ractor::call!(ledger, |reply| LedgerMsg::Close {
+        id: parent.clone(),
+        reply
+    })
+    .unwrap();
+    assert!(closed.is_ok(), "a close is a fact: {closed:?}");
     drop(lock);
-    wait_until("the settlement reaches ledger.db", || {
-        ledger_reservations(&fx) == 0 && ledger_row(&fx, &parent).map(|r| r.1) == Some(7_000)
+    wait_until("the settlement and the close reach ledger.db", || {
+        ledger_reservations(&fx) == 0 && ledger_row(&fx, &parent) == Some((0, 7_000, true))
     })
     .await;
     let (violations, open_now) = rt.audit().await;

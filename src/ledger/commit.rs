@@ -1,0 +1,212 @@
+//! How the ledger actor stores a batch before it answers it: committed to ledger.db, or — a
+//! batch of only reservations and settlements, on SQLite — written to the runtime's journal
+//! (`journal.rs`). A commit also folds in everything journaled since the last fold, so
+//! ledger.db never holds an account row older than a journaled one it depends on.
+
+use super::actor::{LedgerMsg, LedgerState};
+use super::batch::{Undo, Unfolded};
+use super::db::{drop_reservation, put_account, put_reservation, st};
+use super::journal::FOLD_EVERY;
+use super::{Account, LedgerError};
+use crate::core::money::Nanos;
+use crate::sql::Lock;
+use ractor::ActorRef;
+
+/// How long after a failed commit the pending changes are tried again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl LedgerState {
+    /// Stores the batch (the `Flush` marker), then releases its replies.
+    pub(super) fn flush(&mut self, me: Option<&ActorRef<LedgerMsg>>) {
+        let mut journaled = self.journalable();
+        let res = match journaled {
+            true => self.journal_batch().or_else(|e| {
+                // The journal is a shortcut: ledger.db can store the batch as well.
+                tracing::warn!("ledger: {e}; this batch commits to ledger.db instead");
+                journaled = false;
+                self.persist()
+            }),
+            false => self.persist(),
+        };
+        self.stored(me, &res, journaled);
+        if res.is_ok() {
+            crate::core::failpoint::hit("ledger.committed");
+        }
+        self.held.release(&res);
+        if journaled
+            && res.is_ok()
+            && self.journal.as_ref().map_or(0, |j| j.unfolded()) >= FOLD_EVERY
+        {
+            if let Err(e) = self.fold() {
+                tracing::warn!("ledger: folding the journal failed ({e}); it stays in the journal and is folded at the next commit");
+            }
+        }
+    }
+
+    /// Commits the batch with everything journaled since the last fold, when anything was
+    /// journaled: before ledger.db is read for a decision (its rows must be this book's), and
+    /// every `FOLD_EVERY` records. Nothing to do without a journal (every batch commits).
+    pub(super) fn fold(&mut self) -> Result<(), LedgerError> {
+        if self.journal.as_ref().is_none_or(|j| j.unfolded() == 0) {
+            return Ok(());
+        }
+        let res = self.persist();
+        self.stored(None, &res, false);
+        if res.is_ok() {
+            crate::core::failpoint::hit("ledger.folded");
+        }
+        self.held.release(&res);
+        res
+    }
+
+    /// At a stop: everything stored, the journal removed.
+    pub(super) fn stop(&mut self) {
+        if !self.held.is_empty() || self.pending() {
+            self.must_commit = true;
+            self.flush(None);
+        } else if let Err(e) = self.fold() {
+            tracing::error!("ledger: the journal was not folded at the stop ({e}); the next runtime to open the ledger folds it");
+        }
+        if let Some(j) = &mut self.journal {
+            j.remove(&self.db);
+        }
+    }
+
+    /// Whether the batch may be journaled: only reservations and settlements, on a journal
+    /// that takes records.
+    fn journalable(&self) -> bool {
+        !self.must_commit
+            && self.dropped.is_empty()
+            && self.journal.as_ref().is_some_and(|j| j.usable())
+    }
+
+    /// Writes the batch to the journal: the rows it leaves.
+    fn journal_batch(&mut self) -> Result<(), LedgerError> {
+        let Some(journal) = self.journal.as_mut() else {
+            return Err(LedgerError::Storage("no ledger journal".into()));
+        };
+        let rows: Vec<&Account> = self
+            .dirty
+            .iter()
+            .filter_map(|id| self.book.get(id))
+            .collect();
+        journal.append(rows, self.added.iter().collect(), &self.removed)
+    }
+
+    /// Persists the batch and everything journaled since the last fold in one transaction
+    /// holding the ledger's write lock.
+    fn persist(&mut self) -> Result<(), LedgerError> {
+        // A call's cost is in its transcript before its settlement is stored: when the batch
+        // settles or releases a reservation, the thread records this process queued for a
+        // database server are committed first (files need nothing).
+        if let (false, Some(url)) = (self.removed.is_empty(), self.db.url()) {
+            crate::record::behind::barrier(url);
+        }
+        self.db.begin_write(Lock::Ledger).map_err(st)?;
+        let written = self.write_batch();
+        match written {
+            Ok(()) => self.db.commit().map_err(st),
+            Err(e) => {
+                self.db.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    /// The statements of the batch and of what is unfolded, inside the transaction
+    /// [`Self::persist`] opened.
+    fn write_batch(&self) -> Result<(), LedgerError> {
+        let u = &self.unfolded;
+        let ids = self
+            .dirty
+            .iter()
+            .chain(u.dirty.iter().filter(|id| !self.dirty.contains(*id)));
+        let rows = ids.filter_map(|id| self.book.get(id)).chain(&self.dropped);
+        for a in rows {
+            put_account(&self.db, a)?;
+        }
+        for r in u.added.values().chain(&self.added) {
+            put_reservation(&self.db, r)?;
+        }
+        for (t, id) in u.removed.iter().chain(&self.removed) {
+            drop_reservation(&self.db, t, *id)?;
+        }
+        match &self.journal {
+            Some(j) => j.mark(&self.db),
+            None => Ok(()),
+        }
+    }
+
+    /// After the batch was stored (`journaled` or committed) or not.
+    fn stored(
+        &mut self,
+        me: Option<&ActorRef<LedgerMsg>>,
+        res: &Result<(), LedgerError>,
+        journaled: bool,
+    ) {
+        match res {
+            Ok(()) if journaled => self.absorb(),
+            Ok(()) => {
+                self.unfolded = Unfolded::default();
+                if let Some(j) = &mut self.journal {
+                    j.folded();
+                }
+                self.must_commit = false;
+                self.dirty.clear();
+                self.added.clear();
+                self.removed.clear();
+                self.dropped.clear();
+                self.undo.clear();
+            }
+            Err(e) => {
+                tracing::error!(
+                    "ledger commit failed: {e}; {} decision(s) undone and refused, settlements and closes kept and retried",
+                    self.undo.len()
+                );
+                self.undo_decisions();
+                if let (Some(me), true) = (me, self.pending()) {
+                    me.send_after(RETRY_AFTER, || LedgerMsg::Flush);
+                }
+            }
+        }
+    }
+
+    /// A journaled batch joins what is unfolded; the next batch starts empty.
+    fn absorb(&mut self) {
+        let u = &mut self.unfolded;
+        u.dirty.extend(self.dirty.drain());
+        for r in self.added.drain(..) {
+            u.added.insert(r.id, r);
+        }
+        for (t, id) in self.removed.drain(..) {
+            if u.added.remove(&id).is_none() {
+                u.removed.push((t, id));
+            }
+        }
+        self.undo.clear();
+    }
+
+    /// Undoes the decisions of a batch that was not stored, by their exact inverses.
+    fn undo_decisions(&mut self) {
+        for undo in std::mem::take(&mut self.undo) {
+            match undo {
+                Undo::Reserve(r) => {
+                    if let Some(chain) = self.book.reservations.get(&r).map(|x| x.chain.clone()) {
+                        self.book.settle(r, Nanos::ZERO);
+                        self.touch(&chain);
+                    }
+                    self.added.retain(|x| x.id != r);
+                }
+                Undo::Open(id) => {
+                    let chain = self.book.chain(&id).unwrap_or_default();
+                    let _ = self.book.close(&id);
+                    self.touch(&chain[1..]);
+                    self.dirty.remove(&id);
+                    self.prune(&id);
+                    // Never stored, so nothing to store: ledger.db keeps no trace of it.
+                    self.dropped.retain(|a| a.id != id);
+                }
+            }
+        }
+    }
+}
