@@ -11,7 +11,7 @@
 //! let rt = Runtime::builder(project).open().await?;
 //! let report = rt.run("research/fanout", Default::default(), LimitSet::default()).await?;
 //! println!("{:?} {}", report.status, report.spend_nanos);
-//! rt.shutdown();
+//! rt.close().await;
 //! # Ok(()) }
 //! ```
 //!

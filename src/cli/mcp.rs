@@ -32,6 +32,7 @@ pub(super) async fn mcp(explicit: Option<PathBuf>, choice: Choice) -> Result<i32
         _ = super::serve::wait_for_stop() => Ok(()),
     };
     super::serve::stop_threads(&rt, "weft mcp stopped").await;
+    rt.close().await;
     match outcome {
         Ok(()) => Ok(0),
         Err(e) => Err(super::failed(format!("weft mcp: {e}"))),

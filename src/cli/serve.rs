@@ -172,6 +172,7 @@ pub(super) async fn serve(
     let _ = stop_tx.send(());
     stop_threads(&rt, "weft serve stopped").await;
     server.abort();
+    rt.close().await;
     if let Some(l) = lease {
         // A lost lease is not given up (another may hold the name), nor waited for: its renewer
         // may hang on a connection that is gone.

@@ -5,8 +5,13 @@
 //! The steps, in the order a thread meets them (SPEC §4 spawn, a turn, a tool, settlement,
 //! finalization): `spawn.ledger`, `spawn.registered`, `spawn.transcript`, `turn.reserved`,
 //! `turn.recorded`, `settle.cast`, `ledger.committed`, `tool.dispatch`, `tool.result`,
-//! `finalize.closed`, `finalize.line`, `finalize.doc`, `finalize.row`. One step fails instead of
-//! aborting: `transcript.append:<n>` makes the n-th transcript append return an I/O error.
+//! `finalize.closed`, `finalize.line`, `finalize.doc`, `finalize.row`. `ledger.committed` is
+//! reached once a ledger batch is stored (committed, or written to the journal) and before any
+//! of its callers is answered; `ledger.folded`, once a fold of the journal (a take-over, every
+//! 256 records) is committed and before the journal is emptied — a tree rarely reaches it, so it
+//! is not one of [`STEPS`]. Two steps fail instead of aborting: `transcript.append:<n>` makes
+//! the n-th transcript append return an I/O error, and `ledger.journal:<n>` cuts the n-th
+//! journal record halfway and fails it (the batch then commits instead).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -6,7 +6,6 @@
 use super::actor::{LedgerMsg, LedgerState};
 use super::batch::{Undo, Unfolded};
 use super::db::{drop_reservation, put_account, put_reservation, st};
-use super::journal::FOLD_EVERY;
 use super::{Account, LedgerError};
 use crate::core::money::Nanos;
 use crate::sql::Lock;
@@ -18,43 +17,48 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 impl LedgerState {
     /// Stores the batch (the `Flush` marker), then releases its replies.
     pub(super) fn flush(&mut self, me: Option<&ActorRef<LedgerMsg>>) {
+        if self.held.is_empty() && !self.pending() {
+            // A marker left behind by a fold that stored its batch: nothing to store.
+            return;
+        }
         let mut journaled = self.journalable();
         let res = match journaled {
             true => self.journal_batch().or_else(|e| {
                 // The journal is a shortcut: ledger.db can store the batch as well.
-                tracing::warn!("ledger: {e}; this batch commits to ledger.db instead");
+                tracing::warn!("{e}; this batch commits to ledger.db instead");
                 journaled = false;
                 self.persist()
             }),
             false => self.persist(),
         };
-        self.stored(me, &res, journaled);
         if res.is_ok() {
+            // Stored, nothing answered yet (and a fold's journal not yet emptied).
             crate::core::failpoint::hit("ledger.committed");
         }
+        self.stored(me, &res, journaled);
         self.held.release(&res);
-        if journaled
-            && res.is_ok()
-            && self.journal.as_ref().map_or(0, |j| j.unfolded()) >= FOLD_EVERY
-        {
+        if journaled && res.is_ok() && self.journal.as_ref().is_some_and(|j| j.due()) {
             if let Err(e) = self.fold() {
                 tracing::warn!("ledger: folding the journal failed ({e}); it stays in the journal and is folded at the next commit");
+                if let Some(j) = &mut self.journal {
+                    j.put_off();
+                }
             }
         }
     }
 
     /// Commits the batch with everything journaled since the last fold, when anything was
     /// journaled: before ledger.db is read for a decision (its rows must be this book's), and
-    /// every `FOLD_EVERY` records. Nothing to do without a journal (every batch commits).
+    /// every so many records (`journal.rs`). Nothing to do without a journal (every batch commits).
     pub(super) fn fold(&mut self) -> Result<(), LedgerError> {
         if self.journal.as_ref().is_none_or(|j| j.unfolded() == 0) {
             return Ok(());
         }
         let res = self.persist();
-        self.stored(None, &res, false);
         if res.is_ok() {
             crate::core::failpoint::hit("ledger.folded");
         }
+        self.stored(None, &res, false);
         self.held.release(&res);
         res
     }

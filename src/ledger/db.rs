@@ -62,6 +62,12 @@ pub(super) fn put_account(db: &Db, a: &Account) -> Result<(), LedgerError> {
     .map_err(st)
 }
 
+/// Whether reservation `r`, read from a file, has the shape the book settles: a chain, and one
+/// edge per step up it.
+pub(super) fn well_formed(r: &Reservation) -> bool {
+    !r.chain.is_empty() && r.edges.len() + 1 == r.chain.len()
+}
+
 /// Stores open reservation `r` (inside the caller's transaction).
 pub(super) fn put_reservation(db: &Db, r: &Reservation) -> Result<(), LedgerError> {
     let Some(thread) = r.chain.first() else {
@@ -226,7 +232,7 @@ pub(crate) fn load_open(
                 if r.chain.first().is_none_or(|t| !loaded.contains(t))
                     || r.chain.iter().any(|a| viewed.contains(a))
                     || book.reservations.contains_key(&r.id) => {}
-            Ok(r) if r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
+            Ok(r) if well_formed(&r) && r.chain.iter().all(|a| book.accounts.contains_key(a)) => {
                 book.next_id = book.next_id.max(r.id.0);
                 book.by_thread
                     .entry(r.chain[0].clone())

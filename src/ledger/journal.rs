@@ -12,10 +12,13 @@
 //! at or below it is never applied again, so a journal truncated late never rolls a row back.
 //!
 //! Each runtime has its own file, `state/ledger.journal/<owner>-<nonce>.jsonl` (runtimes in one
-//! process share an owner). A process that dies leaves its journal; the next runtime to open
-//! the ledger, or to take a tree over, folds the journals of owners that are gone, under the
-//! ledger's write lock and before it reads what they held. A torn last record was never
-//! answered and is dropped.
+//! process share an owner). A journal is dead when its owner is gone — or, named with this
+//! process's owner, when no runtime of this process keeps it: it was left by an earlier process
+//! that had the same pid (in a container every run may be pid 1), or by a runtime of this one
+//! that stopped. The next runtime to open the ledger, or to take a tree over, folds the dead
+//! journals under the ledger's write lock, before it reads what they held. A torn last record
+//! (no line end: the write was cut) was never answered and is dropped; an unreadable whole
+//! record is an error that names the file and line, and the file is kept.
 
 use super::db::{drop_reservation, put_account, put_reservation, st};
 use super::{Account, LedgerError, Reservation, ReservationId};
@@ -25,8 +28,20 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Records between two folds, at most.
-pub(super) const FOLD_EVERY: u64 = 256;
+/// Records between two folds (again as many after a fold that failed).
+const FOLD_EVERY: u64 = 256;
+
+/// The names of the journals this process's runtimes keep (see the module's doc).
+fn kept() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static KEPT: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    KEPT.get_or_init(Default::default)
+}
+
+/// Whether this process keeps the journal `name`.
+fn is_kept(name: &str) -> bool {
+    kept().lock().map_or(true, |k| k.contains(name))
+}
 
 /// A record as written: borrowed rows.
 #[derive(serde::Serialize)]
@@ -66,26 +81,55 @@ pub(super) struct Journal {
     /// A failed append could not be cut back: nothing more is journaled until a fold empties
     /// the file (replay stops at a torn record, so nothing may follow one).
     broken: bool,
+    /// Fold when this many records are unfolded.
+    fold_at: u64,
     buf: Vec<u8>,
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        if let Ok(mut k) = kept().lock() {
+            k.remove(&self.name);
+        }
+    }
 }
 
 impl Journal {
     /// A journal in `dir`, named for this process and a fresh nonce (nothing is created yet).
     pub(super) fn new(dir: PathBuf, strict: bool) -> Journal {
+        static RUNTIMES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut nonce = [0u8; 6];
         let _ = getrandom::fill(&mut nonce);
         let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+        // Unique in the process even if the random bytes were not.
+        let nth = RUNTIMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{}-{nonce}{nth}", crate::core::owner::me());
+        if let Ok(mut k) = kept().lock() {
+            k.insert(name.clone());
+        }
         Journal {
             dir,
-            name: format!("{}-{nonce}", crate::core::owner::me()),
+            name,
             file: None,
             len: 0,
             seq: 0,
             folded: 0,
             strict,
             broken: false,
+            fold_at: FOLD_EVERY,
             buf: Vec::new(),
         }
+    }
+
+    /// Whether enough records are unfolded to fold them now.
+    pub(super) fn due(&self) -> bool {
+        self.unfolded() >= self.fold_at
+    }
+
+    /// A fold failed: the next is tried after as many records again (each try may wait out the
+    /// database's busy timeout).
+    pub(super) fn put_off(&mut self) {
+        self.fold_at = self.unfolded() + FOLD_EVERY;
     }
 
     /// The folder of the runtimes' journals.
@@ -110,8 +154,11 @@ impl Journal {
         add: Vec<&Reservation>,
         del: &[(ThreadId, ReservationId)],
     ) -> Result<(), LedgerError> {
-        let seq = self.seq + 1;
+        // Taken even if the write fails: a whole record that could not be cut back is then at
+        // or below the next fold's mark, never applied over what that fold stored.
+        self.seq += 1;
         self.buf.clear();
+        let seq = self.seq;
         serde_json::to_writer(&mut self.buf, &Out { seq, a, add, del })
             .map_err(|e| LedgerError::Storage(format!("ledger journal: {e}")))?;
         self.buf.push(b'\n');
@@ -124,7 +171,6 @@ impl Journal {
             )));
         }
         self.len += self.buf.len() as u64;
-        self.seq = seq;
         Ok(())
     }
 
@@ -133,15 +179,17 @@ impl Journal {
     }
 
     fn write(&mut self) -> std::io::Result<()> {
-        if crate::core::failpoint::fails("ledger.journal") {
-            return Err(std::io::Error::other("failpoint ledger.journal"));
-        }
         if self.file.is_none() {
             self.file = Some(self.create()?);
         }
         let Some(f) = self.file.as_mut() else {
             return Err(std::io::Error::other("no journal file"));
         };
+        if crate::core::failpoint::fails("ledger.journal") {
+            // A write cut halfway, as a full disk leaves it.
+            f.write_all(&self.buf[..self.buf.len() / 2])?;
+            return Err(std::io::Error::other("failpoint ledger.journal"));
+        }
         f.write_all(&self.buf)?;
         if self.strict {
             f.sync_data()?;
@@ -150,14 +198,19 @@ impl Journal {
     }
 
     fn create(&self) -> std::io::Result<File> {
+        let new_dir = !self.dir.exists();
         std::fs::create_dir_all(&self.dir)?;
         let f = std::fs::OpenOptions::new()
             .append(true)
             .create_new(true)
             .open(self.path())?;
         if self.strict {
-            // The file's name must outlive a power cut as surely as its records.
+            // The file's name (and its folder's) must outlive a power cut as surely as its
+            // records.
             File::open(&self.dir)?.sync_all()?;
+            if let (true, Some(up)) = (new_dir, self.dir.parent()) {
+                File::open(up)?.sync_all()?;
+            }
         }
         Ok(f)
     }
@@ -182,6 +235,7 @@ impl Journal {
     /// After a fold's commit: the file is emptied (its records are at or below the mark).
     pub(super) fn folded(&mut self) {
         self.folded = self.seq;
+        self.fold_at = FOLD_EVERY;
         let Some(f) = &self.file else {
             return;
         };
@@ -217,48 +271,67 @@ fn mark(db: &Db, name: &str, seq: u64) -> Result<(), LedgerError> {
     .map_err(st)
 }
 
-/// Folds into ledger.db, inside the caller's write transaction, the journals in `dir` whose
-/// owner is gone: each record past its mark, in order. Returns the files to delete once that
+/// The journals in `dir` that are dead (see the module's doc), with their names.
+fn dead(dir: &Path, alive: &(dyn Fn(u32) -> bool + Send + Sync)) -> Vec<(PathBuf, String)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let me = crate::core::owner::me();
+    let mut out = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".jsonl"));
+        let Some(name) = name.map(str::to_string) else {
+            continue;
+        };
+        let Some(owner) = name.split('-').next().and_then(|o| o.parse::<u32>().ok()) else {
+            continue;
+        };
+        let gone = match owner == me {
+            true => !is_kept(&name),
+            false => !alive(owner),
+        };
+        if gone {
+            out.push((path, name));
+        }
+    }
+    out
+}
+
+/// Folds into ledger.db, inside the caller's write transaction, the journals in `dir` that are
+/// dead: each record past its mark, in order. Returns the files to delete once that
 /// transaction has committed.
 pub(super) fn fold_dead(
     db: &Db,
     dir: &Path,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
 ) -> Result<Vec<PathBuf>, LedgerError> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(Vec::new());
-    };
     let mut done = Vec::new();
-    for path in entries.flatten().map(|e| e.path()) {
-        let Some(name) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".jsonl"))
-        else {
-            continue;
-        };
-        let owner = name.split('-').next().and_then(|o| o.parse::<u32>().ok());
-        if owner.is_none_or(alive) {
-            continue;
+    for (path, name) in dead(dir, alive) {
+        if fold_file(db, &path, &name)? {
+            done.push(path);
         }
-        fold_file(db, &path, name)?;
-        done.push(path);
     }
     Ok(done)
 }
 
-/// Folds the journals in `dir` whose owner is gone into ledger.db, in a transaction of its own
-/// (when a runtime opens the ledger, before it reads it).
+/// Folds the dead journals in `dir` into ledger.db, in a transaction of its own (when a runtime
+/// opens the ledger, before it reads it), and forgets the marks of journals that are gone.
 pub(super) fn fold_dead_now(
     db: &mut Db,
     dir: &Path,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
 ) -> Result<(), LedgerError> {
-    if std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none()) {
+    if dead(dir, alive).is_empty() {
         return Ok(());
     }
     db.begin_write(crate::sql::Lock::Ledger).map_err(st)?;
-    let folded = fold_dead(db, dir, alive);
+    let folded = fold_dead(db, dir, alive).and_then(|files| {
+        forget_gone_marks(db, dir)?;
+        Ok(files)
+    });
     match folded {
         Ok(files) => {
             db.commit().map_err(st)?;
@@ -272,8 +345,36 @@ pub(super) fn fold_dead_now(
     }
 }
 
-/// Applies the records of the dead journal `path` past its mark, and marks them.
-fn fold_file(db: &Db, path: &Path, name: &str) -> Result<(), LedgerError> {
+/// Deletes the marks of journals whose file is gone (folded and removed; names are never used
+/// twice), under the ledger's write lock.
+fn forget_gone_marks(db: &Db, dir: &Path) -> Result<(), LedgerError> {
+    let rows = db
+        .query("SELECT name FROM journal_folds", &[])
+        .map_err(st)?;
+    for row in rows {
+        let name = row.text(0).map_err(st)?;
+        if !dir.join(format!("{name}.jsonl")).exists() {
+            db.execute_later(
+                "DELETE FROM journal_folds WHERE name=?1",
+                params![name.as_str()],
+            )
+            .map_err(st)?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies the records of the dead journal `path` past its mark, and marks them. False when the
+/// file is gone (another process folded and removed it meanwhile).
+fn fold_file(db: &Db, path: &Path, name: &str) -> Result<bool, LedgerError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            let shown = path.display();
+            return Err(LedgerError::Storage(format!("ledger journal {shown}: {e}")));
+        }
+    };
     let mark_row = db
         .row(
             "SELECT folded FROM journal_folds WHERE name=?1",
@@ -282,21 +383,26 @@ fn fold_file(db: &Db, path: &Path, name: &str) -> Result<(), LedgerError> {
         .map_err(st)?;
     let folded = mark_row.map_or(Ok(0), |r| r.int(0)).map_err(st)?;
     let folded = u64::try_from(folded).unwrap_or(0);
-    let bytes = std::fs::read(path)
-        .map_err(|e| LedgerError::Storage(format!("ledger journal {}: {e}", path.display())))?;
     let mut last = folded;
-    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let rec: In = match serde_json::from_slice(line) {
-            Ok(r) => r,
-            Err(e) => {
-                // Never answered (torn by the crash): nothing after it was written either.
-                tracing::warn!(
-                    "ledger journal {}: a torn record dropped: {e}",
-                    path.display()
-                );
-                break;
-            }
+    for (n, line) in bytes.split_inclusive(|b| *b == b'\n').enumerate() {
+        if line == b"\n" {
+            continue;
+        }
+        let Some(line) = line.strip_suffix(b"\n") else {
+            // Cut by the crash before its line end: never answered.
+            tracing::warn!(
+                "ledger journal {}: a torn last record dropped",
+                path.display()
+            );
+            break;
         };
+        let rec: In = serde_json::from_slice(line).map_err(|e| {
+            LedgerError::Storage(format!(
+                "ledger journal {} line {}: unreadable ({e}); the ledger cannot know what it held: move the file aside to go on without it (a call it reserved is then not charged)",
+                path.display(),
+                n + 1
+            ))
+        })?;
         if rec.seq <= last {
             continue;
         }
@@ -306,7 +412,7 @@ fn fold_file(db: &Db, path: &Path, name: &str) -> Result<(), LedgerError> {
     if last != folded {
         mark(db, name, last)?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// One record's rows, stored.
@@ -314,7 +420,7 @@ fn apply(db: &Db, rec: &In) -> Result<(), LedgerError> {
     for a in &rec.a {
         put_account(db, a)?;
     }
-    for r in &rec.add {
+    for r in rec.add.iter().filter(|r| super::db::well_formed(r)) {
         put_reservation(db, r)?;
     }
     for (t, id) in &rec.del {
@@ -385,8 +491,8 @@ mod tests {
         commit(db, |db| fold_dead(db, dir, &|_| false).map(remove_folded));
     }
 
-    /// A dead runtime's journal is folded in order, a torn last record dropped; a live one's
-    /// is left alone.
+    /// A dead runtime's journal is folded in order, a torn last record dropped; a journal a
+    /// runtime of this process keeps is left alone, whatever `alive` says of its pid.
     #[test]
     fn a_dead_journal_is_folded_in_order_without_its_torn_tail() {
         let tmp = tempfile::tempdir().unwrap();
@@ -398,15 +504,15 @@ mod tests {
         j.append(vec![&account(&t, 1)], vec![&r1], &[]).unwrap();
         j.append(vec![&account(&t, 2)], vec![&r2], &[(t.clone(), r1.id)])
             .unwrap();
-        commit(&mut db, |db| {
-            fold_dead(db, &dir, &|_| true).map(|f| assert!(f.is_empty()))
-        });
+        fold_all_dead(&mut db, &dir);
         assert!(
             super::super::db::account(&db, &t).unwrap().is_none(),
-            "a live owner's journal is its own"
+            "a kept journal is its runtime's own"
         );
-        // A record torn by the crash: never answered, dropped.
+        // The runtime is gone (its process had this pid: a container's pid 1 again), its last
+        // record torn by the crash: never answered, dropped.
         let path = j.path();
+        drop(j);
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -435,14 +541,18 @@ mod tests {
         });
         commit(&mut db, |db| put_account(db, &account(&t, 5)));
         j.append(vec![&account(&t, 6)], vec![], &[]).unwrap();
+        let (name, path) = (j.name.clone(), j.path());
+        drop(j);
         fold_all_dead(&mut db, &dir);
         assert_eq!(spent(&db, &t), 6, "the record past the mark is applied");
         commit(&mut db, |db| put_account(db, &account(&t, 9)));
         // The same file again (as if its removal were lost): nothing past the mark.
         let mut again = Journal::new(dir.clone(), false);
-        again.name = j.name.clone();
         again.append(vec![&account(&t, 1)], vec![], &[]).unwrap();
         again.append(vec![&account(&t, 2)], vec![], &[]).unwrap();
+        std::fs::rename(again.path(), &path).unwrap();
+        drop(again);
+        assert!(!is_kept(&name));
         fold_all_dead(&mut db, &dir);
         assert_eq!(
             spent(&db, &t),
@@ -451,29 +561,85 @@ mod tests {
         );
     }
 
-    /// Bad bytes where a journal should be (a record of no JSON, of a reservation without a
-    /// chain, of an id that is no thread id) are dropped with a warning, never a panic.
+    /// A record cut halfway by a failed write is cut off: the records after it are read back.
     #[test]
-    fn garbage_in_a_journal_never_panics_and_stops_the_fold_there() {
+    fn a_failed_write_cut_back_leaves_the_journal_readable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ledger.journal");
+        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let t = ThreadId::generate("t");
+        let mut j = Journal::new(dir.clone(), false);
+        j.append(vec![&account(&t, 1)], vec![], &[]).unwrap();
+        j.file
+            .as_mut()
+            .unwrap()
+            .write_all(br#"{"seq":2,"a":[{"id":"half"#)
+            .unwrap();
+        j.seq += 1;
+        j.cut_back();
+        assert!(j.usable());
+        j.append(vec![&account(&t, 3)], vec![], &[]).unwrap();
+        drop(j);
+        fold_all_dead(&mut db, &dir);
+        assert_eq!(spent(&db, &t), 3);
+    }
+
+    /// A whole record that cannot be read (the disk damaged it) is an error naming the file and
+    /// line, and the file is kept: the records after it were answered.
+    #[test]
+    fn an_unreadable_whole_record_is_an_error_and_the_journal_is_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("ledger.journal");
         std::fs::create_dir_all(&dir).unwrap();
         let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let path = dir.join("1-damaged.jsonl");
+        std::fs::write(&path, b"{\"seq\":1}\n\xff\xfe not json\n{\"seq\":3}\n").unwrap();
+        db.begin_write(crate::sql::Lock::Ledger).unwrap();
+        let err = fold_dead(&db, &dir, &|_| false).unwrap_err().to_string();
+        db.rollback();
+        assert!(err.contains("1-damaged.jsonl line 2"), "{err}");
+        assert!(path.exists());
+        let err = fold_dead_now(&mut db, &dir, &|_| false).unwrap_err();
+        assert!(err.to_string().contains("move the file aside"), "{err}");
+    }
+
+    /// Bad bytes where a journal should be (a reservation without a chain or with edges that
+    /// do not fit it, an id that is no thread id, a name of no owner) never panic.
+    #[test]
+    fn garbage_in_a_journal_never_panics() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ledger.journal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let t = ThreadId::generate("t");
+        let bad_edges = format!(
+            r#"{{"seq":2,"add":[{{"id":2,"chain":["{t}"],"amount":1,"edges":[[1,1],[1,1]]}}]}}"#
+        );
         for (name, body) in [
-            ("1-a", &b"\xff\xfe not json\n"[..]),
             (
                 "2-b",
-                br#"{"seq":1,"add":[{"id":1,"chain":[],"amount":1,"edges":[]}]}"#,
+                format!(
+                    r#"{{"seq":1,"add":[{{"id":1,"chain":[],"amount":1,"edges":[]}}]}}{}"#,
+                    "\n"
+                ),
             ),
-            ("3-c", br#"{"seq":1,"a":[{"id":"../etc"}]}"#),
-            ("x-d", b"ignored: no owner"),
+            ("3-c", format!("{bad_edges}\n")),
+            ("4-d", format!("{}\n", r#"{"seq":1,"a":[{"id":"../etc"}]}"#)),
+            ("x-e", "ignored: no owner".to_string()),
         ] {
             std::fs::write(dir.join(format!("{name}.jsonl")), body).unwrap();
         }
-        fold_all_dead(&mut db, &dir);
-        assert_eq!(reservations(&db), 0);
+        let err = fold_dead_now(&mut db, &dir, &|_| false);
+        assert!(err.is_err(), "a whole record of no account is unreadable");
+        std::fs::remove_file(dir.join("4-d.jsonl")).unwrap();
+        fold_dead_now(&mut db, &dir, &|_| false).unwrap();
+        assert_eq!(
+            reservations(&db),
+            0,
+            "neither malformed reservation is stored"
+        );
         assert!(
-            dir.join("x-d.jsonl").exists(),
+            dir.join("x-e.jsonl").exists(),
             "not a journal's name: left alone"
         );
     }

@@ -1,5 +1,6 @@
-//! The errors of the runtime's public questions and controls: [`QueryError`] for what it reads
-//! of the project's threads, [`ControlError`] for what it asks of a running thread. Each names
+//! The errors of the runtime's opening and of its public questions and controls: [`OpenError`]
+//! for opening a project, [`QueryError`] for what it reads of the project's threads,
+//! [`ControlError`] for what it asks of a running thread. Each names
 //! the thread; the HTTP layer picks its status code by variant.
 
 use crate::core::ids::ThreadId;
@@ -46,4 +47,27 @@ pub enum ControlError {
     /// message it cannot queue…), in its own words.
     #[error("{0}")]
     Refused(String),
+}
+
+/// Errors opening a runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] crate::project::config::ConfigError),
+    /// Bad key or trust store.
+    #[error(transparent)]
+    Signing(#[from] crate::record::signing::SigningError),
+    /// Provider problem.
+    #[error("{0}")]
+    Provider(String),
+    /// Storage problem.
+    #[error("{0}")]
+    Storage(String),
+    /// A command tool file (`tools/*.yaml`) that cannot be used.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolFileError),
+    /// A hooks file that cannot be used.
+    #[error(transparent)]
+    Hook(#[from] crate::hooks::HookError),
 }

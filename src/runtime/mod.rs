@@ -23,7 +23,7 @@ mod resume;
 
 pub use crate::thread::Recovered;
 pub use doctor::{diagnose, Checkup, Health, Problem};
-pub use error::{ControlError, QueryError};
+pub use error::{ControlError, OpenError, QueryError};
 pub use fork::Fork;
 pub use handle::{SubtreeEvents, ThreadHandle, ThreadStatus};
 
@@ -32,12 +32,12 @@ use crate::core::limits::LimitSet;
 use crate::core::money::Usage;
 use crate::directive::Library;
 use crate::ledger::{Account, LedgerActor, LedgerMsg};
-use crate::project::config::{Config, ConfigError};
+use crate::project::config::Config;
 use crate::project::Project;
 use crate::provider::{
     BoxFuture, Choice, ErrorKind, LlmRequest, LlmResponse, Provider, ProviderError, Providers,
 };
-use crate::record::signing::{Signer, SigningError, Trust};
+use crate::record::signing::{Signer, Trust};
 use crate::registry::{RegistryActor, Store};
 use crate::thread::{spawn, Ctx, Event, Origin, SpawnError, SpawnRequest, ThreadMsg, ThreadReport};
 use ractor::{Actor, ActorRef};
@@ -123,8 +123,8 @@ impl RuntimeBuilder {
                 .map_err(OpenError::Provider)?,
         };
         let st = |e: String| OpenError::Storage(e);
-        let (registry, ledger) = start_actors(&project, &config).await?;
         let owner = owner::acquire(&project.state_dir()).map_err(st)?;
+        let (registry, ledger) = start_actors(&project, &config).await?;
         let first_owner = owner.first;
         // Room for bursts of a large tree (every transcript line is an event while someone
         // listens) before a slow listener lags.
@@ -230,7 +230,13 @@ async fn start_actors(
         .await
         .map_err(|e| st(e.to_string()))?;
     let judged = project.clone();
-    let alive: crate::ledger::Alive = Arc::new(move |o| owner::owner_alive(&judged, o));
+    // The ledger keeps this process's owner lock until it has stopped: until its last fold,
+    // no other process may judge it gone and take its trees or fold its journal.
+    let held = owner::acquire(&project.state_dir()).map_err(st)?;
+    let alive: crate::ledger::Alive = Arc::new(move |o| {
+        let _kept = &held;
+        owner::owner_alive(&judged, o)
+    });
     let journals = url
         .is_none()
         .then(|| project.state_dir().join("ledger.journal"));
@@ -290,29 +296,6 @@ impl Provider for NoProvider {
             })
         })
     }
-}
-
-/// Errors opening a runtime.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    /// Bad config.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// Bad key or trust store.
-    #[error(transparent)]
-    Signing(#[from] SigningError),
-    /// Provider problem.
-    #[error("{0}")]
-    Provider(String),
-    /// Storage problem.
-    #[error("{0}")]
-    Storage(String),
-    /// A command tool file (`tools/*.yaml`) that cannot be used.
-    #[error(transparent)]
-    Tool(#[from] crate::tools::ToolFileError),
-    /// A hooks file that cannot be used.
-    #[error(transparent)]
-    Hook(#[from] crate::hooks::HookError),
 }
 
 impl Runtime {
@@ -592,16 +575,15 @@ impl Runtime {
         .flatten()
     }
 
-    /// Stops the registry and ledger actors (after every thread has ended). A process that exits
-    /// right after leaves its ledger journal to the next runtime that opens the project; see
+    /// Stops the registry and ledger actors (after every thread has ended), not waiting: see
     /// [`Runtime::close`].
     pub fn shutdown(self) {
         self.ctx.registry.stop(None);
         self.ctx.ledger.stop(None);
     }
 
-    /// [`Runtime::shutdown`], waiting (up to 10 s each) until the actors have stored their last
-    /// changes: the ledger's journal is then folded into ledger.db and removed.
+    /// [`Runtime::shutdown`], waiting (10 s at most each) until their last changes are stored
+    /// and the ledger's journal is folded into ledger.db and removed.
     pub async fn close(self) {
         let wait = Some(std::time::Duration::from_secs(10));
         let _ = self.ctx.ledger.stop_and_wait(None, wait).await;

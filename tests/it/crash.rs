@@ -437,6 +437,37 @@ async fn a_runtime_open_before_a_crash_reads_the_dead_journal_when_it_takes_the_
     assert_eq!(journals(p), 0, "folded into ledger.db, then removed");
 }
 
+/// A journal record that cannot be written (cut halfway, as a full disk leaves it) is cut off
+/// and its batch committed to ledger.db instead: the run goes on, its call is settled and its
+/// account closed, and the stop folds and removes the journal.
+#[test]
+fn a_journal_write_that_fails_falls_back_to_a_commit() {
+    let fx = solo();
+    let p = fx.root();
+    let run = run_solo(p, "ledger.journal:1");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("failpoint ledger.journal; this batch commits to ledger.db instead"),
+        "the journal write failed and its batch was committed: {stderr}"
+    );
+    let id = fx.id_of("solo");
+    let ledger = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
+    let (spent, closed, open): (i64, bool, i64) = ledger
+        .query_row(
+            "SELECT spent, closed, (SELECT COUNT(*) FROM reservations) FROM accounts WHERE id=?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert!(spent > 0 && closed && open == 0, "{spent} {closed} {open}");
+    assert_eq!(
+        journals(p),
+        0,
+        "weft run's stop folds and removes its journal"
+    );
+}
+
 fn solo() -> Fixture {
     Fixture::new(
         &[("solo", &directive("", "Answer."))],
