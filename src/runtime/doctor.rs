@@ -451,6 +451,11 @@ impl Runtime {
                         Err(e) => format!("not fixed: {e}"),
                     }
                 }
+                ("open_reservations" | "open_account", Ok(id))
+                    if !super::recovery::take_tree(&ctx, &id).await =>
+                {
+                    "not fixed: another live weft process holds its tree; run `weft doctor --fix` again once it has ended".into()
+                }
                 ("open_reservations" | "open_account", Ok(id)) => {
                     match ractor::call!(ctx.ledger, |reply| crate::ledger::LedgerMsg::Close {
                         id,

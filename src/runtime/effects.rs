@@ -50,7 +50,12 @@ pub(super) async fn settle_orphans(ctx: &Arc<Ctx>, first_owner: bool) {
     let open =
         ractor::call!(ctx.ledger, |reply| LedgerMsg::OpenAccounts { reply }).unwrap_or_default();
     for (id, owner) in open {
-        if owner == 0 && !waiting.iter().any(|w| *w == id.as_str()) {
+        // Its tree taken first: a live holder's book holds the set-aside budget too (and its
+        // journal the tree's latest rows); that process gives it back itself.
+        if owner == 0
+            && !waiting.iter().any(|w| *w == id.as_str())
+            && super::recovery::take_tree(ctx, &id).await
+        {
             give_back(ctx, id).await;
         }
     }

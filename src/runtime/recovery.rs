@@ -112,7 +112,7 @@ async fn recover_where(ctx: &Arc<Ctx>, dead: &(dyn Fn(u32) -> bool + Sync)) -> V
 /// reading what a dead holder left open (see `ledger/trees.rs`). False when another live process
 /// holds the tree — it is recovering the tree itself: two books writing one tree's accounts
 /// would each overwrite the other's settlements.
-async fn take_tree(ctx: &Ctx, id: &ThreadId) -> bool {
+pub(super) async fn take_tree(ctx: &Ctx, id: &ThreadId) -> bool {
     let taken = ractor::call!(ctx.ledger, |reply| LedgerMsg::TakeOver {
         id: id.clone(),
         reply
