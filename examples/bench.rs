@@ -539,6 +539,12 @@ async fn bench_turns(turns: usize, strict: bool) -> Value {
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6)
         .collect();
+    // WEFT_BENCH_GAPS=1: the slowest gaps with their turn (to find what recurs).
+    if std::env::var_os("WEFT_BENCH_GAPS").is_some() {
+        let mut slow: Vec<(usize, f64)> = gaps.iter().copied().enumerate().collect();
+        slow.sort_by(|a, b| b.1.total_cmp(&a.1));
+        eprintln!("slowest gaps (turn, µs): {:?}", &slow[..slow.len().min(40)]);
+    }
     gaps.sort_by(|a, b| a.total_cmp(b));
     rt.shutdown();
     // WEFT_BENCH_NO_PARTS=1: the turn loop alone (for profiling it).
