@@ -487,6 +487,15 @@ mod tests {
         db.commit().unwrap();
     }
 
+    /// A folder for ledger.db and the journals (kept while the first is), the journals' folder,
+    /// and ledger.db.
+    fn setup() -> (tempfile::TempDir, PathBuf, Db) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ledger.journal");
+        let db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        (tmp, dir, db)
+    }
+
     fn fold_all_dead(db: &mut Db, dir: &Path) {
         commit(db, |db| fold_dead(db, dir, &|_| false).map(remove_folded));
     }
@@ -495,9 +504,7 @@ mod tests {
     /// runtime of this process keeps is left alone, whatever `alive` says of its pid.
     #[test]
     fn a_dead_journal_is_folded_in_order_without_its_torn_tail() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ledger.journal");
-        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let (_tmp, dir, mut db) = setup();
         let t = ThreadId::generate("t");
         let mut j = Journal::new(dir.clone(), false);
         let (r1, r2) = (reservation(1, &t), reservation(2, &t));
@@ -529,9 +536,7 @@ mod tests {
     /// the fold (a tree taken over) is not rolled back.
     #[test]
     fn a_record_at_or_below_the_mark_is_never_applied_again() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ledger.journal");
-        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let (_tmp, dir, mut db) = setup();
         let t = ThreadId::generate("t");
         let mut j = Journal::new(dir.clone(), false);
         j.append(vec![&account(&t, 1)], vec![], &[]).unwrap();
@@ -564,9 +569,7 @@ mod tests {
     /// A record cut halfway by a failed write is cut off: the records after it are read back.
     #[test]
     fn a_failed_write_cut_back_leaves_the_journal_readable() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ledger.journal");
-        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
+        let (_tmp, dir, mut db) = setup();
         let t = ThreadId::generate("t");
         let mut j = Journal::new(dir.clone(), false);
         j.append(vec![&account(&t, 1)], vec![], &[]).unwrap();
@@ -588,10 +591,8 @@ mod tests {
     /// line, and the file is kept: the records after it were answered.
     #[test]
     fn an_unreadable_whole_record_is_an_error_and_the_journal_is_kept() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ledger.journal");
+        let (_tmp, dir, mut db) = setup();
         std::fs::create_dir_all(&dir).unwrap();
-        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
         let path = dir.join("1-damaged.jsonl");
         std::fs::write(&path, b"{\"seq\":1}\n\xff\xfe not json\n{\"seq\":3}\n").unwrap();
         db.begin_write(crate::sql::Lock::Ledger).unwrap();
@@ -607,10 +608,8 @@ mod tests {
     /// do not fit it, an id that is no thread id, a name of no owner) never panic.
     #[test]
     fn garbage_in_a_journal_never_panics() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ledger.journal");
+        let (_tmp, dir, mut db) = setup();
         std::fs::create_dir_all(&dir).unwrap();
-        let mut db = super::super::open_db(None, &tmp.path().join("ledger.db")).unwrap();
         let t = ThreadId::generate("t");
         let bad_edges = format!(
             r#"{{"seq":2,"add":[{{"id":2,"chain":["{t}"],"amount":1,"edges":[[1,1],[1,1]]}}]}}"#
