@@ -206,10 +206,15 @@ impl Journal {
             .open(self.path())?;
         if self.strict {
             // The file's name (and its folder's) must outlive a power cut as surely as its
-            // records.
-            File::open(&self.dir)?.sync_all()?;
-            if let (true, Some(up)) = (new_dir, self.dir.parent()) {
-                File::open(up)?.sync_all()?;
+            // records; if that cannot be made sure, the file goes (the next append tries anew).
+            let synced = File::open(&self.dir).and_then(|d| d.sync_all());
+            let synced = match (synced, new_dir, self.dir.parent()) {
+                (Ok(()), true, Some(up)) => File::open(up).and_then(|d| d.sync_all()),
+                (other, ..) => other,
+            };
+            if let Err(e) = synced {
+                let _ = std::fs::remove_file(self.path());
+                return Err(e);
             }
         }
         Ok(f)

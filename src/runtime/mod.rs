@@ -124,10 +124,8 @@ impl RuntimeBuilder {
         };
         let st = |e: String| OpenError::Storage(e);
         let owner = owner::acquire(&project.state_dir()).map_err(st)?;
-        let (registry, ledger) = start_actors(&project, &config).await?;
         let first_owner = owner.first;
-        // Room for bursts of a large tree (every transcript line is an event while someone
-        // listens) before a slow listener lags.
+        // Room for a large tree's bursts (each line an event while someone listens).
         let (events, _) = broadcast::channel(16_384);
         let library = Library::for_project(&project);
         let commands = crate::tools::CommandTools::load(&project, &crate::thread::builtin_names())?;
@@ -158,6 +156,8 @@ impl RuntimeBuilder {
             &project.root,
             config.builtin_hooks,
         )?;
+        // Last of what can fail: a refused open leaves no actor (nor its owner lock) behind.
+        let (registry, ledger) = start_actors(&project, &config).await?;
         let ctx = Arc::new(Ctx {
             launch: crate::thread::launch,
             effects_wake: Default::default(),
@@ -240,9 +240,13 @@ async fn start_actors(
     let journals = url
         .is_none()
         .then(|| project.state_dir().join("ledger.journal"));
-    let (ledger, _) = Actor::spawn(None, LedgerActor, (ledger_db, alive, journals))
-        .await
-        .map_err(|e| st(e.to_string()))?;
+    let (ledger, _) = match Actor::spawn(None, LedgerActor, (ledger_db, alive, journals)).await {
+        Ok(l) => l,
+        Err(e) => {
+            registry.stop(None);
+            return Err(st(e.to_string()));
+        }
+    };
     Ok((registry, ledger))
 }
 
