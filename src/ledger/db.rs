@@ -11,6 +11,12 @@ pub(super) fn st(e: SqlError) -> LedgerError {
     LedgerError::Storage(e.to_string())
 }
 
+impl From<SqlError> for LedgerError {
+    fn from(e: SqlError) -> Self {
+        st(e)
+    }
+}
+
 /// The ledger's schema, step by step (see `sql/migrate.rs`).
 const SCHEMA: &[Step] = &[
     Step {

@@ -313,8 +313,13 @@ pub(super) fn fold_dead(
     dir: &Path,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
 ) -> Result<Vec<PathBuf>, LedgerError> {
+    fold_listed(db, dead(dir, alive))
+}
+
+/// [`fold_dead`] for the dead journals already listed.
+fn fold_listed(db: &Db, dead: Vec<(PathBuf, String)>) -> Result<Vec<PathBuf>, LedgerError> {
     let mut done = Vec::new();
-    for (path, name) in dead(dir, alive) {
+    for (path, name) in dead {
         if fold_file(db, &path, &name)? {
             done.push(path);
         }
@@ -329,25 +334,17 @@ pub(super) fn fold_dead_now(
     dir: &Path,
     alive: &(dyn Fn(u32) -> bool + Send + Sync),
 ) -> Result<(), LedgerError> {
-    if dead(dir, alive).is_empty() {
+    let dead = dead(dir, alive);
+    if dead.is_empty() {
         return Ok(());
     }
-    db.begin_write(crate::sql::Lock::Ledger).map_err(st)?;
-    let folded = fold_dead(db, dir, alive).and_then(|files| {
+    let files = db.atomic(crate::sql::Lock::Ledger, |db| {
+        let files = fold_listed(db, dead)?;
         forget_gone_marks(db, dir)?;
-        Ok(files)
-    });
-    match folded {
-        Ok(files) => {
-            db.commit().map_err(st)?;
-            remove_folded(files);
-            Ok(())
-        }
-        Err(e) => {
-            db.rollback();
-            Err(e)
-        }
-    }
+        Ok::<_, LedgerError>(files)
+    })?;
+    remove_folded(files);
+    Ok(())
 }
 
 /// Deletes the marks of journals whose file is gone (folded and removed; names are never used
@@ -487,9 +484,7 @@ mod tests {
     }
 
     fn commit(db: &mut Db, f: impl FnOnce(&Db) -> Result<(), LedgerError>) {
-        db.begin_write(crate::sql::Lock::Ledger).unwrap();
-        f(db).unwrap();
-        db.commit().unwrap();
+        db.atomic(crate::sql::Lock::Ledger, |db| f(db)).unwrap();
     }
 
     /// A folder for ledger.db and the journals (kept while the first is), the journals' folder,

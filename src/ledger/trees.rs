@@ -77,13 +77,7 @@ impl LedgerState {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let me = crate::core::owner::me();
-        let journals = self.journal.as_ref().map(|j| j.dir().to_path_buf());
-        let whom = Whom {
-            me,
-            alive: &*self.alive,
-            journals: journals.as_deref(),
-        };
+        let whom = whom(&self.alive, self.journal.as_ref());
         let changed = take(&mut self.db, &top, &whom, None)?;
         // Also when an earlier take-over committed but its read failed: the book lacks the tree.
         if changed || self.book.get(&top).is_none() {
@@ -109,12 +103,7 @@ impl LedgerState {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let journals = self.journal.as_ref().map(|j| j.dir().to_path_buf());
-        let whom = Whom {
-            me: crate::core::owner::me(),
-            alive: &*self.alive,
-            journals: journals.as_deref(),
-        };
+        let whom = whom(&self.alive, self.journal.as_ref());
         if take(&mut self.db, &top, &whom, open)? {
             self.book.forget_tree(&top);
         }
@@ -145,6 +134,15 @@ struct Whom<'a> {
     me: u32,
     alive: &'a (dyn Fn(u32) -> bool + Send + Sync),
     journals: Option<&'a std::path::Path>,
+}
+
+/// This process as a taker, judging with `alive`, folding the journals beside `journal`'s.
+fn whom<'a>(alive: &'a super::Alive, journal: Option<&'a super::journal::Journal>) -> Whom<'a> {
+    Whom {
+        me: crate::core::owner::me(),
+        alive: &**alive,
+        journals: journal.map(|j| j.dir()),
+    }
 }
 
 /// Sets `me` as the holder of tree `top` unless a live other process holds it (and marks
