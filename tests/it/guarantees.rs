@@ -478,6 +478,91 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     assert_eq!(open_now, 0);
 }
 
+/// A busy turn loop's reservations and settlements are journaled, not committed, yet ledger.db
+/// never lags the ledger by more than 256 journal records: the journal is folded into it as it
+/// goes, and emptied each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_db_lags_a_turn_loop_by_at_most_256_journal_records() {
+    use weft::internals::LedgerMsg;
+    use weft::{Nanos, Price, ThreadId};
+    let fx = Fixture::new(&[("root", &directive("", "Hi."))], "default: []\n", "");
+    let rt = fx.runtime().await;
+    let (_, ledger) = weft::internals::actors(&rt);
+    let id = ThreadId::generate("looper");
+    ractor::call!(ledger, |reply| LedgerMsg::Open {
+        id: id.clone(),
+        parent: None,
+        max: Nanos(1_000_000_000),
+        guarantee: Nanos(0),
+        min_first_call: Nanos(1),
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    let price = Price {
+        input: 1_000_000_000,
+        output: 1_000_000_000,
+        cache_read: 0,
+        cache_write: 0,
+    };
+    // One turn: a reservation and its settlement, each answered after its own journal record.
+    let turn = || async {
+        let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
+            id: id.clone(),
+            price,
+            prompt_tokens: 10,
+            want_output: 10,
+            min_output: 1,
+            reply
+        })
+        .unwrap()
+        .unwrap();
+        ractor::call!(ledger, |reply| LedgerMsg::Settle {
+            reservation: grant.reservation,
+            actual: Nanos(7_000),
+            reply: Some(reply)
+        })
+        .unwrap()
+        .unwrap();
+    };
+    let journal_bytes = || {
+        std::fs::read_dir(fx.root().join(".weft/state/ledger.journal"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.metadata().unwrap().len())
+                    .sum::<u64>()
+            })
+            .unwrap_or(0)
+    };
+    for _ in 0..100 {
+        turn().await;
+    }
+    assert_eq!(
+        ledger_row(&fx, &id).map(|r| r.1),
+        Some(0),
+        "200 records: still only in the journal"
+    );
+    assert!(journal_bytes() > 0);
+    for _ in 100..300 {
+        turn().await;
+    }
+    // 600 records: folded at the 256th and the 512th.
+    let stored = ledger_row(&fx, &id).map_or(0, |r| r.1);
+    assert_eq!(
+        stored,
+        256 * 7_000,
+        "ledger.db holds what the 512th record left"
+    );
+    let held = rt.account(&id).await.unwrap().spent.0;
+    assert_eq!(held, 300 * 7_000);
+    assert!(
+        journal_bytes() < 100 * 1_024,
+        "emptied at each fold: {} bytes",
+        journal_bytes()
+    );
+    assert_eq!(ledger_reservations(&fx), 0);
+}
+
 /// A database locked by another process (or a slow disk) stalls the actor waiting on it, never
 /// the async workers: while the registry, then the ledger, waits on a locked database through a
 /// runtime's only worker, other tasks still run.
