@@ -468,6 +468,36 @@ fn a_journal_write_that_fails_falls_back_to_a_commit() {
     );
 }
 
+/// Under `durability: strict` the journal is fsynced record by record (and its folder when it
+/// is made): a call reserved there and killed is found by recovery and charged at its bound.
+#[test]
+fn under_strict_durability_a_journaled_reservation_survives_the_crash() {
+    let fx = Fixture::new(
+        &[("solo", &directive("", "Answer."))],
+        "solo:\n  - text: all done\n    usage: { input_tokens: 10, output_tokens: 5 }\n",
+        "durability: strict\n",
+    );
+    let p = fx.root();
+    let run = run_solo(p, "turn.reserved:1");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
+    assert_eq!(journals(p), 1, "the reservation is journaled");
+    recover(p, "strict recovery");
+    let id = fx.id_of("solo");
+    let ledger = rusqlite::Connection::open(p.join(".weft/state/ledger.db")).unwrap();
+    let (spent, closed): (i64, bool) = ledger
+        .query_row(
+            "SELECT spent, closed FROM accounts WHERE id=?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        spent > 0 && closed,
+        "charged at bound: {spent}, closed: {closed}"
+    );
+    assert_eq!(journals(p), 0);
+}
+
 fn solo() -> Fixture {
     Fixture::new(
         &[("solo", &directive("", "Answer."))],
