@@ -882,3 +882,79 @@ kid:
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
 }
+
+/// Two runtimes in one process keep two books of one tree, but only one runs it: a second
+/// runtime of the same process that resumes a thread of a tree the first is still running is
+/// refused (its book's copy of the root's account lacks the first runtime's newest
+/// reservation: spending from it would pass the root's cap), and may resume it once the tree
+/// has finished, within the tree's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_runtime_in_one_process_cannot_resume_into_a_tree_the_first_runs() {
+    let root = directive(
+        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
+        "Spawn.",
+    );
+    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+    usage: { input_tokens: 0, output_tokens: 0 }
+  - tool_calls: [ { name: wait_threads, input: {} } ]
+    usage: { input_tokens: 0, output_tokens: 0 }
+  - text: done
+    delay: 1500ms
+    usage: { input_tokens: 9000, output_tokens: 0 }
+kid:
+  - text: kid done
+    usage: { input_tokens: 5000, output_tokens: 1000 }
+  - text: kid again
+    usage: { input_tokens: 3000, output_tokens: 0 }
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let first = fx.runtime().await;
+    let second = fx.runtime().await;
+    let running = first
+        .start("root", Default::default(), Default::default())
+        .await
+        .unwrap();
+    // The kid has finished; the root's last call (reserved in the first runtime's book) runs.
+    let kid_row = loop {
+        let rows = fx.rows_so_far();
+        if let Some(k) = rows
+            .iter()
+            .find(|r| r.directive == "kid" && r.status.is_terminal())
+        {
+            break k.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let kid_id = weft::ThreadId::parse(&kid_row.id).unwrap();
+    let resumed = second.resume(&kid_id, "again", Default::default()).await;
+    let refusal = match resumed {
+        Ok(h) => format!("resumed: {:?}", h.wait().await.unwrap().status),
+        Err(e) => e.to_string(),
+    };
+    let report = running.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
+    assert!(
+        tree_spend <= 20_000_000,
+        "the tree spent {tree_spend} nanos of its 20,000,000 cap ({refusal})"
+    );
+    assert!(
+        refusal.contains("is still running"),
+        "the second runtime is refused while the first runs the tree: {refusal}"
+    );
+    // Once the first runtime's tree has finished, the second may take it (here the tree's
+    // cap leaves no room for the kid's call: a limit, not a refusal to take the tree).
+    if let Err(e) = second.resume(&kid_id, "again", Default::default()).await {
+        assert!(!e.to_string().contains("is still running"), "{e}");
+    }
+    let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
+    assert!(tree_spend <= 20_000_000, "{tree_spend}");
+    for rt in [&first, &second] {
+        let (violations, open) = rt.audit().await;
+        assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    }
+}
