@@ -209,7 +209,8 @@ impl LedgerState {
         self.hold_journaled(me, reply);
     }
 
-    /// Holds the reply of a reservation or a settlement: its batch may be journaled.
+    /// Holds the reply of a change that may be journaled (a reservation, a settlement, a
+    /// child's open or close): its batch is journaled unless something else in it must commit.
     fn hold_journaled(&mut self, me: &ActorRef<LedgerMsg>, reply: HeldReply) {
         self.held.hold(reply, || me.cast(LedgerMsg::Flush).is_ok());
     }
@@ -256,27 +257,32 @@ impl LedgerState {
             let _ = reply.send(Err(e));
             return;
         }
-        self.open_decided(me, id, (), reply);
+        // A child's account joins a tree whose top is stored open (held, not finished): it
+        // may be journaled. A tree's first account commits: it makes the tree known and held.
+        let journaled = parent.is_some();
+        self.open_decided(me, id, (), reply, journaled);
     }
 
     /// A new account is a decision of this batch: its chain is written, and `value` answered
-    /// once the batch is stored (the account undone if it is not).
+    /// once the batch is stored (`journaled`, or committed), the account undone if it is not.
     fn open_decided<T: Send + 'static>(
         &mut self,
         me: &ActorRef<LedgerMsg>,
         id: ThreadId,
         value: T,
         reply: RpcReplyPort<Result<T, LedgerError>>,
+        journaled: bool,
     ) {
         let ids = self.book.chain(&id).unwrap_or_default();
         self.touch(&ids);
         self.undo.push(Undo::Open(id));
-        self.hold(
-            me,
-            Box::new(move |e| {
-                let _ = reply.send(e.map_or(Ok(value), Err));
-            }),
-        );
+        let reply: HeldReply = Box::new(move |e| {
+            let _ = reply.send(e.map_or(Ok(value), Err));
+        });
+        match journaled {
+            true => self.hold_journaled(me, reply),
+            false => self.hold(me, reply),
+        }
     }
 
     /// After [`Book::defer`]: the set-aside account is a decision of this batch.
@@ -296,7 +302,7 @@ impl LedgerState {
                 return;
             }
         };
-        self.open_decided(me, id, amount, reply);
+        self.open_decided(me, id, amount, reply, false);
     }
 
     /// After [`Book::reserve`]: a grant is a decision of this batch; a refusal is answered at
@@ -382,8 +388,9 @@ impl LedgerState {
         self.touch(&ids);
         self.removed.extend(open);
         self.prune(&id);
-        // A fact, like a settlement: kept and retried if this commit fails.
-        self.hold(
+        // A fact, like a settlement: kept and retried if this store fails. Journaled unless it
+        // finishes the tree (see `commit.rs`).
+        self.hold_journaled(
             me,
             Box::new(move |_| {
                 let _ = reply.send(Ok(a));

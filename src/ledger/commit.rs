@@ -1,6 +1,6 @@
 //! How the ledger actor stores a batch before it answers it: committed to ledger.db, or — a
-//! batch of only reservations and settlements, on SQLite — written to the runtime's journal
-//! (`journal.rs`). A commit also folds in everything journaled since the last fold, so
+//! batch of only reservations, settlements and the opens and closes of accounts below a tree's
+//! top, on SQLite — written to the runtime's journal (`journal.rs`). A commit also folds in everything journaled since the last fold, so
 //! ledger.db never holds an account row older than a journaled one it depends on.
 
 use super::actor::{LedgerMsg, LedgerState};
@@ -76,12 +76,13 @@ impl LedgerState {
         }
     }
 
-    /// Whether the batch may be journaled: only reservations and settlements, on a journal
-    /// that takes records.
+    /// Whether the batch may be journaled: nothing in it must commit (see
+    /// [`LedgerState::hold`]) and it finishes no tree, on a journal that takes records. A tree
+    /// is finished when the book drops its top (the last account of it closed): other
+    /// processes read that in ledger.db (a finished tree is free to take), so it commits.
     fn journalable(&self) -> bool {
-        !self.must_commit
-            && self.dropped.is_empty()
-            && self.journal.as_ref().is_some_and(|j| j.usable())
+        let finishes = self.dropped.iter().any(|a| a.parent.is_none() || a.placed);
+        !self.must_commit && !finishes && self.journal.as_ref().is_some_and(|j| j.usable())
     }
 
     /// Writes the batch to the journal: the rows it leaves.
@@ -93,6 +94,7 @@ impl LedgerState {
             .dirty
             .iter()
             .filter_map(|id| self.book.get(id))
+            .chain(&self.dropped)
             .collect();
         journal.append(rows, self.added.iter().collect(), &self.removed)
     }
@@ -125,7 +127,9 @@ impl LedgerState {
             .dirty
             .iter()
             .chain(u.dirty.iter().filter(|id| !self.dirty.contains(*id)));
-        let rows = ids.filter_map(|id| self.book.get(id)).chain(&self.dropped);
+        // Journaled final rows first: an account the book holds again is newer in the book.
+        let rows = u.dropped.values();
+        let rows = rows.chain(ids.filter_map(|id| self.book.get(id)).chain(&self.dropped));
         for a in rows {
             put_account(&self.db, a)?;
         }
@@ -178,7 +182,14 @@ impl LedgerState {
     /// A journaled batch joins what is unfolded; the next batch starts empty.
     fn absorb(&mut self) {
         let u = &mut self.unfolded;
+        for id in &self.dirty {
+            u.dropped.remove(id);
+        }
         u.dirty.extend(self.dirty.drain());
+        for a in self.dropped.drain(..) {
+            u.dirty.remove(&a.id);
+            u.dropped.insert(a.id.clone(), a);
+        }
         for r in self.added.drain(..) {
             u.added.insert(r.id, r);
         }

@@ -1,10 +1,12 @@
 //! The ledger's write-ahead journal (SPEC §5: "an equally atomic in-memory step with
-//! write-ahead persistence"), on SQLite only. A batch of reservations and settlements — a
-//! turn's ledger work — is answered once one record of it is handed to the OS (and fsynced
-//! under `durability: strict`), instead of after an SQLite transaction. Every other change
-//! (an account opened, set aside, adopted, placed, closed) still commits, and each commit folds
-//! the journal into ledger.db with it; so does every `FOLD_EVERY`th record, a stop, and
-//! anything that reads ledger.db for a decision (taking a tree over, reopening a chain).
+//! write-ahead persistence"), on SQLite only. A batch of reservations, settlements and the
+//! opens and closes of accounts inside a held tree — a turn's ledger work, a child's start and
+//! end — is answered once one record of it is handed to the OS (and fsynced under
+//! `durability: strict`), instead of after an SQLite transaction. What other processes decide
+//! on still commits: a tree's first account (the tree is held), the close that finishes a tree
+//! (it is free to take), a budget set aside, adopted or placed. Each commit folds the journal
+//! into ledger.db with it; so does every `FOLD_EVERY`th record, a stop, and anything that reads
+//! ledger.db for a decision (taking a tree over, reopening a chain).
 //!
 //! A record holds the rows the batch leaves (accounts as they are now, reservations added and
 //! removed), so folding one is idempotent and needs no accounting. `journal_folds` in ledger.db

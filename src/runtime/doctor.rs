@@ -137,7 +137,7 @@ pub fn diagnose(project: &Project) -> Checkup {
         &mut up.problems,
     );
     if let Some(db) = ledger {
-        ledger_leftovers(&db, &by_id, &mut up.problems);
+        ledger_leftovers(&db, &state, &by_id, &mut up.problems);
     }
     health.thread_bytes = crate::store::size_of(&project.weft().join("threads"));
     if database.is_none() {
@@ -358,8 +358,24 @@ fn folders_without_rows(
     }
 }
 
-fn ledger_leftovers(db: &crate::sql::Db, rows: &HashMap<&str, &ThreadRow>, out: &mut Vec<Problem>) {
-    let finished = |id: &str| rows.get(id).is_some_and(|r| r.status.is_terminal());
+/// Reservations and accounts still open in ledger.db for finished threads. A tree still running
+/// in a live process is left out: its holder's book is its ledger, and what its threads' ends
+/// wrote ahead to its journal reaches ledger.db when the tree finishes.
+fn ledger_leftovers(
+    db: &crate::sql::Db,
+    state: &std::path::Path,
+    rows: &HashMap<&str, &ThreadRow>,
+    out: &mut Vec<Problem>,
+) {
+    let live: HashSet<&str> = rows
+        .values()
+        .filter(|r| !r.status.is_terminal() && super::owner::alive(state, r.owner_pid))
+        .map(|r| r.root_id.as_str())
+        .collect();
+    let finished = |id: &str| {
+        rows.get(id)
+            .is_some_and(|r| r.status.is_terminal() && !live.contains(r.root_id.as_str()))
+    };
     let query = |sql: &str| -> Vec<(String, i64)> {
         db.query(sql, &[])
             .unwrap_or_default()

@@ -381,7 +381,7 @@ fn ledger_reservations(fx: &Fixture) -> i64 {
 }
 
 /// A ledger.db commit that fails (here: another process holds the write lock past the busy
-/// timeout) must leave memory and ledger.db alike: a refused decision (a child's guarantee) is
+/// timeout) must leave memory and ledger.db alike: a refused decision (a budget set aside) is
 /// not left holding the parent's budget, and a settlement and a close, which are facts, still
 /// reach ledger.db once it can be written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -409,26 +409,41 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     let parent = ThreadId::generate("parent");
     open(&parent, None, 0).await.unwrap();
 
-    // A child asks for 900,000 of the parent's 1,000,000 while ledger.db cannot be written.
+    // 900,000 of the parent's 1,000,000 set aside (for a scheduled directive) while ledger.db
+    // cannot be written: a budget set aside is read by other processes, so it must commit.
     let refused = ThreadId::generate("refused");
     let lock = WriteLock::take(&db);
-    let err = open(&refused, Some(&parent), 900_000).await;
-    drop(lock);
+    let err = ractor::call!(ledger, |reply| LedgerMsg::Defer {
+        id: refused.clone(),
+        parent: parent.clone(),
+        want: Nanos(900_000),
+        whole: true,
+        min_first_call: Nanos(1),
+        reply
+    })
+    .unwrap();
     assert!(
         matches!(err, Err(weft::internals::LedgerError::Storage(_))),
-        "the commit could not happen, so the guarantee is refused: {err:?}"
+        "the commit could not happen, so the budget is not set aside: {err:?}"
     );
-    // Nothing of it stays: another child gets the same guarantee, and ledger.db agrees.
+    drop(lock);
+    // Nothing of it stays: a child gets the same guarantee.
     let next = ThreadId::generate("next");
     open(&next, Some(&parent), 900_000)
         .await
-        .expect("the refused guarantee was given back");
+        .expect("the refused budget was given back");
     assert_eq!(
         ledger_row(&fx, &refused),
         None,
         "no trace of the refused account"
     );
-    assert_eq!(ledger_row(&fx, &parent).map(|r| r.0), Some(900_000));
+    let held = ractor::call!(ledger, |reply| LedgerMsg::Get {
+        id: parent.clone(),
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(held.guaranteed, Nanos(900_000));
     let _ = ractor::call!(ledger, |reply| LedgerMsg::Close {
         id: next.clone(),
         reply
@@ -460,6 +475,17 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     })
     .unwrap();
     assert!(settled.is_ok(), "a settlement is a fact: {settled:?}");
+    // A child's start and end in a held tree (its top stored open) are written ahead too.
+    let child = ThreadId::generate("child");
+    open(&child, Some(&parent), 10_000)
+        .await
+        .expect("a child's open is journaled: the lock does not refuse it");
+    let closed = ractor::call!(ledger, |reply| LedgerMsg::Close {
+        id: child.clone(),
+        reply
+    })
+    .unwrap();
+    assert!(closed.is_ok(), "{closed:?}");
     // Closing the account must commit, and cannot: a fact, answered, kept and retried. It
     // reaches ledger.db with the journaled settlement once the lock is gone.
     let closed = ractor::call!(ledger, |reply| LedgerMsg::Close {
@@ -476,6 +502,67 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     let (violations, open_now) = rt.audit().await;
     assert!(violations.is_empty(), "{violations:?}");
     assert_eq!(open_now, 0);
+}
+
+/// A child's account opens and closes in the runtime's journal while its tree runs (the tree's
+/// top is stored open, so every other process sees the tree held), and the close that finishes
+/// the tree commits: once the root has ended, ledger.db holds every account of the tree closed,
+/// with no stop of the runtime needed (another process may then take the finished tree).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_account_is_journaled_and_a_finished_tree_is_stored_at_once() {
+    let root = directive(
+        "limits: { spend: 1.0 }\npermissions: [\"thread.spawn.**\"]",
+        "Spawn.",
+    );
+    let kid = directive("", "Kid.");
+    let script = r#"
+root:
+  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
+  - tool_calls: [ { name: wait_threads, input: {} } ]
+  - text: done
+    delay: 1s
+kid:
+  - text: kid done
+"#;
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, "");
+    let rt = fx.runtime().await;
+    let running = rt
+        .start("root", Default::default(), Default::default())
+        .await
+        .unwrap();
+    let root_id = running.id().clone();
+    wait_until("the kid has ended", || {
+        let rows = fx.rows_so_far();
+        rows.iter()
+            .any(|r| r.directive == "kid" && r.status.is_terminal())
+    })
+    .await;
+    let kid_id = weft::ThreadId::parse(&fx.id_of("kid")).unwrap();
+    assert_eq!(
+        ledger_row(&fx, &root_id).map(|r| r.2),
+        Some(false),
+        "the running tree's top is stored open"
+    );
+    assert_eq!(
+        ledger_row(&fx, &kid_id),
+        None,
+        "the kid's account opened and closed in the journal"
+    );
+    let report = running.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert_eq!(ledger_row(&fx, &root_id).map(|r| r.2), Some(true));
+    assert_eq!(ledger_row(&fx, &kid_id).map(|r| r.2), Some(true));
+    let open: i64 = rusqlite::Connection::open(fx.root().join(".weft/state/ledger.db"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM accounts WHERE closed=0", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(
+        open, 0,
+        "every account of the finished tree is stored closed"
+    );
+    assert_eq!(ledger_reservations(&fx), 0);
 }
 
 /// A busy turn loop's reservations and settlements are journaled, not committed, yet ledger.db

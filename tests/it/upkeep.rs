@@ -296,3 +296,65 @@ fn a_damaged_row_is_named_by_doctor_and_hides_no_other_thread() {
         "{up}"
     );
 }
+
+/// `weft doctor` beside a live process whose tree is running: a child that has ended there,
+/// whose account reached ledger.db open (a fold while it ran) and closed in the runtime's
+/// journal, is not reported. The live holder's book is the ledger of its tree; its journal
+/// reaches ledger.db when the tree finishes (it was reported as an open account, and `--fix`
+/// could only be refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_nothing_of_a_tree_a_live_process_runs() {
+    let root = directive("permissions: [ \"thread.spawn.kid\" ]", "Spawn.");
+    let kid = directive("limits: { turns: 1 }", "Kid.");
+    let other = directive("limits: { turns: 1 }", "Other.");
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]\n  - tool_calls: [ { name: wait_threads, input: {} } ]\n  - text: done\n    delay: 3s\nkid:\n  - text: ok\n    delay: 700ms\nother:\n  - text: x\n";
+    let fx = Fixture::new(
+        &[("root", &root), ("kid", &kid), ("other", &other)],
+        script,
+        "",
+    );
+    let rt = fx.runtime().await;
+    let running = rt
+        .start("root", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let status_of = |d: &str| {
+        fx.rows_so_far()
+            .into_iter()
+            .find(|r| r.directive == d)
+            .map(|r| r.status)
+    };
+    crate::support::wait_until("the kid runs", || {
+        status_of("kid") == Some(weft::Status::Running)
+    })
+    .await;
+    // Another tree's start commits, and folds the journal: the kid's account is stored open.
+    let report = rt
+        .run("other", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(report.status, weft::Status::Completed);
+    let kid = fx.id_of("kid");
+    let state = fx.root().join(".weft/state");
+    assert_eq!(
+        open_in_ledger(&state, &kid).1,
+        1,
+        "the kid's account is stored open"
+    );
+    crate::support::wait_until("the kid has ended", || {
+        status_of("kid").is_some_and(|s| s.is_terminal())
+    })
+    .await;
+    assert_eq!(status_of("root"), Some(weft::Status::Running));
+    let (_, up) = weft(&fx, &["doctor"]);
+    assert_eq!(up["problems"], json!([]), "{up}");
+    let report = running.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed);
+    assert_eq!(
+        open_in_ledger(&state, &kid),
+        (0, 0),
+        "stored once the tree finished"
+    );
+    let (_, up) = weft(&fx, &["doctor"]);
+    assert_eq!(up["problems"], json!([]), "{up}");
+}
