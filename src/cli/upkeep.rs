@@ -16,7 +16,9 @@ pub(super) fn copy(explicit: Option<PathBuf>, to: &str, as_json: bool) -> Result
             "this project's state is already on a database server (`database:` or $WEFT_DATABASE_URL); `weft copy` moves the embedded SQLite state",
         ));
     }
-    let copied = crate::store::copy_to(&project, &url).map_err(failed)?;
+    let state = project.state_dir();
+    let alive = |pid| crate::runtime::owner::alive(&state, pid);
+    let copied = crate::store::copy_to(&project, &url, &alive).map_err(failed)?;
     if as_json {
         out!("{}", json!(copied));
         return Ok(0);

@@ -200,6 +200,8 @@ pub(crate) struct LedgerState {
     pub(super) journal: Option<super::journal::Journal>,
     /// Journaled since the last fold.
     pub(super) unfolded: Unfolded,
+    /// This runtime among the process's (see `trees.rs` `Holders`).
+    pub(super) runtime: u64,
 }
 
 impl LedgerState {
@@ -227,11 +229,24 @@ impl LedgerState {
     }
 
     /// Drops `id` and its closed ancestors from the book once nothing below them is open,
-    /// keeping their final rows for the next commit.
+    /// keeping their final rows for the next store.
     pub(super) fn prune(&mut self, id: &ThreadId) {
         for a in self.book.prune(id) {
             self.dirty.remove(&a.id);
+            if a.parent.is_none() || a.placed {
+                super::holders::Holders::release(&a.id, self.runtime);
+            }
             self.dropped.push(a);
+        }
+    }
+
+    /// [`Self::prune`] after a refusal, which holds no reply: what it dropped (it may finish a
+    /// reopened tree) is stored by a flush of its own.
+    fn prune_refused(&mut self, me: &ActorRef<LedgerMsg>, id: &ThreadId) {
+        let before = self.dropped.len();
+        self.prune(id);
+        if self.dropped.len() > before {
+            let _ = me.cast(LedgerMsg::Flush);
         }
     }
 }
@@ -252,7 +267,7 @@ impl LedgerState {
         if let Err(e) = opened {
             // A chain opened again for this account is not needed after all.
             if let Some(p) = &parent {
-                self.prune(p);
+                self.prune_refused(me, p);
             }
             let _ = reply.send(Err(e));
             return;
@@ -260,6 +275,9 @@ impl LedgerState {
         // A child's account joins a tree whose top is stored open (held, not finished): it
         // may be journaled. A tree's first account commits: it makes the tree known and held.
         let journaled = parent.is_some();
+        if !journaled {
+            super::holders::Holders::hold(&id, self.runtime);
+        }
         self.open_decided(me, id, (), reply, journaled);
     }
 
@@ -297,7 +315,7 @@ impl LedgerState {
         let amount = match set {
             Ok(a) => a,
             Err(e) => {
-                self.prune(&parent);
+                self.prune_refused(me, &parent);
                 let _ = reply.send(Err(e));
                 return;
             }
@@ -441,6 +459,7 @@ impl Actor for LedgerActor {
             must_commit: false,
             journal,
             unfolded: Default::default(),
+            runtime: super::holders::Holders::join(),
         })
     }
 

@@ -47,11 +47,13 @@ impl LedgerState {
         }
     }
 
-    /// Commits the batch with everything journaled since the last fold, when anything was
-    /// journaled: before ledger.db is read for a decision (its rows must be this book's), and
-    /// every so many records (`journal.rs`). Nothing to do without a journal (every batch commits).
+    /// Commits the batch with everything journaled since the last fold, when anything is
+    /// pending or was journaled: before ledger.db is read for a decision (its rows must be this
+    /// book's, a batch whose `Flush` is still queued included), and every so many records
+    /// (`journal.rs`).
     pub(super) fn fold(&mut self) -> Result<(), LedgerError> {
-        if self.journal.as_ref().is_none_or(|j| j.unfolded() == 0) {
+        let journaled = self.journal.as_ref().is_some_and(|j| j.unfolded() > 0);
+        if !journaled && !self.pending() {
             return Ok(());
         }
         let res = self.persist();
@@ -74,6 +76,7 @@ impl LedgerState {
         if let Some(j) = &mut self.journal {
             j.remove(&self.db);
         }
+        super::holders::Holders::leave(self.runtime);
     }
 
     /// Whether the batch may be journaled: nothing in it must commit (see
@@ -187,8 +190,11 @@ impl LedgerState {
         }
         u.dirty.extend(self.dirty.drain());
         for a in self.dropped.drain(..) {
-            u.dirty.remove(&a.id);
-            u.dropped.insert(a.id.clone(), a);
+            // Held again meanwhile (reopened): the book's row is the newer.
+            if self.book.get(&a.id).is_none() {
+                u.dirty.remove(&a.id);
+                u.dropped.insert(a.id.clone(), a);
+            }
         }
         for r in self.added.drain(..) {
             u.added.insert(r.id, r);
@@ -215,7 +221,10 @@ impl LedgerState {
                 Undo::Open(id) => {
                     let chain = self.book.chain(&id).unwrap_or_default();
                     let _ = self.book.close(&id);
-                    self.touch(&chain[1..]);
+                    // Empty when the account was already closed and dropped in this batch.
+                    if let Some(up) = chain.get(1..) {
+                        self.touch(up);
+                    }
                     self.dirty.remove(&id);
                     self.prune(&id);
                     // Never stored, so nothing to store: ledger.db keeps no trace of it.

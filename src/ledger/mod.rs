@@ -27,7 +27,9 @@ mod batch;
 mod book;
 mod commit;
 mod db;
+mod holders;
 mod journal;
+mod outside;
 mod placed;
 mod trees;
 
@@ -36,6 +38,7 @@ pub use actor::LedgerMsg;
 pub(crate) use actor::{Alive, LedgerActor};
 pub use book::Book;
 pub(crate) use db::open_db;
+pub(crate) use outside::{fold_journals, unfolded_owners};
 
 /// A ledger refusal or failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,11 +65,11 @@ pub enum LedgerError {
     #[error("a ledger account for thread {0} already exists")]
     Exists(ThreadId),
     /// Another live process holds the accounts of this tree (see `trees.rs`).
-    #[error("the tree of {root} is in use by another weft process (pid {pid}): run its work there, or again once that process has ended")]
+    #[error("the tree of {root} is in use by another weft process, or another runtime of one (pid {pid}): run its work there, or again once that process (or runtime) has ended")]
     Busy {
         /// The tree's first account.
         root: ThreadId,
-        /// The process holding it.
+        /// The process holding it (this one, when another of its runtimes does).
         pid: u32,
     },
     /// Budget set aside for later (a scheduled directive, a hook's spawn, a child placed on

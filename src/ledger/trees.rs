@@ -8,9 +8,15 @@
 //! tree are all closed (a finished tree, as `weft serve` keeps it); it then reads the tree's
 //! accounts afresh from ledger.db, dropping any copy its book loaded earlier. While the holder
 //! lives, the others are refused with [`LedgerError::Busy`], naming it.
+//!
+//! Runtimes of one process share its pid, so the process also keeps which of its runtimes holds
+//! each tree ([`Holders`]): a tree another live runtime of this process holds open is refused
+//! as another process's is, and one that changes runtimes is read afresh like one that changes
+//! processes (a second runtime's book otherwise spent from its own stale copy).
 
 use super::actor::{LedgerMsg, LedgerState};
 use super::db::st;
+use super::holders::Holders;
 use super::{Book, LedgerError};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
@@ -74,10 +80,11 @@ impl LedgerState {
     /// left in flight.
     pub(super) fn take_over(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
         self.fold()?;
+        self.fold_dead()?;
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let whom = whom(&self.alive, self.journal.as_ref());
+        let whom = whom(&self.alive, self.journal.as_ref(), self.runtime);
         let changed = take(&mut self.db, &top, &whom, None)?;
         // Also when an earlier take-over committed but its read failed: the book lacks the tree.
         if changed || self.book.get(&top).is_none() {
@@ -100,14 +107,27 @@ impl LedgerState {
         open: Option<&ThreadId>,
     ) -> Result<(), LedgerError> {
         self.fold()?;
+        self.fold_dead()?;
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let whom = whom(&self.alive, self.journal.as_ref());
+        let whom = whom(&self.alive, self.journal.as_ref(), self.runtime);
         if take(&mut self.db, &top, &whom, open)? {
             self.book.forget_tree(&top);
         }
         Ok(())
+    }
+}
+
+impl LedgerState {
+    /// Folds the journals of runtimes that are gone before ledger.db is read to find a tree: a
+    /// child's account a dead runtime opened may be in its journal only (`take` folds again,
+    /// under its lock, whatever died meanwhile).
+    fn fold_dead(&mut self) -> Result<(), LedgerError> {
+        let Some(dir) = self.journal.as_ref().map(|j| j.dir().to_path_buf()) else {
+            return Ok(());
+        };
+        super::journal::fold_dead_now(&mut self.db, &dir, &*self.alive)
     }
 }
 
@@ -129,17 +149,24 @@ fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
         .and_then(|t| ThreadId::parse(&t).ok()))
 }
 
-/// Who takes a tree: this process, who is alive, and where the runtimes' journals are.
+/// Who takes a tree: this process and runtime, who is alive, and where the journals are.
 struct Whom<'a> {
     me: u32,
+    runtime: u64,
     alive: &'a (dyn Fn(u32) -> bool + Send + Sync),
     journals: Option<&'a std::path::Path>,
 }
 
-/// This process as a taker, judging with `alive`, folding the journals beside `journal`'s.
-fn whom<'a>(alive: &'a super::Alive, journal: Option<&'a super::journal::Journal>) -> Whom<'a> {
+/// Runtime `runtime` of this process as a taker, judging with `alive`, folding the journals
+/// beside `journal`'s.
+fn whom<'a>(
+    alive: &'a super::Alive,
+    journal: Option<&'a super::journal::Journal>,
+    runtime: u64,
+) -> Whom<'a> {
     Whom {
         me: crate::core::owner::me(),
+        runtime,
         alive: &**alive,
         journals: journal.map(|j| j.dir()),
     }
@@ -180,7 +207,12 @@ fn take(
             .int(0)
             .map_err(st)?;
         let owner = u32::try_from(owner).unwrap_or(0);
-        if owner != me && owner != 0 && alive(owner) && tree_open(db, top)? {
+        let (other, mine) = match owner == me {
+            true => Holders::of(top, whom.runtime),
+            false => (None, false),
+        };
+        let elsewhere = (owner != me && owner != 0 && alive(owner)) || other.is_some();
+        if elsewhere && tree_open(db, top)? {
             return Err(LedgerError::Busy {
                 root: top.clone(),
                 pid: owner,
@@ -200,7 +232,8 @@ fn take(
             )
             .map_err(st)?;
         }
-        Ok(owner != me)
+        // Held by another runtime of this process before: this book's copy is as stale.
+        Ok(owner != me || !mine)
     })();
     let keep = match &decided {
         Ok(changed) => *changed || open.is_some() || !folded.is_empty(),
@@ -212,6 +245,9 @@ fn take(
         super::journal::remove_folded(folded);
     } else {
         db.rollback();
+    }
+    if decided.is_ok() {
+        Holders::hold(top, whom.runtime);
     }
     decided
 }

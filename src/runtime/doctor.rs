@@ -358,24 +358,15 @@ fn folders_without_rows(
     }
 }
 
-/// Reservations and accounts still open in ledger.db for finished threads. A tree still running
-/// in a live process is left out: its holder's book is its ledger, and what its threads' ends
-/// wrote ahead to its journal reaches ledger.db when the tree finishes.
+/// Reservations and accounts still open in ledger.db for finished threads. A tree held by a
+/// live runtime whose journal has records not yet folded is left out: that runtime's book is
+/// its ledger, and its threads' ends reach ledger.db with the next fold.
 fn ledger_leftovers(
     db: &crate::sql::Db,
     state: &std::path::Path,
     rows: &HashMap<&str, &ThreadRow>,
     out: &mut Vec<Problem>,
 ) {
-    let live: HashSet<&str> = rows
-        .values()
-        .filter(|r| !r.status.is_terminal() && super::owner::alive(state, r.owner_pid))
-        .map(|r| r.root_id.as_str())
-        .collect();
-    let finished = |id: &str| {
-        rows.get(id)
-            .is_some_and(|r| r.status.is_terminal() && !live.contains(r.root_id.as_str()))
-    };
     let query = |sql: &str| -> Vec<(String, i64)> {
         db.query(sql, &[])
             .unwrap_or_default()
@@ -383,6 +374,11 @@ fn ledger_leftovers(
             .filter_map(|r| Some((r.text(0).ok()?, r.int(1).ok()?)))
             .collect()
     };
+    let alive = |pid| super::owner::alive(state, pid);
+    let held = crate::ledger::unfolded_owners(state, &alive);
+    let journaled = held_by(db, &held);
+    let finished =
+        |id: &str| rows.get(id).is_some_and(|r| r.status.is_terminal()) && !journaled.contains(id);
     let mut seen = HashSet::new();
     for (id, n) in query("SELECT thread, COUNT(*) FROM reservations GROUP BY thread") {
         if finished(&id) {
@@ -395,6 +391,35 @@ fn ledger_leftovers(
             out.push(problem("open_account", &id, format!("its ledger account is still open ({inflight} nano-USD in flight) though it finished; --fix closes it"), true));
         }
     }
+}
+
+/// The accounts in ledger.db of the trees whose top is held by one of `owners`.
+fn held_by(db: &crate::sql::Db, owners: &HashSet<u32>) -> HashSet<String> {
+    if owners.is_empty() {
+        return HashSet::new();
+    }
+    let rows = db
+        .query("SELECT id, parent, owner FROM accounts", &[])
+        .unwrap_or_default();
+    let up: HashMap<String, (Option<String>, i64)> = rows
+        .iter()
+        .filter_map(|r| Some((r.text(0).ok()?, (r.text(1).ok(), r.int(2).ok()?))))
+        .collect();
+    let top_owner = |id: &str| {
+        let mut cur = id;
+        for _ in 0..10_000 {
+            match up.get(cur) {
+                Some((Some(p), _)) if up.contains_key(p.as_str()) => cur = p,
+                Some((_, owner)) => return u32::try_from(*owner).ok(),
+                None => return None,
+            }
+        }
+        None
+    };
+    up.keys()
+        .filter(|id| top_owner(id).is_some_and(|o| owners.contains(&o)))
+        .cloned()
+        .collect()
 }
 
 /// A registry row rebuilt from a verified thread.json.

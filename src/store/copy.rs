@@ -32,14 +32,27 @@ const TABLES: &[(&str, &str, &str)] = &[
     ("store.db", "env", "scope,name,value,secret,updated_at"),
 ];
 
-/// Copies `project`'s SQLite state into the Postgres database `to`.
-pub fn copy_to(project: &Project, to: &DatabaseUrl) -> Result<Copied, StoreError> {
+/// Copies `project`'s SQLite state into the Postgres database `to`; `alive` says whether a
+/// process (by pid) still runs.
+pub fn copy_to(
+    project: &Project,
+    to: &DatabaseUrl,
+    alive: &(dyn Fn(u32) -> bool + Send + Sync),
+) -> Result<Copied, StoreError> {
     let state = project.state_dir();
     let registry = crate::registry::Store::open_read_only(&state.join("registry.db"))?;
     if let Some(live) = registry.unfinished()?.first() {
         return Err(StoreError::Invalid {
             rule: "copy.running",
             detail: format!("thread {} is {}; wait for the project's trees to end (or cancel them) before copying", live.id, live.status),
+        });
+    }
+    // A live runtime's ledger is in its book and journal (a tree a scheduled directive keeps
+    // open, its threads all ended); a dead one's journal is folded first.
+    if let Some(pid) = crate::ledger::fold_journals(&state, alive).map_err(storage)? {
+        return Err(StoreError::Invalid {
+            rule: "copy.running",
+            detail: format!("weft process {pid} has this project's ledger open (e.g. `weft serve`); stop it before copying"),
         });
     }
     // Each concern's schema made (or checked) on both sides by the concern itself.

@@ -437,6 +437,53 @@ async fn a_runtime_open_before_a_crash_reads_the_dead_journal_when_it_takes_the_
     assert_eq!(journals(p), 0, "folded into ledger.db, then removed");
 }
 
+/// The same for a child: a child's account is opened in its runtime's journal, so a dead
+/// process's child may exist in its journal only. Taking the child's tree over folds the dead
+/// journals before it looks the tree up (it found no account, took nothing, and recovery
+/// closed the child's account later without charging its reserved call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_processs_journaled_child_is_found_when_its_tree_is_taken() {
+    use weft::internals::LedgerMsg;
+    let root = directive("permissions: [ \"thread.spawn.kid\" ]", "Spawn.");
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]\n  - text: done\nkid:\n  - text: kid done\n    usage: { input_tokens: 10, output_tokens: 5 }\n";
+    let fx = Fixture::new(
+        &[("root", &root), ("kid", &directive("", "Kid."))],
+        script,
+        "",
+    );
+    let p = fx.root();
+    let rt = fx.runtime().await;
+    let path = p.join("script.yaml");
+    let args = ["run", "root", "--json", "--script", path.to_str().unwrap()];
+    // The root's call is the first reservation, the kid's the second.
+    let run = weft(p, &args, Some("turn.reserved:2"));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("failpoint"));
+    let kid = weft::ThreadId::parse(&fx.id_of("kid")).unwrap();
+    let stored: i64 = rusqlite::Connection::open(p.join(".weft/state/ledger.db"))
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM accounts WHERE id=?1",
+            [kid.as_str()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, 0, "the kid's account is in the dead journal only");
+    let (_, ledger) = weft::internals::actors(&rt);
+    ractor::call!(ledger, |reply| LedgerMsg::TakeOver {
+        id: kid.clone(),
+        reply
+    })
+    .unwrap()
+    .expect("the dead process's tree is taken over");
+    let open = ractor::call!(ledger, |reply| LedgerMsg::OpenOf {
+        id: kid.clone(),
+        reply
+    })
+    .unwrap();
+    assert_eq!(open.len(), 1, "the kid's journaled reservation: {open:?}");
+    assert_eq!(journals(p), 0, "folded into ledger.db, then removed");
+}
+
 /// A journal record that cannot be written (cut halfway, as a full disk leaves it) is cut off
 /// and its batch committed to ledger.db instead: the run goes on, its call is settled and its
 /// account closed, and the stop folds and removes the journal.

@@ -374,3 +374,34 @@ async fn weft_mcp_runs_its_clients_scheduled_work_and_no_other() {
         .collect();
     assert!(left.iter().all(|e| e["status"] == "pending"), "{left:?}");
 }
+
+/// `weft copy` beside a live runtime whose tree a scheduled directive keeps open: every thread
+/// has ended, but the tree's last closes are in that runtime's journal, not yet in ledger.db
+/// (a copy made then carried the root's account open with its spend stale). It is refused,
+/// naming the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_is_refused_while_a_live_runtime_holds_unfolded_ledger_records() {
+    let fx = fixture();
+    std::fs::write(
+        fx.root().join("script.yaml"),
+        "planner:\n  - tool_calls:\n      - { name: schedule, input: { directive: reminder, limits: { spend: 0.004 }, delay: \"1h\" } }\n  - text: planned\n",
+    )
+    .unwrap();
+    let rt = fx.runtime().await;
+    let report = rt
+        .run("planner", Default::default(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let out = weft_cmd(fx.root())
+        .args(["copy", "--to", "postgres://weft@127.0.0.1:1/nowhere"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let me = std::process::id().to_string();
+    assert!(
+        stderr.contains("has this project's ledger open") && stderr.contains(&me),
+        "{stderr}"
+    );
+}

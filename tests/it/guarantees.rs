@@ -970,11 +970,12 @@ kid:
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
 }
 
-/// Two runtimes in one process keep two books of one tree, but only one runs it: a second
+/// Two runtimes in one process keep two books of one tree, but only one holds it: a second
 /// runtime of the same process that resumes a thread of a tree the first is still running is
-/// refused (its book's copy of the root's account lacks the first runtime's newest
-/// reservation: spending from it would pass the root's cap), and may resume it once the tree
-/// has finished, within the tree's cap.
+/// refused by the ledger before it opens anything (it took the tree, its pid being the
+/// holder's, reopened its own stale copy of the root, and when the registry then refused the
+/// resume, its unwind stored that copy closed over the running tree), and may resume it once
+/// the tree has finished, within the tree's cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_runtime_in_one_process_cannot_resume_into_a_tree_the_first_runs() {
     let root = directive(
@@ -1022,6 +1023,14 @@ kid:
         Ok(h) => format!("resumed: {:?}", h.wait().await.unwrap().status),
         Err(e) => e.to_string(),
     };
+    // Nothing of the refused resume reached ledger.db: the running tree's top is stored open
+    // (the second runtime's unwind stored its stale copy of it closed over the running tree).
+    let root_id = running.id().clone();
+    assert_eq!(
+        ledger_row(&fx, &root_id).map(|r| r.2),
+        Some(false),
+        "the running tree's top stays open in ledger.db ({refusal})"
+    );
     let report = running.wait().await.unwrap();
     assert_eq!(report.status, Status::Completed, "{report:?}");
     let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
@@ -1030,13 +1039,13 @@ kid:
         "the tree spent {tree_spend} nanos of its 20,000,000 cap ({refusal})"
     );
     assert!(
-        refusal.contains("is still running"),
-        "the second runtime is refused while the first runs the tree: {refusal}"
+        refusal.contains("another runtime of one"),
+        "the second runtime is refused while the first holds the tree: {refusal}"
     );
     // Once the first runtime's tree has finished, the second may take it (here the tree's
     // cap leaves no room for the kid's call: a limit, not a refusal to take the tree).
     if let Err(e) = second.resume(&kid_id, "again", Default::default()).await {
-        assert!(!e.to_string().contains("is still running"), "{e}");
+        assert!(!e.to_string().contains("another runtime of one"), "{e}");
     }
     let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
     assert!(tree_spend <= 20_000_000, "{tree_spend}");
