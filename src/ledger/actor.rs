@@ -200,8 +200,10 @@ pub(crate) struct LedgerState {
     pub(super) journal: Option<super::journal::Journal>,
     /// Journaled since the last fold.
     pub(super) unfolded: Unfolded,
-    /// This runtime among the process's (see `trees.rs` `Holders`).
-    pub(super) runtime: u64,
+    /// This runtime among the process's (see `holders.rs`).
+    pub(super) seat: super::holders::Seat,
+    /// Tops the book dropped in this batch: the trees are released once it is stored.
+    pub(super) finished: Vec<ThreadId>,
 }
 
 impl LedgerState {
@@ -234,7 +236,7 @@ impl LedgerState {
         for a in self.book.prune(id) {
             self.dirty.remove(&a.id);
             if a.parent.is_none() || a.placed {
-                super::holders::Holders::release(&a.id, self.runtime);
+                self.finished.push(a.id.clone());
             }
             self.dropped.push(a);
         }
@@ -276,7 +278,7 @@ impl LedgerState {
         // may be journaled. A tree's first account commits: it makes the tree known and held.
         let journaled = parent.is_some();
         if !journaled {
-            super::holders::Holders::hold(&id, self.runtime);
+            self.seat.hold(&id);
         }
         self.open_decided(me, id, (), reply, journaled);
     }
@@ -443,6 +445,13 @@ impl Actor for LedgerActor {
             super::journal::fold_dead_now(&mut db, dir, &*alive)?;
         }
         let book = Book::load(&db)?;
+        // Which database: thread ids repeat in copies of a project.
+        let scope = match (db.url(), &journals) {
+            (Some(url), _) => url.to_string(),
+            (None, dir) => dir
+                .as_ref()
+                .map_or(String::new(), |d| d.display().to_string()),
+        };
         let journal = journals
             .filter(|_| db.url().is_none())
             .map(|dir| super::journal::Journal::new(dir, db.fsyncs()));
@@ -459,7 +468,8 @@ impl Actor for LedgerActor {
             must_commit: false,
             journal,
             unfolded: Default::default(),
-            runtime: super::holders::Holders::join(),
+            seat: super::holders::Seat::join(scope),
+            finished: Vec::new(),
         })
     }
 

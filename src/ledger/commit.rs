@@ -76,7 +76,6 @@ impl LedgerState {
         if let Some(j) = &mut self.journal {
             j.remove(&self.db);
         }
-        super::holders::Holders::leave(self.runtime);
     }
 
     /// Whether the batch may be journaled: nothing in it must commit (see
@@ -158,6 +157,9 @@ impl LedgerState {
         match res {
             Ok(()) if journaled => self.absorb(),
             Ok(()) => {
+                for top in std::mem::take(&mut self.finished) {
+                    self.seat.release(&top);
+                }
                 self.unfolded = Unfolded::default();
                 if let Some(j) = &mut self.journal {
                     j.folded();
@@ -221,6 +223,11 @@ impl LedgerState {
                 Undo::Open(id) => {
                     let chain = self.book.chain(&id).unwrap_or_default();
                     let _ = self.book.close(&id);
+                    // A tree whose first account was never stored is nobody's.
+                    if chain.len() == 1 {
+                        self.seat.release(&id);
+                        self.finished.retain(|t| *t != id);
+                    }
                     // Empty when the account was already closed and dropped in this batch.
                     if let Some(up) = chain.get(1..) {
                         self.touch(up);

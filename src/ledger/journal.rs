@@ -41,7 +41,7 @@ fn kept() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
 }
 
 /// Whether this process keeps the journal `name`.
-fn is_kept(name: &str) -> bool {
+pub(super) fn is_kept(name: &str) -> bool {
     kept().lock().map_or(true, |k| k.contains(name))
 }
 

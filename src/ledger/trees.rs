@@ -16,7 +16,7 @@
 
 use super::actor::{LedgerMsg, LedgerState};
 use super::db::st;
-use super::holders::Holders;
+use super::holders::Seat;
 use super::{Book, LedgerError};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
@@ -84,7 +84,7 @@ impl LedgerState {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let whom = whom(&self.alive, self.journal.as_ref(), self.runtime);
+        let whom = whom(&self.alive, self.journal.as_ref(), &self.seat);
         let changed = take(&mut self.db, &top, &whom, None)?;
         // Also when an earlier take-over committed but its read failed: the book lacks the tree.
         if changed || self.book.get(&top).is_none() {
@@ -111,7 +111,7 @@ impl LedgerState {
         let Some(top) = top_of(&self.db, id)? else {
             return Ok(());
         };
-        let whom = whom(&self.alive, self.journal.as_ref(), self.runtime);
+        let whom = whom(&self.alive, self.journal.as_ref(), &self.seat);
         if take(&mut self.db, &top, &whom, open)? {
             self.book.forget_tree(&top);
         }
@@ -152,21 +152,21 @@ fn top_of(db: &Db, id: &ThreadId) -> Result<Option<ThreadId>, LedgerError> {
 /// Who takes a tree: this process and runtime, who is alive, and where the journals are.
 struct Whom<'a> {
     me: u32,
-    runtime: u64,
+    seat: &'a Seat,
     alive: &'a (dyn Fn(u32) -> bool + Send + Sync),
     journals: Option<&'a std::path::Path>,
 }
 
-/// Runtime `runtime` of this process as a taker, judging with `alive`, folding the journals
-/// beside `journal`'s.
+/// The runtime in `seat` as a taker, judging with `alive`, folding the journals beside
+/// `journal`'s.
 fn whom<'a>(
     alive: &'a super::Alive,
     journal: Option<&'a super::journal::Journal>,
-    runtime: u64,
+    seat: &'a Seat,
 ) -> Whom<'a> {
     Whom {
         me: crate::core::owner::me(),
-        runtime,
+        seat,
         alive: &**alive,
         journals: journal.map(|j| j.dir()),
     }
@@ -207,17 +207,17 @@ fn take(
             .int(0)
             .map_err(st)?;
         let owner = u32::try_from(owner).unwrap_or(0);
-        let (other, mine) = match owner == me {
-            true => Holders::of(top, whom.runtime),
-            false => (None, false),
+        let busy = || LedgerError::Busy {
+            root: top.clone(),
+            pid: owner,
         };
-        let elsewhere = (owner != me && owner != 0 && alive(owner)) || other.is_some();
-        if elsewhere && tree_open(db, top)? {
-            return Err(LedgerError::Busy {
-                root: top.clone(),
-                pid: owner,
-            });
+        if owner != me && owner != 0 && alive(owner) && tree_open(db, top)? {
+            return Err(busy());
         }
+        // Another runtime of this process may hold it: checked and taken under one lock.
+        let Some(mine) = whom.seat.claim(top, || tree_open(db, top))? else {
+            return Err(busy());
+        };
         if owner != me {
             db.execute(
                 "UPDATE accounts SET owner=?1 WHERE id=?2",
@@ -241,13 +241,13 @@ fn take(
         Err(_) => false,
     };
     if keep {
-        db.commit().map_err(st)?;
+        if let Err(e) = db.commit() {
+            whom.seat.release(top);
+            return Err(st(e));
+        }
         super::journal::remove_folded(folded);
     } else {
         db.rollback();
-    }
-    if decided.is_ok() {
-        Holders::hold(top, whom.runtime);
     }
     decided
 }

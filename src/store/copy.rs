@@ -1,9 +1,11 @@
 //! `weft copy --to postgres://…`: a project's whole history from its embedded SQLite files
 //! (registry.db, ledger.db, store.db) and its records (every transcript, thread.json and the
 //! anchor log) into a Postgres database, in one transaction, rows and records byte for byte:
-//! `weft verify --all` on the copy checks the same signed bytes. The files stay as they were.
-//! Refused while a thread of the project runs (a copy of a moving state is no copy) and into a
-//! database that already holds threads (nothing is merged or overwritten).
+//! `weft verify --all` on the copy checks the same signed bytes. The files stay as they were,
+//! but for the ledger journals of runtimes that are gone, folded into ledger.db first. Refused
+//! while a thread of the project runs or a live runtime has ledger records not yet in
+//! ledger.db (a copy of a moving state is no copy), and into a database that already holds
+//! threads (nothing is merged or overwritten).
 
 use super::{storage, StoreError};
 use crate::project::Project;
