@@ -857,17 +857,22 @@ async fn two_resumes_of_one_thread_at_once_one_is_refused() {
     assert_eq!(continuations, 1);
 }
 
+/// A root capped at 0.02 USD that may spawn, and a kid whose own cap (1 USD) is larger.
+fn capped_root_and_kid() -> (String, String) {
+    let root = directive(
+        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
+        "Spawn.",
+    );
+    (root, directive("limits: { spend: 1.0 }", "Kid."))
+}
+
 /// Resuming a thread that ran as a child keeps it under its tree's caps: the root of the tree
 /// has 2,000,000 nanos left of its 0.02 USD, so the continuation cannot spend the 3,000,000 its
 /// call costs, although the child alone would still allow 11,000,000 (it used to run as a new
 /// root with that budget).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_a_child_stays_within_its_trees_cap() {
-    let root = directive(
-        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
-        "Spawn.",
-    );
-    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let (root, kid) = capped_root_and_kid();
     let script = r#"
 root:
   - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
@@ -927,11 +932,7 @@ kid:
 /// a tree draws on the tree's account, so the tree's total stays within the root's cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_the_root_after_a_child_cannot_spend_the_tree_twice() {
-    let root = directive(
-        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
-        "Spawn.",
-    );
-    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let (root, kid) = capped_root_and_kid();
     let script = r#"
 root:
   - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
@@ -978,11 +979,7 @@ kid:
 /// the tree has finished, within the tree's cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_runtime_in_one_process_cannot_resume_into_a_tree_the_first_runs() {
-    let root = directive(
-        "limits: { spend: 0.02 }\npermissions: [\"thread.spawn.**\"]",
-        "Spawn.",
-    );
-    let kid = directive("limits: { spend: 1.0 }", "Kid.");
+    let (root, kid) = capped_root_and_kid();
     let script = r#"
 root:
   - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]
