@@ -23,6 +23,7 @@
 //! record is an error that names the file and line, and the file is kept.
 
 use super::db::{drop_reservation, put_account, put_reservation, st};
+use super::names::{is_dead, kept, listed};
 use super::{Account, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
 use crate::sql::{params, Db};
@@ -32,18 +33,6 @@ use std::path::{Path, PathBuf};
 
 /// Records between two folds (again as many after a fold that failed).
 const FOLD_EVERY: u64 = 256;
-
-/// The names of the journals this process's runtimes keep (see the module's doc).
-fn kept() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
-    static KEPT: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
-        std::sync::OnceLock::new();
-    KEPT.get_or_init(Default::default)
-}
-
-/// Whether this process keeps the journal `name`.
-pub(super) fn is_kept(name: &str) -> bool {
-    kept().lock().map_or(true, |k| k.contains(name))
-}
 
 /// A record as written: borrowed rows.
 #[derive(serde::Serialize)]
@@ -278,33 +267,11 @@ fn mark(db: &Db, name: &str, seq: u64) -> Result<(), LedgerError> {
     .map_err(st)
 }
 
-/// The journals in `dir` that are dead (see the module's doc), with their names.
+/// The journals in `dir` that are dead, with their names.
 fn dead(dir: &Path, alive: &(dyn Fn(u32) -> bool + Send + Sync)) -> Vec<(PathBuf, String)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let me = crate::core::owner::me();
-    let mut out = Vec::new();
-    for path in entries.flatten().map(|e| e.path()) {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".jsonl"));
-        let Some(name) = name.map(str::to_string) else {
-            continue;
-        };
-        let Some(owner) = name.split('-').next().and_then(|o| o.parse::<u32>().ok()) else {
-            continue;
-        };
-        let gone = match owner == me {
-            true => !is_kept(&name),
-            false => !alive(owner),
-        };
-        if gone {
-            out.push((path, name));
-        }
-    }
-    out
+    let listed = listed(dir).unwrap_or_default().into_iter();
+    let gone = listed.filter(|(_, name, owner)| is_dead(*owner, name, alive));
+    gone.map(|(path, name, _)| (path, name)).collect()
 }
 
 /// Folds into ledger.db, inside the caller's write transaction, the journals in `dir` that are
@@ -447,6 +414,7 @@ pub(super) fn remove_folded(files: Vec<PathBuf>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::is_kept;
     use super::*;
     use crate::core::money::Nanos;
 

@@ -29,6 +29,7 @@ mod commit;
 mod db;
 mod holders;
 mod journal;
+mod names;
 mod outside;
 mod placed;
 mod trees;

@@ -80,12 +80,10 @@ impl LedgerState {
     /// left in flight.
     pub(super) fn take_over(&mut self, id: &ThreadId) -> Result<(), LedgerError> {
         self.fold()?;
-        self.fold_dead()?;
-        let Some(top) = top_of(&self.db, id)? else {
+        let whom = whom(&self.alive, self.journal.as_ref(), &self.seat);
+        let Some((top, changed)) = take(&mut self.db, id, &whom, None)? else {
             return Ok(());
         };
-        let whom = whom(&self.alive, self.journal.as_ref(), &self.seat);
-        let changed = take(&mut self.db, &top, &whom, None)?;
         // Also when an earlier take-over committed but its read failed: the book lacks the tree.
         if changed || self.book.get(&top).is_none() {
             self.book.forget_tree(&top);
@@ -107,27 +105,11 @@ impl LedgerState {
         open: Option<&ThreadId>,
     ) -> Result<(), LedgerError> {
         self.fold()?;
-        self.fold_dead()?;
-        let Some(top) = top_of(&self.db, id)? else {
-            return Ok(());
-        };
         let whom = whom(&self.alive, self.journal.as_ref(), &self.seat);
-        if take(&mut self.db, &top, &whom, open)? {
+        if let Some((top, true)) = take(&mut self.db, id, &whom, open)? {
             self.book.forget_tree(&top);
         }
         Ok(())
-    }
-}
-
-impl LedgerState {
-    /// Folds the journals of runtimes that are gone before ledger.db is read to find a tree: a
-    /// child's account a dead runtime opened may be in its journal only (`take` folds again,
-    /// under its lock, whatever died meanwhile).
-    fn fold_dead(&mut self) -> Result<(), LedgerError> {
-        let Some(dir) = self.journal.as_ref().map(|j| j.dir().to_path_buf()) else {
-            return Ok(());
-        };
-        super::journal::fold_dead_now(&mut self.db, &dir, &*self.alive)
     }
 }
 
@@ -172,21 +154,21 @@ fn whom<'a>(
     }
 }
 
-/// Sets `me` as the holder of tree `top` unless a live other process holds it (and marks
-/// `open`'s account open, when given); true when the tree changed hands (this book's copies of
-/// it are stale). Under the ledger's write lock, so two processes taking one tree at once take
-/// turns. What runtimes that are gone journaled is folded into ledger.db first, in the same
-/// transaction: a dead holder's last reservations and settlements are read with its tree.
+/// Sets `me` as the holder of `id`'s tree unless a live other process holds it (and marks
+/// `open`'s account open, when given): the tree's top, and whether the tree changed hands (this
+/// book's copies of it are stale); None for an account the ledger has never seen. Under the
+/// ledger's write lock, so two processes taking one tree at once take turns. What runtimes that
+/// are gone journaled is folded into ledger.db first, in the same transaction, before the tree
+/// is looked up: a dead holder's children and last reservations are read with its tree.
 fn take(
     db: &mut Db,
-    top: &ThreadId,
+    id: &ThreadId,
     whom: &Whom<'_>,
     open: Option<&ThreadId>,
-) -> Result<bool, LedgerError> {
-    let (me, alive) = (whom.me, whom.alive);
+) -> Result<Option<(ThreadId, bool)>, LedgerError> {
     db.begin_write(Lock::Ledger).map_err(st)?;
     let folded = match whom.journals {
-        Some(dir) => super::journal::fold_dead(db, dir, alive),
+        Some(dir) => super::journal::fold_dead(db, dir, whom.alive),
         None => Ok(Vec::new()),
     };
     let folded = match folded {
@@ -196,53 +178,21 @@ fn take(
             return Err(e);
         }
     };
-    let decided = (|| {
-        let owner = db
-            .row(
-                "SELECT owner FROM accounts WHERE id=?1",
-                params![top.as_str()],
-            )
-            .map_err(st)?
-            .ok_or_else(|| LedgerError::Unknown(top.clone()))?
-            .int(0)
-            .map_err(st)?;
-        let owner = u32::try_from(owner).unwrap_or(0);
-        let busy = || LedgerError::Busy {
-            root: top.clone(),
-            pid: owner,
-        };
-        if owner != me && owner != 0 && alive(owner) && tree_open(db, top)? {
-            return Err(busy());
-        }
-        // Another runtime of this process may hold it: checked and taken under one lock.
-        let Some(mine) = whom.seat.claim(top, || tree_open(db, top))? else {
-            return Err(busy());
-        };
-        if owner != me {
-            db.execute(
-                "UPDATE accounts SET owner=?1 WHERE id=?2",
-                params![me, top.as_str()],
-            )
-            .map_err(st)?;
-        }
-        if let Some(open) = open {
-            db.execute(
-                "UPDATE accounts SET closed=0 WHERE id=?1",
-                params![open.as_str()],
-            )
-            .map_err(st)?;
-        }
-        // Held by another runtime of this process before: this book's copy is as stale.
-        Ok(owner != me || !mine)
-    })();
+    // Looked up after the fold: a dead runtime's child may be in its journal only.
+    let decided = top_of(db, id).and_then(|top| match top {
+        Some(top) => decide(db, &top, whom, open).map(|changed| Some((top, changed))),
+        None => Ok(None),
+    });
     let keep = match &decided {
-        Ok(changed) => *changed || open.is_some() || !folded.is_empty(),
-        Err(LedgerError::Busy { .. }) => !folded.is_empty(),
+        Ok(Some((_, changed))) => *changed || open.is_some() || !folded.is_empty(),
+        Ok(None) | Err(LedgerError::Busy { .. }) => !folded.is_empty(),
         Err(_) => false,
     };
     if keep {
         if let Err(e) = db.commit() {
-            whom.seat.release(top);
+            if let Ok(Some((top, _))) = &decided {
+                whom.seat.release(top);
+            }
             return Err(st(e));
         }
         super::journal::remove_folded(folded);
@@ -250,6 +200,55 @@ fn take(
         db.rollback();
     }
     decided
+}
+
+/// Inside [`take`]'s transaction: `me` becomes the holder of tree `top` unless a live other
+/// process, or another live runtime of this one, holds it open; true when the tree changed
+/// hands (this book's copies of it are stale).
+fn decide(
+    db: &Db,
+    top: &ThreadId,
+    whom: &Whom<'_>,
+    open: Option<&ThreadId>,
+) -> Result<bool, LedgerError> {
+    let (me, alive) = (whom.me, whom.alive);
+    let owner = db
+        .row(
+            "SELECT owner FROM accounts WHERE id=?1",
+            params![top.as_str()],
+        )
+        .map_err(st)?
+        .ok_or_else(|| LedgerError::Unknown(top.clone()))?
+        .int(0)
+        .map_err(st)?;
+    let owner = u32::try_from(owner).unwrap_or(0);
+    let busy = || LedgerError::Busy {
+        root: top.clone(),
+        pid: owner,
+    };
+    if owner != me && owner != 0 && alive(owner) && tree_open(db, top)? {
+        return Err(busy());
+    }
+    // Another runtime of this process may hold it: checked and taken under one lock.
+    let Some(mine) = whom.seat.claim(top, || tree_open(db, top))? else {
+        return Err(busy());
+    };
+    if owner != me {
+        db.execute(
+            "UPDATE accounts SET owner=?1 WHERE id=?2",
+            params![me, top.as_str()],
+        )
+        .map_err(st)?;
+    }
+    if let Some(open) = open {
+        db.execute(
+            "UPDATE accounts SET closed=0 WHERE id=?1",
+            params![open.as_str()],
+        )
+        .map_err(st)?;
+    }
+    // Held by another runtime of this process before: this book's copy is as stale.
+    Ok(owner != me || !mine)
 }
 
 /// Whether an account of tree `top` is still open in the ledger (a finished tree, every account

@@ -380,6 +380,47 @@ fn ledger_reservations(fx: &Fixture) -> i64 {
         .unwrap()
 }
 
+/// Opens an account in `ledger` through its actor (`max` and `guarantee` in nanos).
+async fn open_account(
+    ledger: &ractor::ActorRef<weft::internals::LedgerMsg>,
+    id: &weft::ThreadId,
+    parent: Option<&weft::ThreadId>,
+    max: i64,
+    guarantee: i64,
+) -> Result<(), weft::internals::LedgerError> {
+    ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Open {
+        id: id.clone(),
+        parent: parent.cloned(),
+        max: weft::Nanos(max),
+        guarantee: weft::Nanos(guarantee),
+        min_first_call: weft::Nanos(1),
+        reply
+    })
+    .unwrap()
+}
+
+/// Reserves a 10-token prompt and up to 10 output tokens at 1 nano-USD a token for `id`.
+async fn reserve_small(
+    ledger: &ractor::ActorRef<weft::internals::LedgerMsg>,
+    id: &weft::ThreadId,
+) -> Result<weft::internals::Grant, weft::internals::LedgerError> {
+    let price = weft::Price {
+        input: 1_000_000_000,
+        output: 1_000_000_000,
+        cache_read: 0,
+        cache_write: 0,
+    };
+    ractor::call!(ledger, |reply| weft::internals::LedgerMsg::Reserve {
+        id: id.clone(),
+        price,
+        prompt_tokens: 10,
+        want_output: 10,
+        min_output: 1,
+        reply
+    })
+    .unwrap()
+}
+
 /// A ledger.db commit that fails (here: another process holds the write lock past the busy
 /// timeout) must leave memory and ledger.db alike: a refused decision (a budget set aside) is
 /// not left holding the parent's budget, and a settlement and a close, which are facts, still
@@ -387,24 +428,14 @@ fn ledger_reservations(fx: &Fixture) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
     use weft::internals::LedgerMsg;
-    use weft::{Nanos, Price, ThreadId};
+    use weft::{Nanos, ThreadId};
     let fx = Fixture::new(&[("root", &directive("", "Hi."))], "default: []\n", "");
     let rt = fx.runtime().await;
     let (_, ledger) = weft::internals::actors(&rt);
     let db = fx.root().join(".weft/state/ledger.db");
     let open = |id: &ThreadId, parent: Option<&ThreadId>, guarantee: i64| {
         let (id, parent, ledger) = (id.clone(), parent.cloned(), ledger.clone());
-        async move {
-            ractor::call!(ledger, |reply| LedgerMsg::Open {
-                id,
-                parent,
-                max: Nanos(1_000_000),
-                guarantee: Nanos(guarantee),
-                min_first_call: Nanos(1),
-                reply
-            })
-            .unwrap()
-        }
+        async move { open_account(&ledger, &id, parent.as_ref(), 1_000_000, guarantee).await }
     };
     let parent = ThreadId::generate("parent");
     open(&parent, None, 0).await.unwrap();
@@ -451,23 +482,10 @@ async fn a_failed_ledger_commit_leaves_memory_and_ledger_db_alike() {
 
     // A call reserved and settled while ledger.db is locked: both are written ahead to the
     // runtime's journal (SPEC §5), so neither waits on the lock nor is refused.
-    let price = Price {
-        input: 1_000_000_000,
-        output: 1_000_000_000,
-        cache_read: 0,
-        cache_write: 0,
-    };
     let lock = WriteLock::take(&db);
-    let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
-        id: parent.clone(),
-        price,
-        prompt_tokens: 10,
-        want_output: 10,
-        min_output: 1,
-        reply
-    })
-    .unwrap()
-    .expect("a reservation is journaled, not committed: the lock does not refuse it");
+    let grant = reserve_small(&ledger, &parent)
+        .await
+        .expect("a reservation is journaled, not committed: the lock does not refuse it");
     let settled = ractor::call!(ledger, |reply| LedgerMsg::Settle {
         reservation: grant.reservation,
         actual: Nanos(7_000),
@@ -571,39 +589,17 @@ kid:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_db_lags_a_turn_loop_by_at_most_256_journal_records() {
     use weft::internals::LedgerMsg;
-    use weft::{Nanos, Price, ThreadId};
+    use weft::{Nanos, ThreadId};
     let fx = Fixture::new(&[("root", &directive("", "Hi."))], "default: []\n", "");
     let rt = fx.runtime().await;
     let (_, ledger) = weft::internals::actors(&rt);
     let id = ThreadId::generate("looper");
-    ractor::call!(ledger, |reply| LedgerMsg::Open {
-        id: id.clone(),
-        parent: None,
-        max: Nanos(1_000_000_000),
-        guarantee: Nanos(0),
-        min_first_call: Nanos(1),
-        reply
-    })
-    .unwrap()
-    .unwrap();
-    let price = Price {
-        input: 1_000_000_000,
-        output: 1_000_000_000,
-        cache_read: 0,
-        cache_write: 0,
-    };
+    open_account(&ledger, &id, None, 1_000_000_000, 0)
+        .await
+        .unwrap();
     // One turn: a reservation and its settlement, each answered after its own journal record.
     let turn = || async {
-        let grant = ractor::call!(ledger, |reply| LedgerMsg::Reserve {
-            id: id.clone(),
-            price,
-            prompt_tokens: 10,
-            want_output: 10,
-            min_output: 1,
-            reply
-        })
-        .unwrap()
-        .unwrap();
+        let grant = reserve_small(&ledger, &id).await.unwrap();
         ractor::call!(ledger, |reply| LedgerMsg::Settle {
             reservation: grant.reservation,
             actual: Nanos(7_000),
@@ -1041,8 +1037,9 @@ kid:
     );
     // Once the first runtime's tree has finished, the second may take it (here the tree's
     // cap leaves no room for the kid's call: a limit, not a refusal to take the tree).
-    if let Err(e) = second.resume(&kid_id, "again", Default::default()).await {
-        assert!(!e.to_string().contains("another runtime of one"), "{e}");
+    match second.resume(&kid_id, "again", Default::default()).await {
+        Ok(h) => drop(h.wait().await.unwrap()),
+        Err(e) => assert!(!e.to_string().contains("another runtime of one"), "{e}"),
     }
     let tree_spend: i64 = fx.rows().iter().map(|r| r.own_spend_nanos).sum();
     assert!(tree_spend <= 20_000_000, "{tree_spend}");
