@@ -202,8 +202,6 @@ pub(crate) struct LedgerState {
     pub(super) unfolded: Unfolded,
     /// This runtime among the process's (see `holders.rs`).
     pub(super) seat: super::holders::Seat,
-    /// Tops the book dropped in this batch: the trees are released once it is stored.
-    pub(super) finished: Vec<ThreadId>,
 }
 
 impl LedgerState {
@@ -235,9 +233,6 @@ impl LedgerState {
     pub(super) fn prune(&mut self, id: &ThreadId) {
         for a in self.book.prune(id) {
             self.dirty.remove(&a.id);
-            if a.parent.is_none() || a.placed {
-                self.finished.push(a.id.clone());
-            }
             self.dropped.push(a);
         }
     }
@@ -469,7 +464,6 @@ impl Actor for LedgerActor {
             journal,
             unfolded: Default::default(),
             seat: super::holders::Seat::join(scope),
-            finished: Vec::new(),
         })
     }
 

@@ -83,7 +83,7 @@ impl LedgerState {
     /// is finished when the book drops its top (the last account of it closed): other
     /// processes read that in ledger.db (a finished tree is free to take), so it commits.
     fn journalable(&self) -> bool {
-        let finishes = self.dropped.iter().any(|a| a.parent.is_none() || a.placed);
+        let finishes = self.dropped.iter().any(Account::is_top);
         !self.must_commit && !finishes && self.journal.as_ref().is_some_and(|j| j.usable())
     }
 
@@ -157,8 +157,9 @@ impl LedgerState {
         match res {
             Ok(()) if journaled => self.absorb(),
             Ok(()) => {
-                for top in std::mem::take(&mut self.finished) {
-                    self.seat.release(&top);
+                // Trees this batch finished are released once stored (never journaled).
+                for top in self.dropped.iter().filter(|a| a.is_top()) {
+                    self.seat.release(&top.id);
                 }
                 self.unfolded = Unfolded::default();
                 if let Some(j) = &mut self.journal {
@@ -226,7 +227,6 @@ impl LedgerState {
                     // A tree whose first account was never stored is nobody's.
                     if chain.len() == 1 {
                         self.seat.release(&id);
-                        self.finished.retain(|t| *t != id);
                     }
                     // Empty when the account was already closed and dropped in this batch.
                     if let Some(up) = chain.get(1..) {

@@ -112,6 +112,11 @@ pub struct Account {
 }
 
 impl Account {
+    /// The top of what its holder holds: a tree's first account, or a placed subtree's.
+    pub fn is_top(&self) -> bool {
+        self.parent.is_none() || self.placed
+    }
+
     /// `spent + inflight + guaranteed`.
     pub fn used(&self) -> Nanos {
         self.spent.plus(self.inflight).plus(self.guaranteed)
