@@ -534,10 +534,20 @@ static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
 
 /// How many transcripts may keep their descriptor open between appends: a quarter of the
 /// process's descriptor limit, so a tree of ten thousand live threads under the common soft limit
-/// of 1,024 never meets EMFILE; past that, a writer opens its file for each append (a few µs).
+/// of 1,024 never meets EMFILE; half of a limit of 8,192 or more (the rest, thousands, is still
+/// left to databases, sockets and tool processes). Past it, a writer opens its file for each
+/// append (a few µs).
 fn keep_budget() -> usize {
     static BUDGET: OnceLock<usize> = OnceLock::new();
-    *BUDGET.get_or_init(|| (open_files_limit() / 4).clamp(8, 4096))
+    *BUDGET.get_or_init(|| budget_of(open_files_limit()))
+}
+
+/// The budget for a descriptor limit of `limit` (see [`keep_budget`]).
+fn budget_of(limit: usize) -> usize {
+    match limit >= 8192 {
+        true => (limit / 2).min(65_536),
+        false => (limit / 4).max(8),
+    }
 }
 
 /// The soft limit on open descriptors: read from `/proc/self/limits` where there is one (no
@@ -578,4 +588,18 @@ fn open_append(path: &Path) -> io::Result<File> {
         }
     }
     std::fs::OpenOptions::new().append(true).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::budget_of;
+
+    #[test]
+    fn the_descriptor_budget_leaves_the_rest_of_the_limit_to_everything_else() {
+        assert_eq!(budget_of(96), 24);
+        assert_eq!(budget_of(1024), 256);
+        assert_eq!(budget_of(20_000), 10_000);
+        assert_eq!(budget_of(1 << 20), 65_536);
+        assert_eq!(budget_of(0), 8);
+    }
 }

@@ -431,6 +431,23 @@ impl Ctx {
         }
     }
 
+    /// Keeps `doc`, just signed and written by its own running thread, as its verified
+    /// thread.json under the file's stamp now: its children's spawns then need not read and
+    /// verify what this process signed a moment ago. A file changed since is read again as
+    /// always (its stamp differs); a terminal document is never kept (see `verified_doc`).
+    pub(crate) fn vouch_for(&self, doc: &ThreadDoc) {
+        if doc.status.is_terminal() {
+            return;
+        }
+        let stamp = self.store.records().doc_stamp(&doc.id);
+        if stamp.is_none() {
+            return;
+        }
+        if let Ok(mut cache) = self.verified.lock() {
+            cache.insert(doc.id.clone(), (stamp, doc.clone()));
+        }
+    }
+
     /// Forgets a finished thread's cached document.
     pub(crate) fn forget(&self, id: &ThreadId) {
         if let Ok(mut cache) = self.verified.lock() {

@@ -236,12 +236,22 @@ impl Thread {
     pub(crate) fn sign_doc(&mut self, fsync: bool) {
         self.refresh_doc();
         let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
-        if let Err(e) =
-            self.doc
-                .write_signed(self.ctx.store.records(), &self.ctx.signer, fsync || strict)
+        match self
+            .doc
+            .write_signed(self.ctx.store.records(), &self.ctx.signer, fsync || strict)
         {
-            tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}");
+            Ok(()) if self.may_spawn() => self.ctx.vouch_for(&self.doc),
+            Ok(()) => {}
+            Err(e) => tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}"),
         }
+    }
+
+    /// Whether this thread may start children (the spawn capability, depth and spawns left):
+    /// its children's spawns read its thread.json.
+    fn may_spawn(&self) -> bool {
+        self.limits.depth > 0
+            && self.limits.spawns > 0
+            && crate::tools::may_manage(&self.doc.capabilities)
     }
 
     /// Its registry row as it stands.

@@ -1,6 +1,6 @@
 //! weft's promises under hostile input and faults: what a model sends is untrusted.
 
-use crate::support::{directive, wait_until, Fixture};
+use crate::support::{directive, tool_results, wait_until, Fixture};
 use serde_json::json;
 use weft::Status;
 
@@ -709,6 +709,49 @@ async fn a_locked_database_stalls_its_actor_not_the_workers() {
         took < std::time::Duration::from_secs(2),
         "220 ms of unrelated work took {took:?} while ledger.db was locked"
     );
+}
+
+/// A running thread that may spawn keeps the thread.json it just signed as verified, so its
+/// children's spawns do not read and verify it again; a file changed since (here a signed
+/// document edited to lift a limit) is read again and refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_own_signed_state_is_kept_but_an_edited_file_is_read_again() {
+    let root = directive(
+        "permissions: [\"thread.spawn.**\"]\nlimits: { spawns: 3 }",
+        "Spawn.",
+    );
+    let leaf = directive("", "Leaf.");
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]\n    delay: 2s\n  - text: done\nleaf:\n  - text: leaf\n";
+    let fx = Fixture::new(&[("root", &root), ("leaf", &leaf)], script, "");
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().to_string();
+    let doc = fx.root().join(format!(".weft/threads/{id}/thread.json"));
+    wait_until("the running thread.json", || {
+        std::fs::read_to_string(&doc).is_ok_and(|t| t.contains("\"running\""))
+    })
+    .await;
+    assert_eq!(
+        weft::internals::verified_cached(&rt),
+        1,
+        "the running parent's own signed state is kept before any child reads it"
+    );
+    let text = std::fs::read_to_string(&doc).unwrap();
+    let edited = text.replacen("\"spawns\": 3", "\"spawns\": 300", 1);
+    assert_ne!(edited, text, "the limit to edit is in thread.json");
+    std::fs::write(&doc, edited).unwrap();
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let results = tool_results(&fx, &id);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        results[0].1 && results[0].0.contains("not trusted"),
+        "the edited parent's spawn is refused: {results:?}"
+    );
+    assert_eq!(fx.rows().len(), 1, "no child started");
 }
 
 /// What a long-lived runtime keeps of a finished tree: nothing. The ledger drops closed accounts
