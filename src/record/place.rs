@@ -303,12 +303,19 @@ impl Records {
 
     /// Writes `id`'s signed thread.json: the first version created in place, later ones
     /// replacing it atomically (temp file, rename); `fsync`: on the disk before it returns.
-    pub(crate) fn put_doc(&self, id: &ThreadId, bytes: &[u8], fsync: bool) -> io::Result<()> {
+    /// Returns the stamp of the file it wrote, read from the written file itself (None on a
+    /// server, whose write may still be queued).
+    pub(crate) fn put_doc(
+        &self,
+        id: &ThreadId,
+        bytes: &[u8],
+        fsync: bool,
+    ) -> io::Result<Option<DocStamp>> {
         match &self.place {
             Place::Files { threads, .. } => {
-                write_doc_file(&Self::dir(threads, id).join("thread.json"), bytes, fsync)
+                write_doc_file(&Self::dir(threads, id).join("thread.json"), bytes, fsync).map(Some)
             }
-            Place::Server(s) => s.put_doc(id.as_str(), bytes, fsync),
+            Place::Server(s) => s.put_doc(id.as_str(), bytes, fsync).map(|()| None),
         }
     }
 
@@ -389,8 +396,9 @@ fn read_if_there(path: &Path) -> io::Result<Option<Vec<u8>>> {
 
 /// thread.json on disk: the first version has nothing to protect and is created in place (one
 /// inode, no rename; a crash mid-write leaves a torn file, which recovery rebuilds from the
-/// registry); later ones go through a temp file and a rename.
-fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
+/// registry); later ones go through a temp file and a rename (which keeps its mtime and
+/// length). Returns the written file's stamp.
+fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<DocStamp> {
     use crate::sql::off_workers;
     match std::fs::OpenOptions::new()
         .write(true)
@@ -403,25 +411,32 @@ fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<()> {
                 off_workers(|| f.sync_all())?;
                 super::disk::sync_parent(path)?;
             }
-            return Ok(());
+            return stamp_of(&f);
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
     let tmp = path.with_extension("json.tmp");
-    {
+    let stamp = {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
         if fsync {
             off_workers(|| f.sync_all())?;
         }
-    }
+        stamp_of(&f)?
+    };
     std::fs::rename(&tmp, path)?;
     if fsync {
         // The rename is only durable once the directory entry is.
         super::disk::sync_parent(path)?;
     }
-    Ok(())
+    Ok(stamp)
+}
+
+/// The stamp of an open thread.json (see [`Records::doc_stamp`]).
+fn stamp_of(f: &File) -> io::Result<DocStamp> {
+    let m = f.metadata()?;
+    Ok(DocStamp::File(m.modified()?, m.len()))
 }
 
 /// What tells whether a thread.json changed (see [`Records::doc_stamp`]).
@@ -534,9 +549,9 @@ static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
 
 /// How many transcripts may keep their descriptor open between appends: a quarter of the
 /// process's descriptor limit, so a tree of ten thousand live threads under the common soft limit
-/// of 1,024 never meets EMFILE; half of a limit of 8,192 or more (the rest, thousands, is still
-/// left to databases, sockets and tool processes). Past it, a writer opens its file for each
-/// append (a few µs).
+/// of 1,024 never meets EMFILE; of a larger limit up to half, as long as 8,192 are left to
+/// databases, sockets and tool processes. Past it, a writer opens its file for each append (a
+/// few µs).
 fn keep_budget() -> usize {
     static BUDGET: OnceLock<usize> = OnceLock::new();
     *BUDGET.get_or_init(|| budget_of(open_files_limit()))
@@ -544,10 +559,8 @@ fn keep_budget() -> usize {
 
 /// The budget for a descriptor limit of `limit` (see [`keep_budget`]).
 fn budget_of(limit: usize) -> usize {
-    match limit >= 8192 {
-        true => (limit / 2).min(65_536),
-        false => (limit / 4).max(8),
-    }
+    let leaving_8192 = (limit / 2).min(limit.saturating_sub(8192));
+    (limit / 4).max(leaving_8192).clamp(8, 65_536)
 }
 
 /// The soft limit on open descriptors: read from `/proc/self/limits` where there is one (no
@@ -598,6 +611,8 @@ mod tests {
     fn the_descriptor_budget_leaves_the_rest_of_the_limit_to_everything_else() {
         assert_eq!(budget_of(96), 24);
         assert_eq!(budget_of(1024), 256);
+        assert_eq!(budget_of(8192), 2048);
+        assert_eq!(budget_of(12_000), 3808);
         assert_eq!(budget_of(20_000), 10_000);
         assert_eq!(budget_of(1 << 20), 65_536);
         assert_eq!(budget_of(0), 8);

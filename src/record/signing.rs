@@ -208,6 +208,13 @@ impl Trust {
         (t, warnings)
     }
 
+    /// Whether `signer`'s own key is trusted (its id names this very key).
+    pub(crate) fn holds(&self, signer: &Signer) -> bool {
+        self.keys
+            .get(&signer.key_id)
+            .is_some_and(|k| *k == signer.key.verifying_key())
+    }
+
     /// The trusted key whose full fingerprint (sha256 of its bytes, hex: RyeOS's) is `fp`.
     pub(crate) fn by_fingerprint(&self, fp: &str) -> Option<&VerifyingKey> {
         self.keys

@@ -6,7 +6,7 @@
 use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::status::Status;
-use crate::record::place::Records;
+use crate::record::place::{DocStamp, Records};
 use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
 use crate::record::transcript::Head;
 use serde::{Deserialize, Serialize};
@@ -171,6 +171,16 @@ impl ThreadDoc {
         signer: &Signer,
         fsync: bool,
     ) -> std::io::Result<()> {
+        self.write_stamped(records, signer, fsync).map(|_| ())
+    }
+
+    /// [`ThreadDoc::write_signed`], returning the stamp of the file written (None on a server).
+    pub(crate) fn write_stamped(
+        &self,
+        records: &Records,
+        signer: &Signer,
+        fsync: bool,
+    ) -> std::io::Result<Option<DocStamp>> {
         let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
         let sig = signer.sign(THREAD_DOMAIN, &v);
         if let Some(o) = v.as_object_mut() {

@@ -162,6 +162,8 @@ impl Actor for ThreadActor {
             t.ctx.deadlines.clear(d);
         }
         t.ctx.hand_on_cancel(&t.doc.id);
+        // However the actor stopped, the document it vouched for goes (see `Ctx::vouch_for`).
+        t.ctx.forget(&t.doc.id);
         Ok(())
     }
 }

@@ -432,19 +432,17 @@ impl Ctx {
     }
 
     /// Keeps `doc`, just signed and written by its own running thread, as its verified
-    /// thread.json under the file's stamp now: its children's spawns then need not read and
-    /// verify what this process signed a moment ago. A file changed since is read again as
-    /// always (its stamp differs); a terminal document is never kept (see `verified_doc`).
-    pub(crate) fn vouch_for(&self, doc: &ThreadDoc) {
-        if doc.status.is_terminal() {
-            return;
-        }
-        let stamp = self.store.records().doc_stamp(&doc.id);
-        if stamp.is_none() {
+    /// thread.json under the stamp of the file written (`stamp`, read from that file itself):
+    /// its children's spawns then need not read and verify what this process signed a moment
+    /// ago. A file changed since is read again as always (its stamp differs). Never kept: a
+    /// terminal document (see `verified_doc`), or any while this runtime's own key is not in the
+    /// trust store (reading it back would refuse it).
+    pub(crate) fn vouch_for(&self, doc: &ThreadDoc, stamp: crate::record::place::DocStamp) {
+        if doc.status.is_terminal() || !self.trust.holds(&self.signer) {
             return;
         }
         if let Ok(mut cache) = self.verified.lock() {
-            cache.insert(doc.id.clone(), (stamp, doc.clone()));
+            cache.insert(doc.id.clone(), (Some(stamp), doc.clone()));
         }
     }
 

@@ -238,10 +238,10 @@ impl Thread {
         let strict = self.ctx.config.durability == crate::project::config::Durability::Strict;
         match self
             .doc
-            .write_signed(self.ctx.store.records(), &self.ctx.signer, fsync || strict)
+            .write_stamped(self.ctx.store.records(), &self.ctx.signer, fsync || strict)
         {
-            Ok(()) if self.may_spawn() => self.ctx.vouch_for(&self.doc),
-            Ok(()) => {}
+            Ok(Some(stamp)) if self.may_spawn() => self.ctx.vouch_for(&self.doc, stamp),
+            Ok(_) => {}
             Err(e) => tracing::error!(thread = %self.doc.id, "thread.json write failed: {e}"),
         }
     }
