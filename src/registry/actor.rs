@@ -86,6 +86,8 @@ pub enum RegistryMsg {
     },
     /// Commit the batch and release held replies.
     Flush,
+    /// The kept rows' lag is over: write them, and commit (see [`ROW_LAG`]).
+    Lagged,
     /// Rows of one tree.
     Tree {
         /// Root id.
@@ -116,7 +118,8 @@ pub(crate) struct RegistryActorState {
     store: Store,
     held: crate::record::batch::GroupCommit<RegistryError>,
     /// Rows of unfinished threads not yet written, newest per thread (see [`ROW_LAG`]); written
-    /// before any other message is handled, so every read and write sees them in order.
+    /// at the lag's flush, or before any read and any write they could matter to (all but a
+    /// registration and another row's update), so those see them in order.
     pending: std::collections::HashMap<ThreadId, Box<ThreadRow>>,
     /// A flush for `pending` is scheduled.
     lagging: bool,
@@ -133,9 +136,42 @@ impl RegistryActorState {
     fn lag(&mut self, me: &ActorRef<RegistryMsg>, row: Box<ThreadRow>) {
         self.pending.insert(row.id.clone(), row);
         if !self.lagging {
-            me.send_after(ROW_LAG, || RegistryMsg::Flush);
+            me.send_after(ROW_LAG, || RegistryMsg::Lagged);
             self.lagging = true;
         }
+    }
+
+    /// What comes before a message's own work: a running row kept, the lag's flush and a
+    /// commit handled whole (None), and the kept rows written where they matter.
+    fn before(&mut self, me: &ActorRef<RegistryMsg>, msg: RegistryMsg) -> Option<RegistryMsg> {
+        match msg {
+            RegistryMsg::Update { row, reply: None } if !row.status.is_terminal() => {
+                self.lag(me, row);
+                return None;
+            }
+            RegistryMsg::Lagged => {
+                self.lagging = false;
+                self.catch_up(me);
+                self.flush();
+                return None;
+            }
+            // A commit of what is held: the kept rows wait for their lag.
+            RegistryMsg::Flush => {
+                self.flush();
+                return None;
+            }
+            // A newer row of the thread sets every column: a kept one is superseded. The other
+            // kept rows wait for their flush: this write is of one row, and none of them.
+            RegistryMsg::Update { ref row, .. } => {
+                self.pending.remove(&row.id);
+            }
+            // A registration reads and writes what a kept row never changes: a parent's spawn
+            // count, a continuation's link, and which threads are live (a kept row is of a
+            // live thread, as its stored row is).
+            RegistryMsg::Register { .. } => {}
+            _ => self.catch_up(me),
+        }
+        Some(msg)
     }
 
     /// Writes the kept rows into the batch (committed with it).
@@ -232,24 +268,9 @@ impl Actor for RegistryActor {
         msg: RegistryMsg,
         s: &mut RegistryActorState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            RegistryMsg::Update { row, reply: None } if !row.status.is_terminal() => {
-                s.lag(&me, row);
-                return Ok(());
-            }
-            RegistryMsg::Flush => {
-                s.lagging = false;
-                s.catch_up(&me);
-                s.flush();
-                return Ok(());
-            }
-            RegistryMsg::Update { ref row, .. } => {
-                // A newer row of the thread sets every column: a kept one is superseded.
-                s.pending.remove(&row.id);
-                s.catch_up(&me);
-            }
-            _ => s.catch_up(&me),
-        }
+        let Some(msg) = s.before(&me, msg) else {
+            return Ok(());
+        };
         match msg {
             RegistryMsg::Register { row, admit, reply } => {
                 // Refusals found by a read are answered at once; a stored row (or, on
@@ -285,7 +306,7 @@ impl Actor for RegistryActor {
                 |st| st.link_continuation(old.as_str(), new.as_str(), chain_root.as_str()),
                 Some(reply),
             ),
-            RegistryMsg::Flush => {}
+            RegistryMsg::Flush | RegistryMsg::Lagged => {}
             RegistryMsg::Claim { id, from, reply } => {
                 // Its own transaction, committed before the reply: the claim must be visible
                 // to every other process before the claimant touches the thread's files.

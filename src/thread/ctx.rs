@@ -399,8 +399,12 @@ impl Ctx {
                 doc.id
             ));
         }
-        if let Ok(mut cache) = self.verified.lock() {
-            cache.insert(id.clone(), (stamp, doc.clone()));
+        // Only a running thread's document is kept (forgotten when its actor stops): a finished
+        // one, read to resume, fork or schedule from it, would stay for the process's life.
+        if !doc.status.is_terminal() {
+            if let Ok(mut cache) = self.verified.lock() {
+                cache.insert(id.clone(), (stamp, doc.clone()));
+            }
         }
         Ok(doc)
     }

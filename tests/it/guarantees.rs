@@ -255,6 +255,83 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
     assert_eq!(report.status, Status::Completed);
 }
 
+/// A running thread's row waits in the registry actor's memory for its lag (20 ms), even while
+/// other threads register and end meanwhile: a thread that ends within it writes only its
+/// terminal row (the running one was written at the next message of any kind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_row_superseded_within_its_lag_is_never_written() {
+    use weft::internals::{RegistryMsg, ThreadRow};
+    let fx = Fixture::new(&[], "", "");
+    let rt = fx.runtime().await;
+    let (registry, _) = weft::internals::actors(&rt);
+    let id = |s: &str| weft::ThreadId::parse(s).unwrap();
+    let row = |s: &str, status| {
+        Box::new(ThreadRow {
+            directive: "x".into(),
+            ..ThreadRow::new(id(s), id(s), status)
+        })
+    };
+    for s in ["x-1-1", "y-1-1"] {
+        ractor::call!(registry, |reply| RegistryMsg::Register {
+            row: row(s, Status::Created),
+            admit: None,
+            reply
+        })
+        .unwrap()
+        .unwrap();
+    }
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    db.execute_batch(
+        "CREATE TABLE written(id TEXT, status TEXT);
+         CREATE TRIGGER noted AFTER UPDATE ON threads BEGIN
+           INSERT INTO written VALUES(new.id, new.status); END;",
+    )
+    .unwrap();
+    // x runs; meanwhile z registers and y ends; then x ends: all well within x's lag.
+    registry
+        .cast(RegistryMsg::Update {
+            row: row("x-1-1", Status::Running),
+            reply: None,
+        })
+        .unwrap();
+    let (z, y, x) = tokio::join!(
+        async {
+            ractor::call!(registry, |reply| RegistryMsg::Register {
+                row: row("z-1-1", Status::Created),
+                admit: None,
+                reply
+            })
+        },
+        async {
+            ractor::call!(registry, |reply| RegistryMsg::Update {
+                row: row("y-1-1", Status::Completed),
+                reply: Some(reply)
+            })
+        },
+        async {
+            ractor::call!(registry, |reply| RegistryMsg::Update {
+                row: row("x-1-1", Status::Completed),
+                reply: Some(reply)
+            })
+        },
+    );
+    for r in [z, y, x] {
+        r.unwrap().unwrap();
+    }
+    let written: Vec<(String, String)> = db
+        .prepare("SELECT id, status FROM written ORDER BY rowid")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        written,
+        [("y-1-1", "completed"), ("x-1-1", "completed")].map(|(a, b)| (a.into(), b.into())),
+        "only the terminal rows are written"
+    );
+}
+
 /// Another process can take registry.db's write lock within half a second.
 fn writable(fx: &Fixture) {
     let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
@@ -894,6 +971,11 @@ async fn two_resumes_of_one_thread_at_once_one_is_refused() {
         .filter(|r| r.continuation_of.as_deref() == Some(id.as_str()))
         .count();
     assert_eq!(continuations, 1);
+    assert_eq!(
+        weft::internals::verified_cached(&rt),
+        0,
+        "the finished thread's document read to resume it is not kept once its chain ended"
+    );
 }
 
 /// A root capped at 0.02 USD that may spawn, and a kid whose own cap (1 USD) is larger.
