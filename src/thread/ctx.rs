@@ -330,6 +330,9 @@ pub(crate) struct Ctx {
     >,
 }
 
+/// How many verified documents the cache holds before the finished threads' ones are dropped.
+const KEPT_DOCS: usize = 16_384;
+
 impl Ctx {
     /// Sends a cancel to `thread`'s actor, noting it until the actor takes it: an actor that
     /// stops with it still queued (it was busy starting its continuation) hands it on
@@ -399,12 +402,14 @@ impl Ctx {
                 doc.id
             ));
         }
-        // Only a running thread's document is kept (forgotten when its actor stops): a finished
-        // one, read to resume, fork or schedule from it, would stay for the process's life.
-        if !doc.status.is_terminal() {
-            if let Ok(mut cache) = self.verified.lock() {
-                cache.insert(id.clone(), (stamp, doc.clone()));
+        if let Ok(mut cache) = self.verified.lock() {
+            // A running thread's document is forgotten when its actor stops; a finished one
+            // (read to resume, fork or run a scheduled effect: the effects loop reads the same
+            // ones every round) is kept, but finished ones go all together past a bound.
+            if doc.status.is_terminal() && cache.len() >= KEPT_DOCS {
+                cache.retain(|_, (_, d)| !d.status.is_terminal());
             }
+            cache.insert(id.clone(), (stamp, doc.clone()));
         }
         Ok(doc)
     }

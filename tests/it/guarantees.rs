@@ -257,21 +257,56 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
 
 /// A running thread's row waits in the registry actor's memory for its lag (20 ms), even while
 /// other threads register and end meanwhile: a thread that ends within it writes only its
-/// terminal row (the running one was written at the next message of any kind).
+/// terminal row (the running one was written at the next message of any kind). An attempt the
+/// machine stalled past the lag proves nothing and is made again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_row_superseded_within_its_lag_is_never_written() {
-    use weft::internals::{RegistryMsg, ThreadRow};
     let fx = Fixture::new(&[], "", "");
     let rt = fx.runtime().await;
     let (registry, _) = weft::internals::actors(&rt);
-    let id = |s: &str| weft::ThreadId::parse(s).unwrap();
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    db.execute_batch(
+        "CREATE TABLE written(id TEXT, status TEXT);
+         CREATE TRIGGER noted AFTER UPDATE ON threads BEGIN
+           INSERT INTO written VALUES(new.id, new.status); END;",
+    )
+    .unwrap();
+    for n in 1..=10 {
+        let (x, y) = (format!("x-1-{n}"), format!("y-1-{n}"));
+        let took = within_the_lag(&registry, &x, &y, &format!("z-1-{n}")).await;
+        if took >= std::time::Duration::from_millis(15) {
+            continue;
+        }
+        let written: Vec<(String, String)> = db
+            .prepare("SELECT id, status FROM written WHERE id IN (?1, ?2) ORDER BY rowid")
+            .unwrap()
+            .query_map([&x, &y], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let want = [(y, "completed".to_string()), (x, "completed".to_string())];
+        assert_eq!(written, want, "only the terminal rows are written");
+        return;
+    }
+    panic!("ten attempts each took 15 ms or more: the machine is too loaded to tell");
+}
+
+/// x runs; meanwhile z registers and y ends; then x ends. Returns how long it took.
+async fn within_the_lag(
+    registry: &ractor::ActorRef<weft::internals::RegistryMsg>,
+    x: &str,
+    y: &str,
+    z: &str,
+) -> std::time::Duration {
+    use weft::internals::{RegistryMsg, ThreadRow};
     let row = |s: &str, status| {
+        let id = weft::ThreadId::parse(s).unwrap();
         Box::new(ThreadRow {
             directive: "x".into(),
-            ..ThreadRow::new(id(s), id(s), status)
+            ..ThreadRow::new(id.clone(), id, status)
         })
     };
-    for s in ["x-1-1", "y-1-1"] {
+    for s in [x, y] {
         ractor::call!(registry, |reply| RegistryMsg::Register {
             row: row(s, Status::Created),
             admit: None,
@@ -280,56 +315,39 @@ async fn a_running_row_superseded_within_its_lag_is_never_written() {
         .unwrap()
         .unwrap();
     }
-    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
-    db.execute_batch(
-        "CREATE TABLE written(id TEXT, status TEXT);
-         CREATE TRIGGER noted AFTER UPDATE ON threads BEGIN
-           INSERT INTO written VALUES(new.id, new.status); END;",
-    )
-    .unwrap();
-    // x runs; meanwhile z registers and y ends; then x ends: all well within x's lag.
+    let t0 = std::time::Instant::now();
     registry
         .cast(RegistryMsg::Update {
-            row: row("x-1-1", Status::Running),
+            row: row(x, Status::Running),
             reply: None,
         })
         .unwrap();
     let (z, y, x) = tokio::join!(
         async {
             ractor::call!(registry, |reply| RegistryMsg::Register {
-                row: row("z-1-1", Status::Created),
+                row: row(z, Status::Created),
                 admit: None,
                 reply
             })
         },
         async {
             ractor::call!(registry, |reply| RegistryMsg::Update {
-                row: row("y-1-1", Status::Completed),
+                row: row(y, Status::Completed),
                 reply: Some(reply)
             })
         },
         async {
             ractor::call!(registry, |reply| RegistryMsg::Update {
-                row: row("x-1-1", Status::Completed),
+                row: row(x, Status::Completed),
                 reply: Some(reply)
             })
         },
     );
+    let took = t0.elapsed();
     for r in [z, y, x] {
         r.unwrap().unwrap();
     }
-    let written: Vec<(String, String)> = db
-        .prepare("SELECT id, status FROM written ORDER BY rowid")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(
-        written,
-        [("y-1-1", "completed"), ("x-1-1", "completed")].map(|(a, b)| (a.into(), b.into())),
-        "only the terminal rows are written"
-    );
+    took
 }
 
 /// Another process can take registry.db's write lock within half a second.
@@ -971,11 +989,6 @@ async fn two_resumes_of_one_thread_at_once_one_is_refused() {
         .filter(|r| r.continuation_of.as_deref() == Some(id.as_str()))
         .count();
     assert_eq!(continuations, 1);
-    assert_eq!(
-        weft::internals::verified_cached(&rt),
-        0,
-        "the finished thread's document read to resume it is not kept once its chain ended"
-    );
 }
 
 /// A root capped at 0.02 USD that may spawn, and a kid whose own cap (1 USD) is larger.
