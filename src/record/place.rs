@@ -336,7 +336,7 @@ impl Records {
         match &self.place {
             Place::Files { threads, .. } => {
                 let m = std::fs::metadata(Self::dir(threads, id).join("thread.json")).ok()?;
-                Some(DocStamp::File(m.modified().ok()?, m.len()))
+                file_stamp(&m).ok()
             }
             Place::Server(s) => s.doc_stamp(id.as_str()).map(DocStamp::Written),
         }
@@ -435,7 +435,11 @@ fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<DocStamp
 
 /// The stamp of an open thread.json (see [`Records::doc_stamp`]).
 fn stamp_of(f: &File) -> io::Result<DocStamp> {
-    let m = f.metadata()?;
+    file_stamp(&f.metadata()?)
+}
+
+/// A thread.json file's stamp from its metadata: its mtime and length.
+fn file_stamp(m: &std::fs::Metadata) -> io::Result<DocStamp> {
     Ok(DocStamp::File(m.modified()?, m.len()))
 }
 

@@ -306,6 +306,7 @@ impl Actor for RegistryActor {
                 |st| st.link_continuation(old.as_str(), new.as_str(), chain_root.as_str()),
                 Some(reply),
             ),
+            // Handled whole in `before`.
             RegistryMsg::Flush | RegistryMsg::Lagged => {}
             RegistryMsg::Claim { id, from, reply } => {
                 // Its own transaction, committed before the reply: the claim must be visible

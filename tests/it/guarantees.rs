@@ -208,12 +208,7 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
     );
     let leaf = directive("", "Leaf.");
     let fx = Fixture::new(&[("root", &root), ("leaf", &leaf)], script, "");
-    let rt = fx.runtime().await;
-    let handle = rt
-        .start("root", serde_json::Map::new(), weft::LimitSet::default())
-        .await
-        .unwrap();
-    let id = handle.id().to_string();
+    let (rt, handle, id) = fx.start("root").await;
     wait_until("the refusal", || {
         fx.events(&id).iter().any(|e| e["type"] == "tool_result")
     })
@@ -363,12 +358,7 @@ fn writable(fx: &Fixture) {
 async fn a_terminal_row_is_stored_even_when_another_process_holds_the_registry_past_its_timeout() {
     let script = "root:\n  - text: done\n    delay: 300ms\n";
     let fx = Fixture::new(&[("root", &directive("", "Hi."))], script, "");
-    let rt = fx.runtime().await;
-    let handle = rt
-        .start("root", serde_json::Map::new(), weft::LimitSet::default())
-        .await
-        .unwrap();
-    let id = handle.id().to_string();
+    let (_rt, handle, id) = fx.start("root").await;
     wait_until("the thread running", || {
         fx.rows()
             .iter()
@@ -818,12 +808,7 @@ async fn a_parents_own_signed_state_is_kept_but_an_edited_file_is_read_again() {
     let leaf = directive("", "Leaf.");
     let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: leaf } } ]\n    delay: 2s\n  - text: done\nleaf:\n  - text: leaf\n";
     let fx = Fixture::new(&[("root", &root), ("leaf", &leaf)], script, "");
-    let rt = fx.runtime().await;
-    let handle = rt
-        .start("root", serde_json::Map::new(), weft::LimitSet::default())
-        .await
-        .unwrap();
-    let id = handle.id().to_string();
+    let (rt, handle, id) = fx.start("root").await;
     let doc = fx.root().join(format!(".weft/threads/{id}/thread.json"));
     wait_until("the running thread.json", || {
         std::fs::read_to_string(&doc).is_ok_and(|t| t.contains("\"running\""))

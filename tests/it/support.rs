@@ -199,6 +199,18 @@ impl Fixture {
         (report, rt)
     }
 
+    /// Starts a root thread of `directive` (no inputs, default limits) without waiting for it:
+    /// the runtime, its handle and its id.
+    pub async fn start(&self, directive: &str) -> (Runtime, weft::ThreadHandle, String) {
+        let rt = self.runtime().await;
+        let handle = rt
+            .start(directive, Map::new(), LimitSet::default())
+            .await
+            .unwrap();
+        let id = handle.id().to_string();
+        (rt, handle, id)
+    }
+
     /// The id of the (first) thread of `directive`.
     pub fn id_of(&self, directive: &str) -> String {
         self.rows()
