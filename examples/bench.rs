@@ -78,7 +78,8 @@ struct Args {
     tiny: bool,
     strict: bool,
     json: PathBuf,
-    /// `--shape W,D`: the tree's width and depth (profiling at a size between tiny and full).
+    /// `--shape W,D`: the tree's (and the cancelled tree's) width and depth (profiling at a
+    /// size between tiny and full).
     shape: Option<(usize, usize)>,
 }
 
@@ -1093,7 +1094,7 @@ async fn main() {
             "turns" => bench_turns(turn_count(a.tiny), a.strict).await,
             "memory" => bench_memory(if a.tiny { 200 } else { 10_000 }).await,
             "cancel" => {
-                let (cw, cd) = if a.tiny { (5, 2) } else { (100, 2) };
+                let (cw, cd) = a.shape.unwrap_or(if a.tiny { (5, 2) } else { (100, 2) });
                 bench_cancel(cw, cd).await
             }
             "scale" => {

@@ -68,7 +68,7 @@ fn direct(v: &Value, out: &mut Vec<u8>) -> bool {
     true
 }
 
-fn integer(n: &serde_json::Number, out: &mut Vec<u8>) -> bool {
+pub(super) fn integer(n: &serde_json::Number, out: &mut Vec<u8>) -> bool {
     if let Some(u) = n.as_u64().filter(|u| *u <= SAFE) {
         out.extend_from_slice(u.to_string().as_bytes());
         return true;
@@ -80,13 +80,25 @@ fn integer(n: &serde_json::Number, out: &mut Vec<u8>) -> bool {
     false
 }
 
-fn string(s: &str, out: &mut Vec<u8>) {
+pub(super) fn string(s: &str, out: &mut Vec<u8>) {
+    if plain(s) {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     // serde_json's compact escaping is ECMAScript's (see the module comment).
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
+/// Whether `s` is written as itself between quotes: nothing in it is escaped.
+pub(super) fn plain(s: &str) -> bool {
+    s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\')
+}
+
 /// Keys compare by UTF-16 code units; for ASCII keys that is byte order.
-fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
+pub(super) fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
     if a.is_ascii() && b.is_ascii() {
         return a.cmp(b);
     }

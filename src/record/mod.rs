@@ -14,6 +14,7 @@ pub(crate) mod anchor_group;
 pub(crate) mod anchors;
 pub(crate) mod batch;
 pub(crate) mod behind;
+pub(crate) mod canon;
 pub(crate) mod disk;
 pub(crate) mod jcs;
 pub(crate) mod line;

@@ -124,8 +124,12 @@ impl Signer {
 
     /// Signs `domain ‖ JCS(doc)`; `doc` must not contain its own signature.
     pub fn sign(&self, domain: &str, doc: &serde_json::Value) -> SignatureBlock {
-        let msg = signed_bytes(domain, doc);
-        let sig: Signature = self.key.sign(&msg);
+        self.sign_message(&signed_bytes(domain, doc))
+    }
+
+    /// Signs `msg`, a domain and a document's canonical bytes ([`canonical_message`]).
+    pub(crate) fn sign_message(&self, msg: &[u8]) -> SignatureBlock {
+        let sig: Signature = self.key.sign(msg);
         SignatureBlock {
             alg: "ed25519".into(),
             key_id: self.key_id.clone(),
@@ -170,6 +174,23 @@ fn signed_bytes(domain: &str, doc: &serde_json::Value) -> Vec<u8> {
     msg.extend_from_slice(domain.as_bytes());
     super::jcs::write(doc, &mut msg);
     msg
+}
+
+/// `domain ‖ JCS(doc)`, what a signature over `doc` covers, written straight from `doc`
+/// (through a `serde_json::Value` only when the direct writer declines), and whether it was:
+/// only then is the JSON after the domain also `doc`'s exact form (JCS writes an integer past
+/// 2⁵³ as the double nearest to it, which reads back as another number).
+pub(crate) fn canonical_message<T: serde::Serialize>(
+    domain: &str,
+    doc: &T,
+) -> Result<(Vec<u8>, bool), serde_json::Error> {
+    let mut msg = Vec::with_capacity(domain.len() + 2048);
+    msg.extend_from_slice(domain.as_bytes());
+    let direct = super::canon::write(doc, &mut msg);
+    if !direct {
+        super::jcs::write(&serde_json::to_value(doc)?, &mut msg);
+    }
+    Ok((msg, direct))
 }
 
 /// The public keys a project accepts, by key id.

@@ -7,7 +7,7 @@ use crate::core::ids::ThreadId;
 use crate::core::limits::Limits;
 use crate::core::status::Status;
 use crate::record::place::{DocStamp, Records};
-use crate::record::signing::{Signer, Trust, THREAD_DOMAIN};
+use crate::record::signing::{canonical_message, SignatureBlock, Signer, Trust, THREAD_DOMAIN};
 use crate::record::transcript::Head;
 use serde::{Deserialize, Serialize};
 
@@ -181,16 +181,22 @@ impl ThreadDoc {
         signer: &Signer,
         fsync: bool,
     ) -> std::io::Result<Option<DocStamp>> {
-        let mut v = serde_json::to_value(self).map_err(std::io::Error::other)?;
-        let sig = signer.sign(THREAD_DOMAIN, &v);
-        if let Some(o) = v.as_object_mut() {
-            o.insert(
-                "signature".into(),
-                serde_json::to_value(sig).map_err(std::io::Error::other)?,
-            );
-        }
-        let bytes = serde_json::to_vec_pretty(&v).map_err(std::io::Error::other)?;
+        let bytes = self.signed_file(signer)?;
         records.put_doc(&self.id, &bytes, fsync)
+    }
+
+    /// The bytes of this document's thread.json, signed: what [`ThreadDoc::write_signed`]
+    /// stores (`Records::put_doc`).
+    pub(crate) fn signed_file(&self, signer: &Signer) -> std::io::Result<Vec<u8>> {
+        let (msg, exact) = canonical_message(THREAD_DOMAIN, self).map_err(std::io::Error::other)?;
+        let sig = signer.sign_message(&msg);
+        match exact {
+            true => with_signature(&msg[THREAD_DOMAIN.len()..], &sig),
+            false => with_signature(
+                &serde_json::to_vec(self).map_err(std::io::Error::other)?,
+                &sig,
+            ),
+        }
     }
 
     /// Reads and verifies `id`'s thread.json in `records` against the project's trust store.
@@ -216,5 +222,104 @@ impl ThreadDoc {
             o.remove("signature");
         }
         serde_json::from_value(body).map_err(|e| err(format!("signed but not a thread.json: {e}")))
+    }
+}
+
+/// The file's bytes: the document's compact JSON with its `signature` member added last,
+/// laid out for people to read.
+fn with_signature(compact_doc: &[u8], sig: &SignatureBlock) -> std::io::Result<Vec<u8>> {
+    let body = compact_doc
+        .strip_suffix(b"}")
+        .filter(|b| b.starts_with(b"{"))
+        .ok_or_else(|| std::io::Error::other("a thread.json is a JSON object"))?;
+    let mut compact = Vec::with_capacity(compact_doc.len() + 200);
+    compact.extend_from_slice(body);
+    if body.len() > 1 {
+        compact.push(b',');
+    }
+    compact.extend_from_slice(b"\"signature\":");
+    serde_json::to_writer(&mut compact, sig).map_err(std::io::Error::other)?;
+    compact.push(b'}');
+    Ok(crate::record::canon::pretty(&compact))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::project::Project;
+
+    fn doc(outputs: Option<serde_json::Value>) -> ThreadDoc {
+        let id = ThreadId::parse("t-1-a").unwrap();
+        ThreadDoc {
+            version: 1,
+            id: id.clone(),
+            directive: "d\u{e9}/x \"quoted\"".into(),
+            directive_hash: "ab".into(),
+            parent_id: None,
+            root_id: id,
+            status: Status::Completed,
+            history: vec![Transition {
+                status: Status::Completed,
+                at: "2026-11-28T00:00:00.000Z".into(),
+            }],
+            created_at: "2026-11-28T00:00:00.000Z".into(),
+            updated_at: "2026-11-28T00:00:00.000Z".into(),
+            model: "m".into(),
+            provider: "p".into(),
+            limits: Limits {
+                turns: 1,
+                tokens: 2,
+                spend: crate::core::money::Nanos(i64::MAX),
+                duration_ms: 3,
+                depth: -1,
+                spawns: 4,
+                concurrency: 5,
+            },
+            capabilities: vec!["thread.spawn.x".into()],
+            approval: vec![],
+            cost: Cost::default(),
+            outputs,
+            result: Some("line\nnext\u{1}".into()),
+            error: None,
+            error_kind: None,
+            continuation_of: None,
+            continued_by: None,
+            chain_root: None,
+            transcript_head: Head::empty(),
+            forked_from: None,
+            imported: None,
+            caused_by: vec!["h".into()],
+            directive_signature: None,
+        }
+    }
+
+    /// Written the direct way (no float) and the general way (a float in its outputs, a spend
+    /// past 2⁵³): both files verify and read back as the document, laid out for people.
+    #[test]
+    fn a_written_thread_json_verifies_whichever_way_it_was_canonicalized() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = Project {
+            root: dir.path().to_path_buf(),
+        };
+        let records = Records::files(&project);
+        let signer = Signer::load_or_create(&dir.path().join("key")).unwrap();
+        signer.trust_in(&dir.path().join("trust")).unwrap();
+        let (trust, _) = Trust::load(&dir.path().join("trust"));
+        for outputs in [None, Some(serde_json::json!({"score": 0.5, "n": 1}))] {
+            let d = doc(outputs);
+            std::fs::create_dir_all(records.doc_name(&d.id).trim_end_matches("/thread.json"))
+                .unwrap();
+            d.write_signed(&records, &signer, false).unwrap();
+            let back = ThreadDoc::read_verified(&records, &d.id, &trust).unwrap();
+            assert_eq!(
+                serde_json::to_value(&back).unwrap(),
+                serde_json::to_value(&d).unwrap()
+            );
+            let text = String::from_utf8(records.doc(&d.id).unwrap().unwrap()).unwrap();
+            assert!(
+                text.contains("\n  \"signature\": {\n    \"alg\": \"ed25519\","),
+                "{text}"
+            );
+        }
     }
 }

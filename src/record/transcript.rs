@@ -12,7 +12,7 @@ use super::place::{Lines, Records};
 use crate::core::ids::{now_ts, ThreadId};
 use crate::core::redact::Redactor;
 use crate::project::config::Durability;
-use crate::record::signing::{SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
+use crate::record::signing::{canonical_message, SignatureBlock, Signer, Trust, CHECKPOINT_DOMAIN};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -169,9 +169,20 @@ impl TranscriptWriter {
 
     /// Writes a signed checkpoint line without fsyncing (the caller syncs, see [`Self::sync_later`]).
     pub fn checkpoint_line(&mut self) -> std::io::Result<()> {
-        let body =
-            json!({"thread": self.thread_id, "seq": self.head.seq + 1, "prev": self.head.hash});
-        let sig = self.signer.sign(CHECKPOINT_DOMAIN, &body);
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            thread: &'a str,
+            seq: i64,
+            prev: &'a str,
+        }
+        let body = Body {
+            thread: self.thread_id.as_str(),
+            seq: self.head.seq + 1,
+            prev: &self.head.hash,
+        };
+        let (msg, _) =
+            canonical_message(CHECKPOINT_DOMAIN, &body).map_err(std::io::Error::other)?;
+        let sig = self.signer.sign_message(&msg);
         let (kind, payload) = Line::Checkpoint { sig: Some(sig) }.into_parts();
         self.write_line(&kind, payload)?;
         self.since_checkpoint = 0;

@@ -325,7 +325,13 @@ impl Thread {
         }
         self.refresh_doc();
         let sync_transcript = self.record.transcript.sync_later();
-        let doc = self.doc.clone();
+        // Signed here, stored there: the writer gets the bytes, not a copy of the document.
+        let file = self.doc.signed_file(&self.ctx.signer);
+        let (id, status, head) = (
+            self.doc.id.clone(),
+            self.doc.status,
+            self.doc.transcript_head.clone(),
+        );
         let signer = self.ctx.signer.clone();
         let records = self.ctx.store.records().clone();
         let linked = self.parent.is_some();
@@ -334,19 +340,15 @@ impl Thread {
             .writers
             .run(self.id(), move || {
                 sync_transcript()?;
-                doc.write_signed(&records, &signer, true)?;
+                records.put_doc(&id, &file?, true)?;
                 crate::core::failpoint::hit("finalize.signed");
                 // The final head of a thread no running parent records (a root, a deferred child,
                 // their continuations) goes to the project's anchor log; a child's is in its
                 // parent's `child_finished` line.
                 match linked {
-                    false => crate::record::anchors::anchor_root(
-                        &records,
-                        &signer,
-                        &doc.id,
-                        doc.status,
-                        &doc.transcript_head,
-                    ),
+                    false => {
+                        crate::record::anchors::anchor_root(&records, &signer, &id, status, &head)
+                    }
                     true => Ok(()),
                 }
             })

@@ -72,7 +72,11 @@ impl ToolOutcome {
 
 /// May a thread holding `caps` use the thread-management tools?
 pub(crate) fn may_manage(caps: &[String]) -> bool {
-    !capability::attenuate(&["thread.spawn.**".to_string()], caps).is_empty()
+    // A capability under `thread.spawn.` is one at once (asked at every transition).
+    caps.iter().any(|c| {
+        c.strip_prefix("thread.spawn.")
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('.'))
+    }) || !capability::attenuate(&["thread.spawn.**".to_string()], caps).is_empty()
 }
 
 /// The capability a call of a tool that is not one of weft's built-ins needs: an MCP tool's
