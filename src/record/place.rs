@@ -186,12 +186,21 @@ impl Records {
         match &self.place {
             Place::Files { threads, .. } => {
                 let dir = Self::dir(threads, id);
-                std::fs::create_dir_all(&dir)?;
                 let path = dir.join("transcript.jsonl");
-                let file = std::fs::OpenOptions::new()
-                    .append(true)
-                    .create_new(true)
-                    .open(&path)?;
+                let create = || {
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .create_new(true)
+                        .open(&path)
+                };
+                // Its folder is usually there already (a spawn makes it first).
+                let file = match create() {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        std::fs::create_dir_all(&dir)?;
+                        create()?
+                    }
+                    other => other?,
+                };
                 if strict {
                     super::disk::sync_parent(&path)?;
                     super::disk::sync_parent(&dir)?;
@@ -520,14 +529,21 @@ impl Lines {
         }
     }
 
-    /// [`Self::sync`] to run later on another thread, through a descriptor of its own opened
-    /// when it runs: work queued off the actor's thread holds no descriptor while it waits.
-    pub(crate) fn sync_later(&self) -> Box<dyn FnOnce() -> io::Result<()> + Send> {
+    /// [`Self::sync`] to run later on another thread, after the last lines. A descriptor kept
+    /// open goes with it (counted as kept until it closes there); else one is opened when it
+    /// runs (queued work holds no new descriptor). A later line opens the file by its path.
+    pub(crate) fn sync_later(&mut self) -> Box<dyn FnOnce() -> io::Result<()> + Send> {
         match self {
-            Lines::File { path, .. } => {
-                let path = path.clone();
-                Box::new(move || open_append(&path)?.sync_data())
-            }
+            Lines::File { file, path } => match file.take() {
+                Some(f) => {
+                    let kept = Kept(f);
+                    Box::new(move || kept.0.sync_data())
+                }
+                None => {
+                    let path = path.clone();
+                    Box::new(move || open_append(&path)?.sync_data())
+                }
+            },
             // Its only caller writes the terminal thread.json next, which waits for the disk
             // (and with it every line before it): here, committed is enough.
             Lines::Server { server, thread } => {
@@ -545,6 +561,16 @@ impl Drop for Lines {
                 KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
             }
         }
+    }
+}
+
+/// A kept transcript descriptor handed on (see [`Lines::sync_later`]): no longer kept when it
+/// closes.
+struct Kept(File);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

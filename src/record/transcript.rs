@@ -195,7 +195,7 @@ impl TranscriptWriter {
     }
 
     /// Fsyncs the transcript later, on another thread (see `place::Lines::sync_later`).
-    pub fn sync_later(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
+    pub fn sync_later(&mut self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
         self.lines.sync_later()
     }
 
