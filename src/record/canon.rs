@@ -292,7 +292,8 @@ impl<'a> ser::Serializer for Canon<'a> {
     fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Res {
         self.serialize_str(variant)
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, v: &T) -> Res {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, v: &T) -> Res {
+        private(name)?;
         v.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -327,7 +328,8 @@ impl<'a> ser::Serializer for Canon<'a> {
     fn serialize_map(self, _: Option<usize>) -> Result<Object<'a>, Declined> {
         Ok(Object::new(self.out, None))
     }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Object<'a>, Declined> {
+    fn serialize_struct(self, name: &'static str, _: usize) -> Result<Object<'a>, Declined> {
+        private(name)?;
         Ok(Object::new(self.out, None))
     }
     fn serialize_struct_variant(
@@ -338,6 +340,15 @@ impl<'a> ser::Serializer for Canon<'a> {
         _: usize,
     ) -> Result<Object<'a>, Declined> {
         Ok(Object::new(self.out, Some(variant)))
+    }
+}
+
+/// serde_json's own markers (a number under `arbitrary_precision`, a raw value) are a JSON
+/// value its parser reads back as something else: the general path renders them.
+fn private(name: &str) -> Res {
+    match name.starts_with("$serde_json::private::") {
+        true => Err(Declined),
+        false => Ok(()),
     }
 }
 
@@ -596,6 +607,21 @@ mod tests {
         let mut mine = Vec::new();
         assert!(write(&t, &mut mine));
         assert_eq!(mine, general(&serde_json::to_value(&t).unwrap()));
+    }
+
+    /// What serde_json writes for a number under `arbitrary_precision` (a feature a library
+    /// user's build may turn on): its parser reads it back as a number, not as this object.
+    #[test]
+    fn serde_jsons_private_markers_decline() {
+        #[derive(serde::Serialize)]
+        #[serde(rename = "$serde_json::private::Number")]
+        struct Marked {
+            #[serde(rename = "$serde_json::private::Number")]
+            n: String,
+        }
+        let mut out = Vec::new();
+        assert!(!write(&Marked { n: "1".into() }, &mut out));
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -176,21 +176,22 @@ fn signed_bytes(domain: &str, doc: &serde_json::Value) -> Vec<u8> {
     msg
 }
 
-/// `domain ‖ JCS(doc)`, what a signature over `doc` covers, written straight from `doc`
-/// (through a `serde_json::Value` only when the direct writer declines), and whether it was:
-/// only then is the JSON after the domain also `doc`'s exact form (JCS writes an integer past
-/// 2⁵³ as the double nearest to it, which reads back as another number).
+/// `domain ‖ JCS(doc)`, what a signature over `doc` covers, written straight from `doc`, or
+/// through a `serde_json::Value` when the direct writer declines; then that value comes back
+/// too, for the file to be written from what was signed (JCS writes an integer past 2⁵³ as the
+/// double nearest to it: the canonical bytes are not the document's exact form then).
 pub(crate) fn canonical_message<T: serde::Serialize>(
     domain: &str,
     doc: &T,
-) -> Result<(Vec<u8>, bool), serde_json::Error> {
+) -> Result<(Vec<u8>, Option<serde_json::Value>), serde_json::Error> {
     let mut msg = Vec::with_capacity(domain.len() + 2048);
     msg.extend_from_slice(domain.as_bytes());
-    let direct = super::canon::write(doc, &mut msg);
-    if !direct {
-        super::jcs::write(&serde_json::to_value(doc)?, &mut msg);
+    if super::canon::write(doc, &mut msg) {
+        return Ok((msg, None));
     }
-    Ok((msg, direct))
+    let v = serde_json::to_value(doc)?;
+    super::jcs::write(&v, &mut msg);
+    Ok((msg, Some(v)))
 }
 
 /// The public keys a project accepts, by key id.

@@ -188,12 +188,13 @@ impl ThreadDoc {
     /// The bytes of this document's thread.json, signed: what [`ThreadDoc::write_signed`]
     /// stores (`Records::put_doc`).
     pub(crate) fn signed_file(&self, signer: &Signer) -> std::io::Result<Vec<u8>> {
-        let (msg, exact) = canonical_message(THREAD_DOMAIN, self).map_err(std::io::Error::other)?;
+        let (msg, general) =
+            canonical_message(THREAD_DOMAIN, self).map_err(std::io::Error::other)?;
         let sig = signer.sign_message(&msg);
-        match exact {
-            true => with_signature(&msg[THREAD_DOMAIN.len()..], &sig),
-            false => with_signature(
-                &serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        match general {
+            None => with_signature(&msg[THREAD_DOMAIN.len()..], &sig),
+            Some(v) => with_signature(
+                &serde_json::to_vec(&v).map_err(std::io::Error::other)?,
                 &sig,
             ),
         }
@@ -248,7 +249,7 @@ mod tests {
     use super::*;
     use crate::project::Project;
 
-    fn doc(outputs: Option<serde_json::Value>) -> ThreadDoc {
+    fn doc(outputs: Option<serde_json::Value>, spend: i64) -> ThreadDoc {
         let id = ThreadId::parse("t-1-a").unwrap();
         ThreadDoc {
             version: 1,
@@ -269,7 +270,7 @@ mod tests {
             limits: Limits {
                 turns: 1,
                 tokens: 2,
-                spend: crate::core::money::Nanos(i64::MAX),
+                spend: crate::core::money::Nanos(spend),
                 duration_ms: 3,
                 depth: -1,
                 spawns: 4,
@@ -293,8 +294,9 @@ mod tests {
         }
     }
 
-    /// Written the direct way (no float) and the general way (a float in its outputs, a spend
-    /// past 2⁵³): both files verify and read back as the document, laid out for people.
+    /// Written the direct way and the general way (a float in its outputs; a spend past 2⁵³,
+    /// which the file keeps exact): every file verifies and reads back as the document, laid
+    /// out for people.
     #[test]
     fn a_written_thread_json_verifies_whichever_way_it_was_canonicalized() {
         let dir = tempfile::tempdir().unwrap();
@@ -305,8 +307,15 @@ mod tests {
         let signer = Signer::load_or_create(&dir.path().join("key")).unwrap();
         signer.trust_in(&dir.path().join("trust")).unwrap();
         let (trust, _) = Trust::load(&dir.path().join("trust"));
-        for outputs in [None, Some(serde_json::json!({"score": 0.5, "n": 1}))] {
-            let d = doc(outputs);
+        let cases = [
+            (None, 500_000_000, true),
+            (Some(serde_json::json!({"score": 0.5, "n": 1})), 5, false),
+            (None, i64::MAX, false),
+        ];
+        for (outputs, spend, direct) in cases {
+            let d = doc(outputs, spend);
+            let (_, general) = canonical_message(THREAD_DOMAIN, &d).unwrap();
+            assert_eq!(general.is_none(), direct, "{:?} / {spend}", d.outputs);
             std::fs::create_dir_all(records.doc_name(&d.id).trim_end_matches("/thread.json"))
                 .unwrap();
             d.write_signed(&records, &signer, false).unwrap();
