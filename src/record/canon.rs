@@ -352,49 +352,28 @@ fn private(name: &str) -> Res {
     }
 }
 
-impl ser::SerializeSeq for Array<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Res {
-        self.item(v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
+/// An `Array` or `Object` is each of serde's sequence (or struct) shapes alike.
+macro_rules! compound {
+    ($trait:ident for $ty:ident, $method:ident($($key:ident: $k:ty)?) => $add:ident) => {
+        impl ser::$trait for $ty<'_> {
+            type Ok = ();
+            type Error = Declined;
+            fn $method<T: Serialize + ?Sized>(&mut self, $($key: $k,)? v: &T) -> Res {
+                self.$add($(Key::Field($key),)? v)
+            }
+            fn end(self) -> Res {
+                self.finish()
+            }
+        }
+    };
 }
 
-impl ser::SerializeTuple for Array<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Res {
-        self.item(v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
-}
-
-impl ser::SerializeTupleStruct for Array<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Res {
-        self.item(v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
-}
-
-impl ser::SerializeTupleVariant for Array<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Res {
-        self.item(v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
-}
+compound!(SerializeSeq for Array, serialize_element() => item);
+compound!(SerializeTuple for Array, serialize_element() => item);
+compound!(SerializeTupleStruct for Array, serialize_field() => item);
+compound!(SerializeTupleVariant for Array, serialize_field() => item);
+compound!(SerializeStruct for Object, serialize_field(k: &'static str) => member);
+compound!(SerializeStructVariant for Object, serialize_field(k: &'static str) => member);
 
 impl ser::SerializeMap for Object<'_> {
     type Ok = ();
@@ -413,28 +392,6 @@ impl ser::SerializeMap for Object<'_> {
     fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Res {
         let k = self.key.take().ok_or(Declined)?;
         self.member(Key::Owned(k), v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
-}
-
-impl ser::SerializeStruct for Object<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, k: &'static str, v: &T) -> Res {
-        self.member(Key::Field(k), v)
-    }
-    fn end(self) -> Res {
-        self.finish()
-    }
-}
-
-impl ser::SerializeStructVariant for Object<'_> {
-    type Ok = ();
-    type Error = Declined;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, k: &'static str, v: &T) -> Res {
-        self.member(Key::Field(k), v)
     }
     fn end(self) -> Res {
         self.finish()
@@ -505,6 +462,7 @@ fn string_end(json: &[u8], start: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::jcs::tests::doc;
     use super::*;
     use proptest::prelude::*;
     use serde_json::Value;
@@ -513,29 +471,6 @@ mod tests {
         let mut out = Vec::new();
         super::super::jcs::write(v, &mut out);
         out
-    }
-
-    fn leaf() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            (0u64..=(1 << 54)).prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            (-1e20f64..1e20).prop_map(Value::from),
-            "\\PC{0,12}".prop_map(Value::from),
-            "[\\x00-\\x1f\\x7f\"\\\\a\u{e9}\u{ffff}\u{10000}\u{1f600}]{0,8}".prop_map(Value::from),
-        ]
-    }
-
-    fn doc() -> impl Strategy<Value = Value> {
-        leaf().prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::btree_map("[a-z\u{e9}\u{ff5e}\u{1f600}_]{0,5}", inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
     }
 
     proptest! {

@@ -106,7 +106,7 @@ pub(super) fn utf16_order(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -129,7 +129,8 @@ mod tests {
         ]
     }
 
-    fn doc() -> impl Strategy<Value = Value> {
+    /// Random JSON documents: every kind of value, keys across UTF-16's order traps.
+    pub(in crate::record) fn doc() -> impl Strategy<Value = Value> {
         leaf().prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
