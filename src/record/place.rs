@@ -465,7 +465,7 @@ pub(crate) enum DocStamp {
 pub(crate) enum Lines {
     /// A file: its descriptor kept open while the process's budget allows (else opened for
     /// each line).
-    File { file: Option<File>, path: PathBuf },
+    File { file: Option<Kept>, path: PathBuf },
     /// Rows on the server, queued (see `behind.rs`).
     Server {
         server: Arc<Server>,
@@ -476,7 +476,8 @@ pub(crate) enum Lines {
 impl Lines {
     fn file(file: File, path: PathBuf) -> Lines {
         Lines::File {
-            file: keep_open().then_some(file),
+            // Built only when counted: a `Kept` uncounts itself when it closes.
+            file: keep_open().then(|| Kept(file)),
             path,
         }
     }
@@ -488,7 +489,7 @@ impl Lines {
             Lines::File { file, path } => {
                 let opened;
                 let f = match file {
-                    Some(f) => &*f,
+                    Some(f) => &f.0,
                     None => {
                         opened = open_append(path)?;
                         &opened
@@ -520,7 +521,7 @@ impl Lines {
     /// On the disk now (on the server: every commit so far).
     pub(crate) fn sync(&self) -> io::Result<()> {
         match self {
-            Lines::File { file: Some(f), .. } => crate::sql::off_workers(|| f.sync_data()),
+            Lines::File { file: Some(f), .. } => crate::sql::off_workers(|| f.0.sync_data()),
             Lines::File { file: None, path } => {
                 let f = open_append(path)?;
                 crate::sql::off_workers(|| f.sync_data())
@@ -535,10 +536,7 @@ impl Lines {
     pub(crate) fn sync_later(&mut self) -> Box<dyn FnOnce() -> io::Result<()> + Send> {
         match self {
             Lines::File { file, path } => match file.take() {
-                Some(f) => {
-                    let kept = Kept(f);
-                    Box::new(move || kept.0.sync_data())
-                }
+                Some(kept) => Box::new(move || kept.0.sync_data()),
                 None => {
                     let path = path.clone();
                     Box::new(move || open_append(&path)?.sync_data())
@@ -554,19 +552,9 @@ impl Lines {
     }
 }
 
-impl Drop for Lines {
-    fn drop(&mut self) {
-        if let Lines::File { file, .. } = self {
-            if file.take().is_some() {
-                KEPT_OPEN.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
-/// A kept transcript descriptor handed on (see [`Lines::sync_later`]): no longer kept when it
-/// closes.
-struct Kept(File);
+/// A transcript descriptor kept open within the budget (see [`keep_open`]): no longer counted
+/// once it closes, wherever that is (its `Lines` dropped, or the final fsync it was handed to).
+pub(crate) struct Kept(File);
 
 impl Drop for Kept {
     fn drop(&mut self) {
