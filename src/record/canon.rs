@@ -100,17 +100,13 @@ struct Object<'a> {
 
 impl<'a> Object<'a> {
     fn new(out: &'a mut Vec<u8>, variant: Option<&'static str>) -> Object<'a> {
-        if let Some(name) = variant {
-            out.push(b'{');
-            string(name, out);
-            out.push(b':');
-        }
+        let variant = open_variant(out, variant);
         Object {
             out,
             members: Vec::new(),
             values: Vec::with_capacity(256),
             key: None,
-            variant: variant.is_some(),
+            variant,
         }
     }
 
@@ -165,6 +161,16 @@ impl<'a> Object<'a> {
     }
 }
 
+/// A variant's `{"name":` before its value (closed by its compound's `finish`); whether written.
+fn open_variant(out: &mut Vec<u8>, variant: Option<&'static str>) -> bool {
+    if let Some(name) = variant {
+        out.push(b'{');
+        string(name, out);
+        out.push(b':');
+    }
+    variant.is_some()
+}
+
 /// An array (or tuple) being written.
 struct Array<'a> {
     out: &'a mut Vec<u8>,
@@ -174,16 +180,12 @@ struct Array<'a> {
 
 impl<'a> Array<'a> {
     fn new(out: &'a mut Vec<u8>, variant: Option<&'static str>) -> Array<'a> {
-        if let Some(name) = variant {
-            out.push(b'{');
-            string(name, out);
-            out.push(b':');
-        }
+        let variant = open_variant(out, variant);
         out.push(b'[');
         Array {
             out,
             first: true,
-            variant: variant.is_some(),
+            variant,
         }
     }
 
@@ -218,6 +220,15 @@ impl Canon<'_> {
     }
 }
 
+/// serde's integer methods, each written as the integer it is (past 2⁵³: declined).
+macro_rules! integers {
+    ($($method:ident: $t:ty),*) => {
+        $(fn $method(self, v: $t) -> Res {
+            self.int(v)
+        })*
+    };
+}
+
 impl<'a> ser::Serializer for Canon<'a> {
     type Ok = ();
     type Error = Declined;
@@ -232,30 +243,8 @@ impl<'a> ser::Serializer for Canon<'a> {
     fn serialize_bool(self, v: bool) -> Res {
         self.raw(if v { b"true" } else { b"false" })
     }
-    fn serialize_i8(self, v: i8) -> Res {
-        self.int(v)
-    }
-    fn serialize_i16(self, v: i16) -> Res {
-        self.int(v)
-    }
-    fn serialize_i32(self, v: i32) -> Res {
-        self.int(v)
-    }
-    fn serialize_i64(self, v: i64) -> Res {
-        self.int(v)
-    }
-    fn serialize_u8(self, v: u8) -> Res {
-        self.int(v)
-    }
-    fn serialize_u16(self, v: u16) -> Res {
-        self.int(v)
-    }
-    fn serialize_u32(self, v: u32) -> Res {
-        self.int(v)
-    }
-    fn serialize_u64(self, v: u64) -> Res {
-        self.int(v)
-    }
+    integers!(serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64);
+    integers!(serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64);
     fn serialize_f32(self, _: f32) -> Res {
         Err(Declined)
     }
