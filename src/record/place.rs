@@ -7,6 +7,8 @@
 //! The one place that says where a record is. Knows bytes and names, not their format (that is
 //! `transcript`, `thread_doc` and `anchors`).
 
+pub(crate) use super::disk::DocStamp;
+use super::disk::{file_stamp, replace_doc_file, write_doc_file};
 use super::server::Server;
 use crate::core::ids::ThreadId;
 use crate::project::config::{Config, Durability};
@@ -328,6 +330,18 @@ impl Records {
         }
     }
 
+    /// [`Records::put_doc`] for a thread.json that exists already (a thread's final one): one
+    /// path lookup fewer than trying to create it first.
+    pub(crate) fn replace_doc(&self, id: &ThreadId, bytes: &[u8], fsync: bool) -> io::Result<()> {
+        match &self.place {
+            Place::Files { threads, .. } => {
+                replace_doc_file(&Self::dir(threads, id).join("thread.json"), bytes, fsync)
+                    .map(|_| ())
+            }
+            Place::Server(s) => s.put_doc(id.as_str(), bytes, fsync),
+        }
+    }
+
     /// `id`'s thread.json bytes (None: it has none).
     pub fn doc(&self, id: &ThreadId) -> io::Result<Option<Vec<u8>>> {
         match &self.place {
@@ -401,64 +415,6 @@ fn read_if_there(path: &Path) -> io::Result<Option<Vec<u8>>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
-}
-
-/// thread.json on disk: the first version has nothing to protect and is created in place (one
-/// inode, no rename; a crash mid-write leaves a torn file, which recovery rebuilds from the
-/// registry); later ones go through a temp file and a rename (which keeps its mtime and
-/// length). Returns the written file's stamp.
-fn write_doc_file(path: &Path, bytes: &[u8], fsync: bool) -> io::Result<DocStamp> {
-    use crate::sql::off_workers;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-    {
-        Ok(mut f) => {
-            f.write_all(bytes)?;
-            if fsync {
-                off_workers(|| f.sync_all())?;
-                super::disk::sync_parent(path)?;
-            }
-            return stamp_of(&f);
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let tmp = path.with_extension("json.tmp");
-    let stamp = {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        if fsync {
-            off_workers(|| f.sync_all())?;
-        }
-        stamp_of(&f)?
-    };
-    std::fs::rename(&tmp, path)?;
-    if fsync {
-        // The rename is only durable once the directory entry is.
-        super::disk::sync_parent(path)?;
-    }
-    Ok(stamp)
-}
-
-/// The stamp of an open thread.json (see [`Records::doc_stamp`]).
-fn stamp_of(f: &File) -> io::Result<DocStamp> {
-    file_stamp(&f.metadata()?)
-}
-
-/// A thread.json file's stamp from its metadata: its mtime and length.
-fn file_stamp(m: &std::fs::Metadata) -> io::Result<DocStamp> {
-    Ok(DocStamp::File(m.modified()?, m.len()))
-}
-
-/// What tells whether a thread.json changed (see [`Records::doc_stamp`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DocStamp {
-    /// A file's mtime and length.
-    File(std::time::SystemTime, u64),
-    /// The number of this process's last write of it.
-    Written(u64),
 }
 
 /// Where one transcript's lines go: its file, or its rows on the server.

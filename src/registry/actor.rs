@@ -108,10 +108,12 @@ type HeldReply = crate::record::batch::HeldReply<RegistryError>;
 
 /// How long a running thread's row update (a turn counted, spend so far) may wait in memory
 /// before it is written: the updates of busy threads in that window coalesce into one row write
-/// each, and a thread that ends within it writes only its terminal row. 20 ms: nobody sees the
-/// difference (`weft status` is a person), and a busy turn loop commits 10× less than at 2 ms. Nobody waits on them (SPEC §11: nothing depends on them; thread.json and the
-/// transcript are the truth, and recovery treats `created` and `running` alike).
-const ROW_LAG: std::time::Duration = std::time::Duration::from_millis(20);
+/// each, and a thread that ends within it writes only its terminal row. 100 ms: nobody sees
+/// the difference (`weft status` is a person), a busy turn loop commits 50× less than at 2 ms,
+/// and most leaves of a fan-out (half of them at 20 ms) end before their running row is due.
+/// Nobody waits on them (SPEC §11: nothing depends on them; thread.json and the transcript are
+/// the truth, and recovery treats `created` and `running` alike).
+const ROW_LAG: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// State of the registry actor.
 pub(crate) struct RegistryActorState {

@@ -340,7 +340,7 @@ impl Thread {
             .writers
             .run(self.id(), move || {
                 sync_transcript()?;
-                records.put_doc(&id, &file?, true)?;
+                records.replace_doc(&id, &file?, true)?;
                 crate::core::failpoint::hit("finalize.signed");
                 // The final head of a thread no running parent records (a root, a deferred child,
                 // their continuations) goes to the project's anchor log; a child's is in its

@@ -250,7 +250,7 @@ async fn a_refused_spawn_leaves_the_registry_writable_by_other_processes() {
     assert_eq!(report.status, Status::Completed);
 }
 
-/// A running thread's row waits in the registry actor's memory for its lag (20 ms), even while
+/// A running thread's row waits in the registry actor's memory for its lag (100 ms), even while
 /// other threads register and end meanwhile: a thread that ends within it writes only its
 /// terminal row (the running one was written at the next message of any kind). An attempt the
 /// machine stalled past the lag proves nothing and is made again.
@@ -269,7 +269,7 @@ async fn a_running_row_superseded_within_its_lag_is_never_written() {
     for n in 1..=10 {
         let (x, y) = (format!("x-1-{n}"), format!("y-1-{n}"));
         let took = within_the_lag(&registry, &x, &y, &format!("z-1-{n}")).await;
-        if took >= std::time::Duration::from_millis(15) {
+        if took >= std::time::Duration::from_millis(80) {
             continue;
         }
         let written: Vec<(String, String)> = db
@@ -283,7 +283,7 @@ async fn a_running_row_superseded_within_its_lag_is_never_written() {
         assert_eq!(written, want, "only the terminal rows are written");
         return;
     }
-    panic!("ten attempts each took 15 ms or more: the machine is too loaded to tell");
+    panic!("ten attempts each took 80 ms or more: the machine is too loaded to tell");
 }
 
 /// x runs; meanwhile z registers and y ends; then x ends. Returns how long it took.
