@@ -42,7 +42,11 @@ pub(super) fn put_many(
 ) -> Result<(), StoreError> {
     db.atomic(Lock::Store, |db| {
         for (id, directive, head, msgs) in threads {
-            put_in(db, id.as_str(), directive, *head, msgs)?;
+            // Deleted while it waited in the queue: its tombstone keeps it out (a delete after
+            // this commit removes what it wrote).
+            if !is_deleted(db, id.as_str())? {
+                put_in(db, id.as_str(), directive, *head, msgs)?;
+            }
         }
         Ok(())
     })
@@ -343,6 +347,40 @@ pub(super) fn kv_clear(db: &Db, thread: &str) -> Result<(), StoreError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A thread deleted while it waited for the indexer is not indexed: its messages never
+    /// reach search (its tombstone is in the same database, read in the same transaction).
+    #[test]
+    fn a_thread_deleted_before_its_indexing_is_never_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = open(None, &dir.path().join("store.db")).unwrap();
+        let said = |text: &str| {
+            vec![SearchMessage {
+                seq: 1,
+                role: "assistant".into(),
+                text: text.into(),
+            }]
+        };
+        let (gone, kept) = (
+            ThreadId::parse("gone-1-a").unwrap(),
+            ThreadId::parse("kept-1-a").unwrap(),
+        );
+        tombstone(&db, gone.as_str()).unwrap();
+        let batch = [
+            (gone, "d".to_string(), 2, said("kestrel over the moor")),
+            (kept, "d".to_string(), 2, said("kestrel by the sea")),
+        ];
+        put_many(&mut db, &batch).unwrap();
+        let hits = search(&db, &SearchQuery::new("kestrel")).unwrap();
+        let threads: Vec<&str> = hits.iter().map(|h| h.thread_id.as_str()).collect();
+        assert_eq!(
+            threads,
+            ["kept-1-a"],
+            "only the thread not deleted is found"
+        );
+    }
+
     #[test]
     fn folding_matches_unicode61_for_latin_letters() {
         for (text, folded) in [

@@ -1,10 +1,7 @@
 //! Indexing off the thread actors: a thread that ends queues what it said; one worker OS thread
 //! (started when the queue fills, gone when it empties) writes everything queued meanwhile in
 //! one store.db transaction, so an ending thread never waits for store.db and a burst of
-//! endings shares one commit. The worker runs at the lowest priority (nice 19): it takes the
-//! cores the threads leave idle, so a burst of endings finishes before its indexing does (the
-//! index is derived and `weft search --backfill` rebuilds it; a process waits for it before it
-//! exits, `flush_index`).
+//! endings shares one commit.
 
 use super::queue::Ended;
 use super::{index, FileStore, ThreadStore};
@@ -33,7 +30,6 @@ impl FileStore {
     }
 
     fn drain_later(&self) {
-        yield_to_threads();
         loop {
             let batch = match self.later.state.lock() {
                 Ok(mut st) if st.ended.is_empty() => {
@@ -77,41 +73,5 @@ impl FileStore {
                 Err(_) => return,
             };
         }
-    }
-}
-
-/// Lowers the calling OS thread to the lowest priority (nice 19; on Linux the nice value is
-/// per thread). Where that fails the worker runs at its normal priority, as before.
-fn yield_to_threads() {
-    #[cfg(target_os = "linux")]
-    {
-        let me = rustix::thread::gettid();
-        if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
-            tracing::debug!("the search indexer keeps its priority: {e}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The worker's OS thread runs at nice 19 after `yield_to_threads` (Linux: per thread),
-    /// and the thread that spawned it keeps its own priority.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn the_indexer_runs_at_the_lowest_priority() {
-        fn nice() -> i64 {
-            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-            // Fields after the command name (which may hold spaces) in parentheses; nice is
-            // field 19 of the whole line, the 17th after ") ".
-            let rest = &stat[stat.rfind(')').unwrap() + 2..];
-            rest.split(' ').nth(16).unwrap().parse().unwrap()
-        }
-        let before = nice();
-        let worker = std::thread::spawn(|| {
-            super::yield_to_threads();
-            nice()
-        });
-        assert_eq!(worker.join().unwrap(), 19, "the indexer at nice 19");
-        assert_eq!(nice(), before, "the caller's priority is its own");
     }
 }

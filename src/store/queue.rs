@@ -18,9 +18,9 @@ pub(crate) struct Ended {
 }
 
 /// Bytes of messages the queue holds at most; a thread queued past them keeps only its id,
-/// and the worker reads its messages back from its transcript. The worker runs at the lowest
-/// priority (`later.rs`), so on a machine kept busy the queue can grow: this bounds what it
-/// holds, not how many threads it queues.
+/// and the worker reads its messages back from its transcript. Endings faster than the worker
+/// indexes them grow the queue: this bounds the messages it holds (the batch being indexed
+/// holds as much again), not how many threads it queues.
 pub(crate) const HELD_MAX: usize = 16 << 20;
 
 /// The queue of threads to index and whether a worker is draining it.
@@ -37,7 +37,7 @@ pub(crate) struct Later {
 pub(crate) struct Queued {
     /// The threads, oldest first.
     pub(crate) ended: Vec<Ended>,
-    /// Bytes of the messages they hold (at most [`HELD_MAX`] past one thread).
+    /// Bytes of the messages they hold (at most [`HELD_MAX`]).
     pub(crate) held: usize,
     /// A worker is draining the queue.
     pub(crate) draining: bool,
