@@ -281,6 +281,22 @@ pub(crate) fn check_depth(limits: &Limits, directive: &str) -> Result<(), String
     Ok(())
 }
 
+/// How deep JSON from outside (a model's tool-call arguments, a thread's inputs) may nest.
+/// serde_json reads at most 127 levels back, and such values sit a level or two down in a
+/// transcript line and in thread.json: deeper ones would be written, signed and never read.
+pub(crate) const MAX_NESTING: usize = 64;
+
+/// Whether `v` holds arrays or objects nested more than `max` deep (`v` itself counts).
+pub(crate) fn nests_deeper(v: &serde_json::Value, max: usize) -> bool {
+    use serde_json::Value;
+    let deeper = |x: &Value| nests_deeper(x, max - 1);
+    match v {
+        Value::Array(a) => max == 0 || a.iter().any(deeper),
+        Value::Object(o) => max == 0 || o.values().any(deeper),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

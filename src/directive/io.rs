@@ -1,6 +1,7 @@
 //! A directive's inputs (validation, CLI coercion), body rendering and output checks.
 
 use super::{type_matches, Directive, DirectiveError};
+use crate::core::limits::{nests_deeper, MAX_NESTING};
 
 /// Outputs a `directive_return` gave that the directive's `outputs` refuse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +58,12 @@ impl Directive {
             };
             if !type_matches(&spec.kind, v) {
                 return Err(self.error(format!("input `{k}`: {v} is not of type {}", spec.kind)));
+            }
+            if nests_deeper(v, MAX_NESTING - 1) {
+                return Err(self.error(format!(
+                    "input `{k}` nests deeper than {} levels (weft takes at most that many)",
+                    MAX_NESTING - 1
+                )));
             }
             out.insert(k.clone(), v.clone());
         }

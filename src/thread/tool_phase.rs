@@ -20,6 +20,9 @@ impl Thread {
         crate::core::failpoint::hit("tool.dispatch");
         let span = super::spans::tool(&self.life.span, &call.name, &call.id);
         self.work.spans.insert(call.id.clone(), span);
+        if let Some(why) = unusable_arguments(&call) {
+            return Some(ToolOutcome::err(why));
+        }
         if !self.talk.tools.iter().any(|t| t.name == call.name) {
             let names: Vec<&str> = self.talk.tools.iter().map(|t| t.name.as_str()).collect();
             return Some(ToolOutcome::err(format!(
@@ -331,4 +334,17 @@ impl Thread {
         }
         Ok(id)
     }
+}
+
+/// Why `call`'s arguments cannot be used (see [`crate::provider::UNPARSED`]): a clear error
+/// for the model, with the start of what came.
+fn unusable_arguments(call: &ToolCall) -> Option<String> {
+    let came = call.input.get(crate::provider::UNPARSED)?;
+    let came = came.as_str().unwrap_or_default();
+    let start: String = came.chars().take(200).collect();
+    Some(format!(
+        "the arguments of `{}` were not used: they must be one JSON object nested at most {} levels deep; got: {start}",
+        call.name,
+        crate::core::limits::MAX_NESTING
+    ))
 }

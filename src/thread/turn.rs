@@ -537,6 +537,7 @@ impl Thread {
     async fn answered(&mut self, mut resp: LlmResponse) {
         self.calls.attempt = 0;
         unique_call_ids(&mut resp.tool_calls);
+        crate::provider::bound_nesting(&mut resp.tool_calls);
         self.doc.cost.turns += 1;
         self.publish_row();
         let _ = self.ctx.events.send(Event::Turn {

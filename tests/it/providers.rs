@@ -657,3 +657,55 @@ async fn anthropic_cache_writes_cost_a_quarter_more_than_input() {
         assert_eq!(write, Some(input * 5 / 4), "{model}: {p}");
     }
 }
+
+/// A model's tool call whose arguments nest deeper than weft takes (64 levels) is answered
+/// with an error naming the limit, and never stored: every transcript line and the thread.json
+/// stay readable and verify (serde_json refuses to read JSON nested 128 deep, and the
+/// arguments sit a level or two down in a line and in thread.json's outputs). The model's next,
+/// shallow call completes the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_nested_too_deep_are_refused_and_every_record_stays_readable() {
+    let (base, fake) = fake_llm::start().await;
+    let mut deep = json!("bottom");
+    for _ in 0..126 {
+        deep = json!([deep]);
+    }
+    fake.stream(fake_llm::openai(
+        "",
+        Some(("directive_return", json!({ "ok": true, "x": deep }))),
+        10,
+        0,
+        5,
+    ));
+    fake.stream(fake_llm::openai(
+        "",
+        Some(("directive_return", json!({ "ok": true }))),
+        10,
+        0,
+        5,
+    ));
+    let root = directive(
+        "model: { tier: fast }\noutputs:\n  ok: { type: boolean, required: true }",
+        "Return ok.",
+    );
+    let fx = project(&[("root", root)], &config("openai", &base, ""));
+    let (report, _rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    assert_eq!(
+        report.outputs,
+        Some(json!({ "ok": true })),
+        "the shallow call's outputs"
+    );
+    let results: Vec<String> = fx
+        .events(report.thread_id.as_str())
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .map(|e| e["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        results[0].contains("nest") && results[0].contains("64"),
+        "the deep call is refused with the limit: {results:?}"
+    );
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}

@@ -283,6 +283,47 @@ counter:
     );
 }
 
+/// Inputs nested deeper than weft takes (63 levels under the inputs object: 64 in all) are
+/// refused before anything is written, naming the input and the limit; the same shape one
+/// level shallower starts. (serde_json reads at most 127 levels back, and inputs sit lower in a
+/// transcript line: deeper ones would be written and never read.) Every road into a thread —
+/// the API, `weft run`, `spawn_thread`, a hook, a schedule — resolves its inputs in one place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_nested_too_deep_are_refused_before_anything_is_written() {
+    let d = directive(
+        "inputs:\n  tree: { type: array, required: true }",
+        "Look at {input:tree}.",
+    );
+    let fx = Fixture::new(&[("deep", &d)], "deep:\n  - text: done\n", "");
+    let rt = fx.runtime().await;
+    let nested = |levels: usize| {
+        let mut v = json!("leaf");
+        for _ in 0..levels {
+            v = json!([v]);
+        }
+        let mut m = serde_json::Map::new();
+        m.insert("tree".into(), v);
+        m
+    };
+    let refused = rt
+        .start("deep", nested(64), weft::LimitSet::default())
+        .await
+        .err()
+        .expect("64 levels under the inputs object are refused")
+        .to_string();
+    assert!(
+        refused.contains("input `tree` nests deeper than 63 levels"),
+        "{refused}"
+    );
+    assert!(fx.rows_so_far().is_empty(), "nothing registered");
+    let handle = rt
+        .start("deep", nested(63), weft::LimitSet::default())
+        .await
+        .unwrap();
+    assert_eq!(handle.wait().await.unwrap().status, Status::Completed);
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn running_out_of_script_turns_ends_the_thread_with_a_clear_error() {
     let fx = Fixture::new(
