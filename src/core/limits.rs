@@ -286,6 +286,22 @@ pub(crate) fn check_depth(limits: &Limits, directive: &str) -> Result<(), String
 /// transcript line and in thread.json: deeper ones would be written, signed and never read.
 pub(crate) const MAX_NESTING: usize = 64;
 
+/// The one key of the input a tool call gets when its arguments cannot be taken as they came
+/// (not JSON, or nested deeper than [`MAX_NESTING`]), with what came or why; the tool phase
+/// answers such a call with an error, and runs nothing.
+pub(crate) const UNPARSED: &str = "_unparsed_arguments";
+
+/// A tool call's arguments as weft keeps them: `input`, or when it nests deeper than
+/// [`MAX_NESTING`], only why (under [`UNPARSED`]).
+pub(crate) fn bounded_input(input: serde_json::Value) -> serde_json::Value {
+    match nests_deeper(&input, MAX_NESTING) {
+        false => input,
+        true => serde_json::json!({
+            UNPARSED: format!("arguments nested deeper than {MAX_NESTING} levels")
+        }),
+    }
+}
+
 /// Whether `v` holds arrays or objects nested more than `max` deep (`v` itself counts).
 pub(crate) fn nests_deeper(v: &serde_json::Value, max: usize) -> bool {
     use serde_json::Value;

@@ -226,7 +226,7 @@ impl Assembler {
                         json!({})
                     } else {
                         serde_json::from_str(&body)
-                            .unwrap_or_else(|_| json!({ super::UNPARSED: body }))
+                            .unwrap_or_else(|_| json!({ crate::core::limits::UNPARSED: body }))
                     };
                     tool_calls.push(ToolCall { id, name, input });
                 }

@@ -147,21 +147,12 @@ pub struct ToolCall {
     pub input: serde_json::Value,
 }
 
-/// The one key of the input a tool call gets when its arguments cannot be taken as they came
-/// (not JSON, or nested deeper than [`MAX_NESTING`](crate::core::limits::MAX_NESTING)), with what came or why; the tool phase
-/// answers such a call with an error, and runs nothing.
-pub(crate) const UNPARSED: &str = "_unparsed_arguments";
-
 /// Bounds what a model sent (untrusted): a call whose arguments nest deeper than
-/// [`MAX_NESTING`] keeps only why, before anything of it is logged or run.
+/// [`MAX_NESTING`](crate::core::limits::MAX_NESTING) keeps only why, before anything of it is
+/// logged or run.
 pub(crate) fn bound_nesting(calls: &mut [ToolCall]) {
-    use crate::core::limits::{nests_deeper, MAX_NESTING};
     for c in calls {
-        if nests_deeper(&c.input, MAX_NESTING) {
-            c.input = serde_json::json!({
-                UNPARSED: format!("arguments nested deeper than {MAX_NESTING} levels")
-            });
-        }
+        c.input = crate::core::limits::bounded_input(std::mem::take(&mut c.input));
     }
 }
 

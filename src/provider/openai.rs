@@ -263,7 +263,8 @@ impl Assembler {
             let input = if args.trim().is_empty() {
                 json!({})
             } else {
-                serde_json::from_str(&args).unwrap_or_else(|_| json!({ super::UNPARSED: args }))
+                serde_json::from_str(&args)
+                    .unwrap_or_else(|_| json!({ crate::core::limits::UNPARSED: args }))
             };
             let id = if id.is_empty() {
                 format!("call_{i}")

@@ -6,6 +6,7 @@
 
 use super::{NewThread, StoreError, ThreadStore};
 use crate::core::ids::ThreadId;
+use crate::core::limits::bounded_input;
 use crate::record::line::Line;
 use crate::registry::ThreadFilter;
 use serde_json::{json, Map, Value};
@@ -195,10 +196,10 @@ fn nova_events<'a>(
             }
             (Some("tool_use"), _) => json!({
                 "type": "tool_use", "id": format!("nova-{}", i + 1),
-                "name": v["name"].as_str().unwrap_or("tool"), "input": v["input"], "at": at
+                "name": v["name"].as_str().unwrap_or("tool"), "input": bounded_input(v["input"].clone()), "at": at
             }),
             (Some("result"), _) => {
-                json!({ "type": "note", "text": format!("nova result: {} turn(s), ${}", v["turns"], v["cost"]), "result": v, "at": at })
+                json!({ "type": "note", "text": format!("nova result: {} turn(s), ${}", v["turns"], v["cost"]), "result": bounded_input(v.clone()), "at": at })
             }
             // The engine streams the final answer as an event before nova writes it as a
             // message: keep one.

@@ -70,7 +70,10 @@ pub fn rebuild_conversation(events: &[Value]) -> (Vec<Message>, u64) {
                 msgs.push(Message::user(text));
             }
             Line::AssistantText { text } => said_by_model(&mut msgs, Block::Text { text }),
+            // Bounded again: a line written before the bound, or imported, may nest deeper
+            // than a conversation line (where it sits lower) can be read back.
             Line::ToolUse { id, name, input } => {
+                let input = crate::core::limits::bounded_input(input);
                 said_by_model(&mut msgs, Block::ToolUse { id, name, input })
             }
             Line::ToolResult {

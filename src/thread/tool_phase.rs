@@ -336,14 +336,14 @@ impl Thread {
     }
 }
 
-/// Why `call`'s arguments cannot be used (see [`crate::provider::UNPARSED`]): a clear error
-/// for the model, with the start of what came.
+/// Why `call`'s arguments cannot be used (see [`crate::core::limits::UNPARSED`]): a clear
+/// error for the model. What came is not echoed (it may hold a secret: a `set_env` that is
+/// not JSON cannot be redacted field by field).
 fn unusable_arguments(call: &ToolCall) -> Option<String> {
-    let came = call.input.get(crate::provider::UNPARSED)?;
-    let came = came.as_str().unwrap_or_default();
-    let start: String = came.chars().take(200).collect();
+    let came = call.input.get(crate::core::limits::UNPARSED)?;
+    let came = came.as_str().map_or(0, |s| s.chars().count());
     Some(format!(
-        "the arguments of `{}` were not used: they must be one JSON object nested at most {} levels deep; got: {start}",
+        "the arguments of `{}` were not used: they must be one JSON object nested at most {} levels deep (got {came} characters that are not)",
         call.name,
         crate::core::limits::MAX_NESTING
     ))

@@ -556,15 +556,15 @@ impl Thread {
         }
         for c in &resp.tool_calls {
             let input = super::builtin::loggable_input(c);
+            content.push(Block::ToolUse {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                input: super::builtin::conversed_input(c, &input),
+            });
             self.log(Line::ToolUse {
                 id: c.id.clone(),
                 name: c.name.clone(),
                 input,
-            });
-            content.push(Block::ToolUse {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                input: c.input.clone(),
             });
         }
         self.talk.push(Message {

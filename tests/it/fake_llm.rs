@@ -181,6 +181,19 @@ pub fn openai(
     cached: u64,
     completion: u64,
 ) -> Vec<String> {
+    let tool = tool.map(|(name, args)| (name, args.to_string()));
+    openai_raw(text, tool, prompt, cached, completion)
+}
+
+/// [`openai`] with the tool call's arguments as the model streamed them (they need not be
+/// JSON).
+pub fn openai_raw(
+    text: &str,
+    tool: Option<(&str, String)>,
+    prompt: u64,
+    cached: u64,
+    completion: u64,
+) -> Vec<String> {
     let mut out = Vec::new();
     out.push(data(
         json!({"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}),
@@ -190,7 +203,7 @@ pub fn openai(
     }
     if let Some((name, args)) = &tool {
         out.push(data(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_abc","type":"function","function":{"name":name,"arguments":""}}]}}]})));
-        for p in pieces(&args.to_string(), 4) {
+        for p in pieces(args, 4) {
             out.push(data(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":p}}]}}]})));
         }
     }

@@ -272,3 +272,48 @@ fn nova_message_events_import_as_well_as_untyped_messages() {
     .map(|(w, t)| (w.to_string(), t.to_string()));
     assert_eq!(said, want);
 }
+
+/// A nova file whose tool call and result nest as deep as JSON can be read (the file's own
+/// lines parse) imports as a transcript that stays readable, and a fork of it (its
+/// conversation rebuilt one line lower) verifies: weft bounds what it keeps of them, as it
+/// bounds a model's arguments.
+#[test]
+fn a_deeply_nested_nova_import_stays_readable_and_forks() {
+    let chat = directive("limits: { turns: 1 }", "unused");
+    let fx = Fixture::new(&[("chat", &chat)], "chat:\n  - text: Fine.\n", "");
+    let mut deep = json!("leaf");
+    for _ in 0..124 {
+        deep = json!([deep]);
+    }
+    let lines = [
+        json!({"id":"deep-1","agentId":"nova","createdAt":"2026-02-17T10:00:00.000Z","updatedAt":"2026-02-17T10:01:00.000Z"}),
+        json!({"type":"message","role":"user","text":"go deep","timestamp":"2026-02-17T10:00:01.000Z"}),
+        json!({"type":"tool_use","name":"dig","input":{"x": deep.clone()},"timestamp":"2026-02-17T10:00:02.000Z"}),
+        json!({"type":"result","turns":1,"cost":0.01,"x": deep,"timestamp":"2026-02-17T10:00:03.000Z"}),
+    ];
+    let file = fx.root().join("deep.jsonl");
+    let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&file, text.join("\n")).unwrap();
+    let (code, v, msg) = weft(&fx, &["import", "nova", file.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{msg}");
+    let id = imported(&v)[0].1.clone();
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+    let script = fx.root().join("script.yaml");
+    let (code, forked, msg) = weft(
+        &fx,
+        &[
+            "fork",
+            &id,
+            "-m",
+            "Again?",
+            "--directive",
+            "chat",
+            "--script",
+            script.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{msg}");
+    assert!(forked["thread_id"].is_string(), "{forked}");
+    assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
+}

@@ -709,3 +709,39 @@ async fn arguments_nested_too_deep_are_refused_and_every_record_stays_readable()
     );
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
 }
+
+/// A `set_env` whose arguments are not JSON is answered with an error that does not echo them,
+/// and its arguments never reach the transcript: a secret in them cannot be hidden field by
+/// field (a `set_env` that parses has its secret value hidden as `[secret:NAME]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_env_that_is_not_json_never_writes_its_secret() {
+    const SECRET: &str = "sk-live-0123456789abcdefSECRET";
+    let (base, fake) = fake_llm::start().await;
+    let raw = format!(r#"{{"name":"TOKEN","value":"{SECRET}","secret":true"#); // no closing brace
+    fake.stream(fake_llm::openai_raw("", Some(("set_env", raw)), 10, 0, 5));
+    fake.stream(fake_llm::openai("Done.", None, 10, 0, 5));
+    let root = directive(
+        "model: { tier: fast }\npermissions: [\"env.set\"]",
+        "Set it.",
+    );
+    let fx = project(&[("root", root)], &config("openai", &base, ""));
+    let (report, _rt) = run_root(&fx).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let lines = fx.events(report.thread_id.as_str());
+    let result = lines.iter().find(|l| l["type"] == "tool_result").unwrap();
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap()
+            .contains("were not used"),
+        "{result}"
+    );
+    for entry in walk(&fx.root().join(".weft")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains(SECRET),
+            "the secret is in {}",
+            entry.display()
+        );
+    }
+}
