@@ -40,6 +40,18 @@ fn imported(v: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `weft fork <id> -m <message>` under this project's `chat` directive and its script; the
+/// fork's JSON (the command must succeed).
+fn fork_under_chat(fx: &Fixture, id: &str, message: &str) -> Value {
+    let script = fx.root().join("script.yaml");
+    let args = ["fork", id, "-m", message, "--directive", "chat", "--script"];
+    let mut args: Vec<&str> = args.to_vec();
+    args.extend([script.to_str().unwrap(), "--json"]);
+    let (code, forked, msg) = weft(fx, &args);
+    assert_eq!(code, 0, "{msg}");
+    forked
+}
+
 #[test]
 fn nova_threads_import_as_searchable_forkable_history() {
     let chat = directive("limits: { turns: 1 }", "unused");
@@ -128,22 +140,7 @@ fn nova_threads_import_as_searchable_forkable_history() {
     let (code, _, msg) = weft(&fx, &["fork", legacy, "-m", "And on Sunday?"]);
     assert_eq!(code, 2);
     assert!(msg.contains("--directive"), "{msg}");
-    let script = fx.root().join("script.yaml");
-    let (code, forked, msg) = weft(
-        &fx,
-        &[
-            "fork",
-            legacy,
-            "-m",
-            "And on Sunday?",
-            "--directive",
-            "chat",
-            "--script",
-            script.to_str().unwrap(),
-            "--json",
-        ],
-    );
-    assert_eq!(code, 0, "{msg}");
+    let forked = fork_under_chat(&fx, legacy, "And on Sunday?");
     let conv = fx.events(forked["thread_id"].as_str().unwrap());
     let conv = conv.iter().find(|l| l["type"] == "conversation").unwrap()["messages"].to_string();
     assert!(conv.contains("Nuuksio"), "{conv}");
@@ -298,22 +295,7 @@ fn a_deeply_nested_nova_import_stays_readable_and_forks() {
     assert_eq!(code, 0, "{msg}");
     let id = imported(&v)[0].1.clone();
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
-    let script = fx.root().join("script.yaml");
-    let (code, forked, msg) = weft(
-        &fx,
-        &[
-            "fork",
-            &id,
-            "-m",
-            "Again?",
-            "--directive",
-            "chat",
-            "--script",
-            script.to_str().unwrap(),
-            "--json",
-        ],
-    );
-    assert_eq!(code, 0, "{msg}");
+    let forked = fork_under_chat(&fx, &id, "Again?");
     assert!(forked["thread_id"].is_string(), "{forked}");
     assert!(fx.verify_all().is_empty(), "{:?}", fx.verify_all());
 }
