@@ -286,6 +286,53 @@ async fn a_running_row_superseded_within_its_lag_is_never_written() {
     panic!("ten attempts each took 80 ms or more: the machine is too loaded to tell");
 }
 
+/// The other side of the lag: a running row that nothing supersedes is written when its lag
+/// is over, with no other message to carry it (`weft status` from another process sees it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_running_row_is_written_when_its_lag_is_over() {
+    use weft::internals::{RegistryMsg, ThreadRow};
+    let fx = Fixture::new(&[], "", "");
+    let rt = fx.runtime().await;
+    let (registry, _) = weft::internals::actors(&rt);
+    let id = weft::ThreadId::parse("w-1-a").unwrap();
+    let row = |status| {
+        Box::new(ThreadRow {
+            directive: "w".into(),
+            ..ThreadRow::new(id.clone(), id.clone(), status)
+        })
+    };
+    ractor::call!(registry, |reply| RegistryMsg::Register {
+        row: row(Status::Created),
+        admit: None,
+        reply
+    })
+    .unwrap()
+    .unwrap();
+    registry
+        .cast(RegistryMsg::Update {
+            row: row(Status::Running),
+            reply: None,
+        })
+        .unwrap();
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/registry.db")).unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let status: String = db
+            .query_row("SELECT status FROM threads WHERE id='w-1-a'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        if status == "running" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "the running row was never written (still {status})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// x runs; meanwhile z registers and y ends; then x ends. Returns how long it took.
 async fn within_the_lag(
     registry: &ractor::ActorRef<weft::internals::RegistryMsg>,
