@@ -233,12 +233,7 @@ async fn what_a_thread_may_schedule_is_checked_and_orphans_are_failed() {
         .run("greedy", Default::default(), weft::LimitSet::default())
         .await
         .unwrap();
-    let results: Vec<String> = fx
-        .events(r.thread_id.as_str())
-        .iter()
-        .filter(|l| l["type"] == "tool_result")
-        .map(|l| l["content"].as_str().unwrap().to_string())
-        .collect();
+    let results = fx.tool_results(r.thread_id.as_str());
     assert!(results[0].contains("thread.spawn.planner"), "{results:?}");
     assert!(results[1].contains("30 days"), "{results:?}");
     assert!(effects(&fx).is_empty());

@@ -670,20 +670,11 @@ async fn arguments_nested_too_deep_are_refused_and_every_record_stays_readable()
     for _ in 0..126 {
         deep = json!([deep]);
     }
-    fake.stream(fake_llm::openai(
-        "",
-        Some(("directive_return", json!({ "ok": true, "x": deep }))),
-        10,
-        0,
-        5,
-    ));
-    fake.stream(fake_llm::openai(
-        "",
-        Some(("directive_return", json!({ "ok": true }))),
-        10,
-        0,
-        5,
-    ));
+    // The deep call, then a shallow one.
+    for args in [json!({ "ok": true, "x": deep }), json!({ "ok": true })] {
+        let reply = fake_llm::openai("", Some(("directive_return", args)), 10, 0, 5);
+        fake.stream(reply);
+    }
     let root = directive(
         "model: { tier: fast }\noutputs:\n  ok: { type: boolean, required: true }",
         "Return ok.",
@@ -697,12 +688,7 @@ async fn arguments_nested_too_deep_are_refused_and_every_record_stays_readable()
         Some(json!({ "ok": true })),
         "the shallow call's outputs"
     );
-    let results: Vec<String> = fx
-        .events(report.thread_id.as_str())
-        .iter()
-        .filter(|e| e["type"] == "tool_result")
-        .map(|e| e["content"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let results = fx.tool_results(report.thread_id.as_str());
     assert!(
         results[0].contains("nest") && results[0].contains("64"),
         "the deep call is refused with the limit: {results:?}"
@@ -727,15 +713,8 @@ async fn a_set_env_that_is_not_json_never_writes_its_secret() {
     let fx = project(&[("root", root)], &config("openai", &base, ""));
     let (report, _rt) = run_root(&fx).await;
     assert_eq!(report.status, Status::Completed, "{report:?}");
-    let lines = fx.events(report.thread_id.as_str());
-    let result = lines.iter().find(|l| l["type"] == "tool_result").unwrap();
-    assert!(
-        result["content"]
-            .as_str()
-            .unwrap()
-            .contains("were not used"),
-        "{result}"
-    );
+    let results = fx.tool_results(report.thread_id.as_str());
+    assert!(results[0].contains("were not used"), "{results:?}");
     for entry in walk(&fx.root().join(".weft")) {
         let text = std::fs::read(&entry).unwrap_or_default();
         assert!(

@@ -246,6 +246,15 @@ impl Fixture {
             .events
     }
 
+    /// The contents of a thread's tool results, in order.
+    pub fn tool_results(&self, id: &str) -> Vec<String> {
+        self.events(id)
+            .iter()
+            .filter(|e| e["type"] == "tool_result")
+            .map(|e| e["content"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// Verifies every thread; returns the failures.
     pub fn verify_all(&self) -> Vec<weft::internals::Verdict> {
         let project = self.project();

@@ -270,12 +270,7 @@ counter:
     assert_eq!(report.status, Status::Completed, "{report:?}");
     assert_eq!(report.outputs, Some(json!({ "count": 0, "ok": false })));
     assert_eq!(report.turns, 4);
-    let results: Vec<String> = fx
-        .events(report.thread_id.as_str())
-        .iter()
-        .filter(|e| e["type"] == "tool_result")
-        .map(|e| e["content"].as_str().unwrap().to_string())
-        .collect();
+    let results = fx.tool_results(report.thread_id.as_str());
     assert!(results[0].contains("`count` is required"), "{results:?}");
     assert!(
         results[1].contains("`count` must be of type integer"),
