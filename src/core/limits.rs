@@ -287,18 +287,22 @@ pub(crate) fn check_depth(limits: &Limits, directive: &str) -> Result<(), String
 pub(crate) const MAX_NESTING: usize = 64;
 
 /// The one key of the input a tool call gets when its arguments cannot be taken as they came
-/// (not JSON, or nested deeper than [`MAX_NESTING`]), with what came or why; the tool phase
-/// answers such a call with an error, and runs nothing.
+/// (not JSON, or nested deeper than [`MAX_NESTING`]), with why; the tool phase answers such a
+/// call with an error, and runs nothing.
 pub(crate) const UNPARSED: &str = "_unparsed_arguments";
+
+/// The input of a call whose arguments are not used, saying `why` and never what came: what
+/// is not JSON cannot be redacted field by field (a `set_env` secret), and it is logged.
+pub(crate) fn unparsed(why: String) -> serde_json::Value {
+    serde_json::json!({ UNPARSED: why })
+}
 
 /// A tool call's arguments as weft keeps them: `input`, or when it nests deeper than
 /// [`MAX_NESTING`], only why (under [`UNPARSED`]).
 pub(crate) fn bounded_input(input: serde_json::Value) -> serde_json::Value {
     match nests_deeper(&input, MAX_NESTING) {
         false => input,
-        true => serde_json::json!({
-            UNPARSED: format!("arguments nested deeper than {MAX_NESTING} levels")
-        }),
+        true => unparsed(format!("nested deeper than {MAX_NESTING} levels")),
     }
 }
 

@@ -225,8 +225,7 @@ impl Assembler {
                     let input = if body.trim().is_empty() {
                         json!({})
                     } else {
-                        serde_json::from_str(&body)
-                            .unwrap_or_else(|_| json!({ crate::core::limits::UNPARSED: body }))
+                        serde_json::from_str(&body).unwrap_or_else(|_| super::not_json(&body))
                     };
                     tool_calls.push(ToolCall { id, name, input });
                 }

@@ -156,6 +156,12 @@ pub(crate) fn bound_nesting(calls: &mut [ToolCall]) {
     }
 }
 
+/// The input of a call whose streamed arguments are not JSON (see
+/// [`unparsed`](crate::core::limits::unparsed)).
+pub(crate) fn not_json(args: &str) -> serde_json::Value {
+    crate::core::limits::unparsed(format!("not JSON ({} characters)", args.chars().count()))
+}
+
 /// A completed call.
 #[derive(Debug, Clone, Default)]
 pub struct LlmResponse {

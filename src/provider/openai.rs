@@ -263,8 +263,7 @@ impl Assembler {
             let input = if args.trim().is_empty() {
                 json!({})
             } else {
-                serde_json::from_str(&args)
-                    .unwrap_or_else(|_| json!({ crate::core::limits::UNPARSED: args }))
+                serde_json::from_str(&args).unwrap_or_else(|_| super::not_json(&args))
             };
             let id = if id.is_empty() {
                 format!("call_{i}")

@@ -337,13 +337,12 @@ impl Thread {
 }
 
 /// Why `call`'s arguments cannot be used (see [`crate::core::limits::UNPARSED`]): a clear
-/// error for the model. What came is not echoed (it may hold a secret: a `set_env` that is
-/// not JSON cannot be redacted field by field).
+/// error for the model.
 fn unusable_arguments(call: &ToolCall) -> Option<String> {
-    let came = call.input.get(crate::core::limits::UNPARSED)?;
-    let came = came.as_str().map_or(0, |s| s.chars().count());
+    let why = call.input.get(crate::core::limits::UNPARSED)?;
+    let why: String = why.as_str().unwrap_or_default().chars().take(200).collect();
     Some(format!(
-        "the arguments of `{}` were not used: they must be one JSON object nested at most {} levels deep (got {came} characters that are not)",
+        "the arguments of `{}` were not used ({why}): they must be one JSON object nested at most {} levels deep",
         call.name,
         crate::core::limits::MAX_NESTING
     ))

@@ -559,7 +559,7 @@ impl Thread {
             content.push(Block::ToolUse {
                 id: c.id.clone(),
                 name: c.name.clone(),
-                input: super::builtin::conversed_input(c, &input),
+                input: c.input.clone(),
             });
             self.log(Line::ToolUse {
                 id: c.id.clone(),

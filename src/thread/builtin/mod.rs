@@ -142,29 +142,14 @@ fn build(
 }
 
 /// A call's input as the transcript keeps it: a secret `set_env` value is already hidden
-/// (it is not yet among the known secrets when the call is logged), and `set_env` arguments
-/// that are not JSON are not kept at all.
+/// (it is not yet among the known secrets when the call is logged).
 pub(crate) fn loggable_input(call: &ToolCall) -> Value {
     let mut input = call.input.clone();
-    if call.name == Builtin::SetEnv.name() && input.get(crate::core::limits::UNPARSED).is_some() {
-        // Not JSON: a secret in it cannot be found field by field.
-        return json!({ crate::core::limits::UNPARSED: "[not logged: set_env arguments that are not JSON]" });
-    }
     if call.name == Builtin::SetEnv.name() && input["secret"] == true {
         let name = input["name"].as_str().unwrap_or("?").to_string();
         input["value"] = json!(format!("[secret:{name}]"));
     }
     input
-}
-
-/// What the conversation keeps of a call's input: as the model gave it, or, when its
-/// arguments were not used (not JSON, too deep), as the transcript logged it (a later
-/// conversation line, a continuation's, writes it too).
-pub(crate) fn conversed_input(call: &ToolCall, logged: &Value) -> Value {
-    match call.input.get(crate::core::limits::UNPARSED) {
-        Some(_) => logged.clone(),
-        None => call.input.clone(),
-    }
 }
 
 impl Thread {
