@@ -269,6 +269,13 @@ fn add_config(p: &Proj, lines: &str) {
 }
 
 /// Runs the `w`×`d` tree of project `p` (made by [`tree_project`]) and measures it.
+/// Milliseconds from `end` until the search index holds every thread that ended (the indexer
+/// waits for a burst of endings to stop, see src/store/later.rs): not part of any wall time.
+fn caught_up(rt: &weft::Runtime, end: Instant) -> f64 {
+    rt.store().flush_index();
+    end.elapsed().as_secs_f64() * 1e3
+}
+
 async fn tree_on(p: &Proj, w: usize, d: usize) -> Value {
     let strict = std::fs::read_to_string(p.root.join(".weft/config.yaml"))
         .unwrap_or_default()
@@ -300,10 +307,12 @@ async fn tree_on(p: &Proj, w: usize, d: usize) -> Value {
         .collect();
     lat.sort_by(|a, b| a.total_cmp(b));
     let (peak, _) = rss_kib();
+    let indexed = caught_up(&rt, t0 + wall);
     rt.shutdown();
     json!({
         "threads": n, "width": w, "depth": d, "durability": if strict { "strict" } else { "normal" },
         "wall_s": wall.as_secs_f64(), "threads_per_s": n as f64 / wall.as_secs_f64(),
+        "index_caught_up_ms": indexed,
         "mean_overhead_us": wall.as_secs_f64() * 1e6 / n as f64,
         "p50_spawn_to_terminal_ms": pct(&lat, 0.5), "p99_spawn_to_terminal_ms": pct(&lat, 0.99),
         "peak_rss_mib": peak as f64 / 1024.0,
@@ -739,11 +748,13 @@ async fn bench_cancel(w: usize, d: usize) -> Value {
     let cancel_s = t.elapsed().as_secs_f64();
     perf_ctl("disable");
     let cancel_cpu_s = cpu_s() - cpu;
+    let indexed = caught_up(&rt, t + Duration::from_secs_f64(cancel_s));
     assert_eq!(report.status, weft::Status::Cancelled);
     let left = store.list(true, 10).unwrap().len();
     let (violations, open) = rt.audit().await;
     rt.shutdown();
     json!({ "threads": n, "tree_live_after_s": build_s, "cancel_to_all_finalized_s": cancel_s, "cancel_cpu_s": cancel_cpu_s,
+            "index_caught_up_ms": indexed,
             "left_running": left, "ledger_violations": violations.len(), "open_reservations": open })
 }
 
@@ -1158,6 +1169,11 @@ async fn main() {
             format!("{:.0} MiB", f(t, "peak_rss_mib")),
             "≤ 150 MiB",
         );
+        row(
+            "  search index caught up after the end",
+            format!("{:.0} ms", f(t, "index_caught_up_ms")),
+            "",
+        );
         if let Some(fl) = v.get("floor") {
             row(
                 "  × bare-ractor floor (threads/s)",
@@ -1222,6 +1238,11 @@ async fn main() {
             &format!("cancel root of {} live threads", c["threads"]),
             format!("{:.3} s", f(c, "cancel_to_all_finalized_s")),
             &format!("≤ 1 s (10k); {}", sign_floor(&v, f(c, "threads"))),
+        );
+        row(
+            "  search index caught up after the end",
+            format!("{:.0} ms", f(c, "index_caught_up_ms")),
+            "",
         );
     }
     if let Some(m) = v.get("memory") {

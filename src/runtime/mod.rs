@@ -587,8 +587,11 @@ impl Runtime {
     }
 
     /// [`Runtime::shutdown`], waiting (10 s at most each) until their last changes are stored
-    /// and the ledger's journal is folded into ledger.db and removed.
+    /// and the ledger's journal is folded into ledger.db and removed, and until every thread
+    /// that ended is in the search index.
     pub async fn close(self) {
+        let store = self.ctx.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.flush_index()).await;
         let wait = Some(std::time::Duration::from_secs(10));
         let _ = self.ctx.ledger.stop_and_wait(None, wait).await;
         let _ = self.ctx.registry.stop_and_wait(None, wait).await;

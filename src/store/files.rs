@@ -536,6 +536,8 @@ impl ThreadStore for FileStore {
     }
 
     fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {
+        // Every thread that ended before this search is found (see `later.rs`).
+        self.flush_index();
         self.idx(|c| index::search(c, query))
     }
 

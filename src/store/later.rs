@@ -1,7 +1,9 @@
 //! Indexing off the thread actors: a thread that ends queues what it said; one worker OS thread
-//! (started when the queue fills, gone when it empties) writes everything queued meanwhile in
-//! one store.db transaction, so an ending thread never waits for store.db and a burst of
-//! endings shares one commit.
+//! (started when the queue fills, gone when it empties) waits until threads stop ending for a
+//! moment (at most a second: `queue::QUIET`, `queue::MAX_WAIT`), then writes what was queued in
+//! few store.db transactions. An ending thread never waits for store.db, a burst of endings
+//! shares its commits and does not share the cores with its own indexing, and a search first
+//! waits until every thread queued before it is indexed ([`FileStore::flush_index`]).
 
 use super::queue::Ended;
 use super::{index, FileStore, ThreadStore};
@@ -24,50 +26,77 @@ impl FileStore {
             .spawn(move || me.drain_later());
         if started.is_err() {
             // No thread to spare: `weft search --backfill` indexes what is left.
-            st.take();
+            while !st.ended.is_empty() {
+                st.done += st.take().len() as u64;
+            }
             st.draining = false;
         }
     }
 
     fn drain_later(&self) {
+        while let Some(batch) = self.next_batch() {
+            let n = batch.len() as u64;
+            // A batch that panics is given up like one the index refuses: the worker goes on,
+            // and nobody waiting for it waits forever.
+            let indexing = std::panic::AssertUnwindSafe(|| self.index_batch(batch));
+            if std::panic::catch_unwind(indexing).is_err() {
+                tracing::warn!("{n} thread(s) not indexed for search: the indexer failed (`weft search --backfill` retries)");
+            }
+            if let Ok(mut st) = self.later.state.lock() {
+                st.done += n;
+            }
+            self.later.idle.notify_all();
+        }
+    }
+
+    /// The next batch to index, once it is due (None: the queue is empty and the worker ends).
+    fn next_batch(&self) -> Option<Vec<Ended>> {
+        let mut st = self.later.state.lock().ok()?;
         loop {
-            let batch = match self.later.state.lock() {
-                Ok(mut st) if st.ended.is_empty() => {
-                    st.draining = false;
-                    self.later.idle.notify_all();
-                    return;
-                }
-                Ok(mut st) => st.take(),
-                Err(_) => return,
-            };
-            let mut ready = Vec::with_capacity(batch.len());
-            for e in batch {
-                match e.said {
-                    Some(said) => ready.push((e.id, e.directive, e.head, said)),
-                    None => {
-                        if let Err(err) = self.index(&e.id) {
-                            tracing::warn!(thread = %e.id, "not indexed for search: {err} (`weft search --backfill` retries)");
-                        }
+            if st.ended.is_empty() {
+                st.draining = false;
+                self.later.idle.notify_all();
+                return None;
+            }
+            match st.wait_left(std::time::Instant::now()) {
+                None => return Some(st.take()),
+                Some(left) => st = self.later.wake.wait_timeout(st, left).ok()?.0,
+            }
+        }
+    }
+
+    fn index_batch(&self, batch: Vec<Ended>) {
+        let mut ready = Vec::with_capacity(batch.len());
+        for e in batch {
+            match e.said {
+                Some(said) => ready.push((e.id, e.directive, e.head, said)),
+                None => {
+                    if let Err(err) = self.index(&e.id) {
+                        tracing::warn!(thread = %e.id, "not indexed for search: {err} (`weft search --backfill` retries)");
                     }
                 }
             }
-            if self.idx(|c| index::put_many(c, &ready)).is_err() {
-                // One thread the index refuses never keeps the others out: each on its own.
-                for one in ready.chunks(1) {
-                    if let Err(err) = self.idx(|c| index::put_many(c, one)) {
-                        tracing::warn!(thread = %one[0].0, "not indexed for search: {err} (`weft search --backfill` retries)");
-                    }
+        }
+        if self.idx(|c| index::put_many(c, &ready)).is_err() {
+            // One thread the index refuses never keeps the others out: each on its own.
+            for one in ready.chunks(1) {
+                if let Err(err) = self.idx(|c| index::put_many(c, one)) {
+                    tracing::warn!(thread = %one[0].0, "not indexed for search: {err} (`weft search --backfill` retries)");
                 }
             }
         }
     }
 
-    /// Waits until every queued thread is indexed (before a process exits).
+    /// Waits until every thread queued so far is indexed (before a search reads the index,
+    /// before a process exits); threads that end meanwhile are not waited for.
     pub fn flush_index(&self) {
         let Ok(mut st) = self.later.state.lock() else {
             return;
         };
-        while st.draining {
+        let target = st.queued;
+        st.wanted = st.wanted.max(target);
+        self.later.wake.notify_all();
+        while st.done < target && st.draining {
             st = match self.later.idle.wait(st) {
                 Ok(st) => st,
                 Err(_) => return,

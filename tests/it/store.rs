@@ -355,6 +355,40 @@ fn chat() -> String {
     directive("limits: { turns: 2 }", "Tell me about Norway's cities.")
 }
 
+/// The indexer waits for threads to stop ending before it indexes them (store/later.rs), yet
+/// a search finds every thread that ended before it; and a thread nobody searches for is
+/// indexed on its own within about a second (another process's search, which cannot wait for
+/// this one's queue, finds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_finds_a_thread_that_just_ended_and_the_indexer_catches_up_alone() {
+    let fx = Fixture::new(&[("chat", &chat())], SCRIPT, "");
+    let (first, rt) = fx.run("chat", json!({})).await;
+    let hits = rt.search(&SearchQuery::new("Oslo capital")).unwrap();
+    assert_eq!(hits.len(), 1, "found as soon as it ended: {hits:?}");
+    assert_eq!(hits[0].thread_id, first.thread_id);
+
+    let second = rt
+        .run("chat", Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let elsewhere = FileStore::open(&fx.project()).unwrap();
+    let t0 = std::time::Instant::now();
+    let found = loop {
+        let hits = elsewhere.search(&SearchQuery::new("Oslo capital")).unwrap();
+        if hits.iter().any(|h| h.thread_id == second.thread_id) || t0.elapsed().as_secs() >= 10 {
+            break hits;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(found.len(), 2, "indexed without a search asking: {found:?}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "indexed {:?} after it ended (at most a second of waiting is promised)",
+        t0.elapsed()
+    );
+    rt.shutdown();
+}
+
 /// Threads are indexed as they end; an edit re-indexes and keeps the project verifying; fork
 /// copies the conversation (edits honoured) into a new root with its own budget and leaves
 /// the source untouched; resume honours edits too; delete refuses a tree without --subtree.
