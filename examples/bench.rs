@@ -401,7 +401,7 @@ fn bench_search(n: usize) -> Value {
 }
 
 async fn bench_sse(w: usize, d: usize, clients: usize) -> Value {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let n = tree_size(w, d);
     let mut walls = Vec::new();
     let mut delivered = 0u64;

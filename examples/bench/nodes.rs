@@ -96,7 +96,7 @@ async fn database(server: &super::pg::Server, name: &str) -> String {
 
 /// Runs the tree from `first` and waits for its root's end: (wall, root's row as the API says).
 async fn run_tree(first: &Node) -> (Duration, Value) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
     let call = |m: reqwest::Method, path: String| {
         http.request(m, format!("{}{path}", first.base))

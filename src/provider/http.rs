@@ -24,13 +24,14 @@ pub(crate) struct HttpSettings {
     pub read_timeout: Duration,
 }
 
-/// Installs rustls's ring provider for every HTTP client of the process (no OpenSSL). Installing
-/// twice is harmless: the first provider wins.
+/// Installs rustls's AWS-LC provider for every HTTP client of the process (no OpenSSL; the
+/// library that also signs, `record/signing.rs`). Installing twice is harmless: the first
+/// provider wins.
 pub(crate) fn ensure_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-/// Builds the HTTP client (rustls with the ring provider; no OpenSSL).
+/// Builds the HTTP client (rustls with the AWS-LC provider; no OpenSSL).
 pub(crate) fn client(settings: &HttpSettings) -> Result<reqwest::Client, String> {
     ensure_tls_provider();
     reqwest::Client::builder()

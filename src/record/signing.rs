@@ -6,7 +6,7 @@
 
 use crate::core::ids::sha256_hex;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
-use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -42,7 +42,10 @@ pub struct SignatureBlock {
 
 /// This user's signing key.
 pub struct Signer {
+    /// The key as stored and trusted (PKCS#8, its public half, verification).
     key: SigningKey,
+    /// The same key in AWS-LC, which signs it (the same deterministic signatures, faster).
+    signing: aws_lc_rs::signature::Ed25519KeyPair,
     /// Id of the key, as in [`SignatureBlock::key_id`].
     pub key_id: String,
 }
@@ -67,8 +70,7 @@ impl Signer {
                     "not an ed25519 PKCS#8 PEM key ({e}); move it away to generate a new one"
                 ))
             })?;
-            let key_id = key_id_of(&key.verifying_key());
-            return Ok(Signer { key, key_id });
+            return Signer::of(key).map_err(err);
         }
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| err(format!("no OS randomness: {e}")))?;
@@ -86,8 +88,23 @@ impl Signer {
             }
             Err(e) => return Err(err(format!("cannot write: {e}"))),
         }
-        let key_id = key_id_of(&key.verifying_key());
-        Ok(Signer { key, key_id })
+        Signer::of(key).map_err(err)
+    }
+
+    fn of(key: SigningKey) -> Result<Signer, String> {
+        let public = key.verifying_key();
+        let signing = aws_lc_rs::signature::Ed25519KeyPair::from_seed_and_public_key(
+            key.as_bytes(),
+            public.as_bytes(),
+        )
+        .map_err(|e| {
+            format!("the key is refused for signing ({e}); move it away to generate a new one")
+        })?;
+        Ok(Signer {
+            key_id: key_id_of(&public),
+            key,
+            signing,
+        })
     }
 
     /// Writes this key's public half to `<trust_dir>/<key_id>.pub` if absent.
@@ -129,11 +146,11 @@ impl Signer {
 
     /// Signs `msg`, a domain and a document's canonical bytes ([`canonical_message`]).
     pub(crate) fn sign_message(&self, msg: &[u8]) -> SignatureBlock {
-        let sig: Signature = self.key.sign(msg);
+        let sig = self.signing.sign(msg);
         SignatureBlock {
             alg: "ed25519".into(),
             key_id: self.key_id.clone(),
-            sig: crate::core::ids::hex(&sig.to_bytes()),
+            sig: crate::core::ids::hex(sig.as_ref()),
         }
     }
 }
@@ -318,6 +335,21 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    /// AWS-LC signs exactly what ed25519-dalek would (ed25519 is deterministic): files signed
+    /// before the switch and after it are the same, and dalek verifies both.
+    #[test]
+    fn aws_lc_signs_what_dalek_would() {
+        use ed25519_dalek::Signer as _;
+        let dir = tempfile::tempdir().unwrap();
+        let s = Signer::load_or_create(dir.path()).unwrap();
+        for len in [0, 1, 200, 1100, 70_000] {
+            let msg: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let ours = s.sign_message(&msg);
+            let dalek = crate::core::ids::hex(&s.key.sign(&msg).to_bytes());
+            assert_eq!(ours.sig, dalek, "{len} bytes");
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// A plain HTTP client (rustls needs its crypto provider chosen first, as weft's own does).
 fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     reqwest::Client::new()
 }
 
