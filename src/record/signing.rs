@@ -42,9 +42,10 @@ pub struct SignatureBlock {
 
 /// This user's signing key.
 pub struct Signer {
-    /// The key as stored and trusted (PKCS#8, its public half, verification).
-    key: SigningKey,
-    /// The same key in AWS-LC, which signs it (the same deterministic signatures, faster).
+    /// Its public half (what `.weft/trust/` holds).
+    public: VerifyingKey,
+    /// The key in AWS-LC, which signs (the same deterministic signatures as ed25519-dalek,
+    /// which reads and writes the key file; faster). The only copy of the secret kept.
     signing: aws_lc_rs::signature::Ed25519KeyPair,
     /// Id of the key, as in [`SignatureBlock::key_id`].
     pub key_id: String,
@@ -102,7 +103,7 @@ impl Signer {
         })?;
         Ok(Signer {
             key_id: key_id_of(&public),
-            key,
+            public,
             signing,
         })
     }
@@ -118,8 +119,7 @@ impl Signer {
             message,
         };
         let pem = self
-            .key
-            .verifying_key()
+            .public
             .to_public_key_pem(Default::default())
             .map_err(|e| err(format!("cannot encode: {e}")))?;
         std::fs::create_dir_all(trust_dir)
@@ -145,6 +145,7 @@ impl Signer {
     }
 
     /// Signs `msg`, a domain and a document's canonical bytes ([`canonical_message`]).
+    /// (AWS-LC's `sign` panics only if it cannot allocate, where Rust's own allocations abort.)
     pub(crate) fn sign_message(&self, msg: &[u8]) -> SignatureBlock {
         let sig = self.signing.sign(msg);
         SignatureBlock {
@@ -251,7 +252,7 @@ impl Trust {
     pub(crate) fn holds(&self, signer: &Signer) -> bool {
         self.keys
             .get(&signer.key_id)
-            .is_some_and(|k| *k == signer.key.verifying_key())
+            .is_some_and(|k| *k == signer.public)
     }
 
     /// The trusted key whose full fingerprint (sha256 of its bytes, hex: RyeOS's) is `fp`.
@@ -345,10 +346,12 @@ mod tests {
         use ed25519_dalek::Signer as _;
         let dir = tempfile::tempdir().unwrap();
         let s = Signer::load_or_create(dir.path()).unwrap();
+        let pem = std::fs::read_to_string(dir.path().join("signing.pem")).unwrap();
+        let key = SigningKey::from_pkcs8_pem(&pem).unwrap();
         for len in [0, 1, 200, 1100, 70_000] {
             let msg: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let ours = s.sign_message(&msg);
-            let dalek = crate::core::ids::hex(&s.key.sign(&msg).to_bytes());
+            let dalek = crate::core::ids::hex(&key.sign(&msg).to_bytes());
             assert_eq!(ours.sig, dalek, "{len} bytes");
         }
     }

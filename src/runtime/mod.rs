@@ -580,7 +580,9 @@ impl Runtime {
     }
 
     /// Stops the registry and ledger actors (after every thread has ended), not waiting: see
-    /// [`Runtime::close`].
+    /// [`Runtime::close`]. Threads that ended in the last second may not be in the search index
+    /// yet (it is written after a burst of endings); `close` waits for it, and a process that
+    /// exits without it leaves them to `weft search --backfill`.
     pub fn shutdown(self) {
         self.ctx.registry.stop(None);
         self.ctx.ledger.stop(None);

@@ -168,10 +168,14 @@ impl FileStore {
         &self,
         f: impl FnOnce(&mut Db) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut guard = self
-            .index
-            .lock()
-            .map_err(|_| storage("the store's database connection failed earlier"))?;
+        // A panic while the connection was held (the indexer survives its own) leaves it in
+        // an unknown state: a new one is opened rather than refusing every later call.
+        let mut guard = self.index.lock().unwrap_or_else(|poisoned| {
+            self.index.clear_poison();
+            let mut g = poisoned.into_inner();
+            *g = None;
+            g
+        });
         if guard.is_none() {
             let config = self.project.config().map_err(storage)?;
             let file = self.project.state_dir().join("store.db");
@@ -536,8 +540,13 @@ impl ThreadStore for FileStore {
     }
 
     fn search(&self, query: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {
-        // Every thread that ended before this search is found (see `later.rs`).
-        self.flush_index();
+        // Every thread that ended before this search is found (see `later.rs`); the wait is
+        // off the async workers (the MCP server's search tool runs on them).
+        if !crate::sql::off_workers(|| self.flush_index()) {
+            tracing::warn!(
+                "searching an index still being written: threads that just ended may be missing"
+            );
+        }
         self.idx(|c| index::search(c, query))
     }
 

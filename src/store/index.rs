@@ -29,13 +29,18 @@ pub(super) fn put(
     msgs: &[SearchMessage],
 ) -> Result<(), StoreError> {
     db.atomic(Lock::Store, |db| {
+        // Deleted meanwhile (another process's delete between the caller's check and now).
+        if is_deleted(db, thread)? {
+            return Ok(());
+        }
         remove_in(db, thread)?;
         put_in(db, thread, directive, head, msgs)
     })
 }
 
-/// [`put`] for many threads that just ended (never indexed before: nothing to replace), in
-/// one transaction.
+/// [`put`] for many threads that just ended, in one transaction. A thread indexed meanwhile
+/// at its queued head or later (an edit, another process's backfill) is left as it is; one
+/// indexed at an older head is replaced.
 pub(super) fn put_many(
     db: &mut Db,
     threads: &[(ThreadId, String, i64, Vec<SearchMessage>)],
@@ -44,12 +49,26 @@ pub(super) fn put_many(
         for (id, directive, head, msgs) in threads {
             // Deleted while it waited in the queue: its tombstone keeps it out (a delete after
             // this commit removes what it wrote).
-            if !is_deleted(db, id.as_str())? {
-                put_in(db, id.as_str(), directive, *head, msgs)?;
+            if is_deleted(db, id.as_str())? {
+                continue;
             }
+            match indexed_head(db, id.as_str())? {
+                Some(at) if at >= *head => continue,
+                Some(_) => remove_in(db, id.as_str())?,
+                None => {}
+            }
+            put_in(db, id.as_str(), directive, *head, msgs)?;
         }
         Ok(())
     })
+}
+
+/// The transcript head `thread` was last indexed at.
+fn indexed_head(db: &Db, thread: &str) -> Result<Option<i64>, StoreError> {
+    let row = db
+        .row("SELECT head FROM indexed WHERE thread=?1", params![thread])
+        .map_err(storage)?;
+    row.map(|r| r.int(0).map_err(storage)).transpose()
 }
 
 fn put_in(
@@ -379,6 +398,76 @@ mod tests {
             ["kept-1-a"],
             "only the thread not deleted is found"
         );
+    }
+
+    /// A queued thread indexed meanwhile (an edit, another process's backfill) at its queued
+    /// head or later is left as it is, and the rest of the batch is indexed in the same
+    /// transaction; one indexed at an older head is replaced, not doubled.
+    #[test]
+    fn a_queued_thread_indexed_meanwhile_is_not_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = open(None, &dir.path().join("store.db")).unwrap();
+        let said = |texts: &[&str]| -> Vec<SearchMessage> {
+            texts
+                .iter()
+                .map(|t| SearchMessage {
+                    seq: 1,
+                    role: "assistant".into(),
+                    text: (*t).into(),
+                })
+                .collect()
+        };
+        let (edited, older, fresh) = (
+            ThreadId::parse("edited-1-a").unwrap(),
+            ThreadId::parse("older-1-a").unwrap(),
+            ThreadId::parse("fresh-1-a").unwrap(),
+        );
+        put(
+            &mut db,
+            edited.as_str(),
+            "d",
+            7,
+            &said(&["falcon after the edit"]),
+        )
+        .unwrap();
+        put(&mut db, older.as_str(), "d", 1, &said(&["heron", "heron"])).unwrap();
+        let batch = [
+            (
+                edited,
+                "d".to_string(),
+                5,
+                said(&["kestrel before", "kestrel again"]),
+            ),
+            (older, "d".to_string(), 3, said(&["heron at its end"])),
+            (fresh, "d".to_string(), 2, said(&["kestrel fresh"])),
+        ];
+        put_many(&mut db, &batch).expect("one transaction for the whole batch");
+        let found = |q: &str| -> Vec<String> {
+            let mut t: Vec<String> = search(&db, &SearchQuery::new(q))
+                .unwrap()
+                .into_iter()
+                .map(|h| h.thread_id.to_string())
+                .collect();
+            t.sort();
+            t
+        };
+        assert_eq!(
+            found("kestrel"),
+            ["fresh-1-a"],
+            "the edit kept, the fresh one added"
+        );
+        assert_eq!(found("falcon"), ["edited-1-a"]);
+        assert_eq!(found("heron"), ["older-1-a"]);
+        let heads = heads(&db).unwrap();
+        assert_eq!((heads["edited-1-a"], heads["older-1-a"]), (7, 3));
+        let rows = db
+            .row(
+                "SELECT COUNT(*) FROM msgs WHERE thread='older-1-a'",
+                params![],
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows.int(0).unwrap(), 1, "replaced, not doubled");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! shares its commits and does not share the cores with its own indexing, and a search first
 //! waits until every thread queued before it is indexed ([`FileStore::flush_index`]).
 
-use super::queue::Ended;
+use super::queue::{Ended, FLUSH_WAIT};
 use super::{index, FileStore, ThreadStore};
 use std::sync::Arc;
 
@@ -78,29 +78,44 @@ impl FileStore {
             }
         }
         if self.idx(|c| index::put_many(c, &ready)).is_err() {
-            // One thread the index refuses never keeps the others out: each on its own.
-            for one in ready.chunks(1) {
+            // One thread the index refuses never keeps the others out: each on its own — unless
+            // the index refuses them all (its database gone): then the rest waits for backfill.
+            let mut failed_in_a_row = 0;
+            for (n, one) in ready.chunks(1).enumerate() {
                 if let Err(err) = self.idx(|c| index::put_many(c, one)) {
                     tracing::warn!(thread = %one[0].0, "not indexed for search: {err} (`weft search --backfill` retries)");
+                    failed_in_a_row += 1;
+                    if failed_in_a_row == 3 {
+                        tracing::warn!("{} more thread(s) not indexed for search: the index refuses every one (`weft search --backfill` retries)", ready.len() - n - 1);
+                        break;
+                    }
+                } else {
+                    failed_in_a_row = 0;
                 }
             }
         }
     }
 
     /// Waits until every thread queued so far is indexed (before a search reads the index,
-    /// before a process exits); threads that end meanwhile are not waited for.
-    pub fn flush_index(&self) {
+    /// before a process exits), at most [`FLUSH_WAIT`]; threads that end meanwhile are not
+    /// waited for. False when it gave up waiting.
+    pub fn flush_index(&self) -> bool {
+        let deadline = std::time::Instant::now() + FLUSH_WAIT;
         let Ok(mut st) = self.later.state.lock() else {
-            return;
+            return false;
         };
         let target = st.queued;
         st.wanted = st.wanted.max(target);
         self.later.wake.notify_all();
         while st.done < target && st.draining {
-            st = match self.later.idle.wait(st) {
-                Ok(st) => st,
-                Err(_) => return,
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+                return false;
+            };
+            st = match self.later.idle.wait_timeout(st, left) {
+                Ok((st, _)) => st,
+                Err(_) => return false,
             };
         }
+        true
     }
 }

@@ -34,6 +34,10 @@ pub(crate) const QUIET: Duration = Duration::from_millis(100);
 /// bounds only what a killed process leaves unindexed (`weft search --backfill` finds it).
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(1);
 
+/// The longest anyone waits for the queue (`FileStore::flush_index`): past it a search
+/// reads the index as it is, and a closing runtime leaves the rest to `weft search --backfill`.
+pub(crate) const FLUSH_WAIT: Duration = Duration::from_secs(10);
+
 /// Threads indexed in one transaction at most: a batch holds the store's write lock (kv,
 /// env and schedule calls wait for it) only as long as a thousand threads take.
 pub(crate) const BATCH_MAX: usize = 1024;
