@@ -64,8 +64,11 @@ impl Signer {
             message,
         };
         if path.exists() {
-            let pem =
-                std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read: {e}")))?;
+            // The secret's transient copies are wiped when dropped (the PEM text here, the
+            // seed below; dalek's key wipes itself).
+            let pem = zeroize::Zeroizing::new(
+                std::fs::read_to_string(&path).map_err(|e| err(format!("cannot read: {e}")))?,
+            );
             let key = SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
                 err(format!(
                     "not an ed25519 PKCS#8 PEM key ({e}); move it away to generate a new one"
@@ -73,8 +76,8 @@ impl Signer {
             })?;
             return Signer::of(key).map_err(err);
         }
-        let mut secret = [0u8; 32];
-        getrandom::fill(&mut secret).map_err(|e| err(format!("no OS randomness: {e}")))?;
+        let mut secret = zeroize::Zeroizing::new([0u8; 32]);
+        getrandom::fill(secret.as_mut()).map_err(|e| err(format!("no OS randomness: {e}")))?;
         let key = SigningKey::from_bytes(&secret);
         let pem = key
             .to_pkcs8_pem(Default::default())
