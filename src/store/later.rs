@@ -119,3 +119,27 @@ impl FileStore {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::project::Project;
+    use crate::store::{FileStore, SearchQuery, ThreadStore};
+
+    /// A panic while the index connection is held (the indexer survives its own) leaves the
+    /// store usable: the next call opens a new connection instead of failing for good.
+    #[test]
+    fn a_panic_holding_the_index_connection_does_not_break_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".weft")).unwrap();
+        let store = FileStore::open(&Project {
+            root: dir.path().to_path_buf(),
+        })
+        .unwrap();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = store.idx(|_| -> Result<(), crate::store::StoreError> { panic!("indexing") });
+        }));
+        assert!(panicked.is_err());
+        assert!(store.search(&SearchQuery::new("anything")).is_ok());
+        assert!(store.flush_index(), "nothing queued: caught up at once");
+    }
+}
