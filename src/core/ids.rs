@@ -6,11 +6,14 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// A thread id: `<directive name with / as .>-<epoch ms>-<suffix>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ThreadId(String);
+/// A thread id: `<directive name with / as .>-<epoch ms>-<suffix>`. Shared text: an id is
+/// copied into every message, row and map that names its thread, and a copy is a count, not
+/// an allocation. Hashes, compares and serializes as its text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ThreadId(Arc<str>);
 
 /// Text that is not a thread id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,7 +47,7 @@ impl ThreadId {
         // A failing OS RNG only weakens the suffix; the counter keeps ids unique in-process.
         let _ = getrandom::fill(&mut rnd);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff;
-        ThreadId(format!("{stem}-{ms}-{}{n:04x}", hex(&rnd)))
+        ThreadId(format!("{stem}-{ms}-{}{n:04x}", hex(&rnd)).into())
     }
 
     /// Validates an id that came from outside.
@@ -57,7 +60,7 @@ impl ThreadId {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
         if ok {
-            Ok(ThreadId(text.to_string()))
+            Ok(ThreadId(text.into()))
         } else {
             Err(IdError { text: text.into() })
         }
@@ -78,7 +81,13 @@ impl TryFrom<String> for ThreadId {
 
 impl From<ThreadId> for String {
     fn from(id: ThreadId) -> String {
-        id.0
+        id.0.to_string()
+    }
+}
+
+impl Serialize for ThreadId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
     }
 }
 
@@ -98,31 +107,31 @@ impl std::borrow::Borrow<str> for ThreadId {
 
 impl PartialEq<str> for ThreadId {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other
+        &*self.0 == other
     }
 }
 
 impl PartialEq<&str> for ThreadId {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
+        &*self.0 == *other
     }
 }
 
 impl PartialEq<String> for ThreadId {
     fn eq(&self, other: &String) -> bool {
-        &self.0 == other
+        &*self.0 == other.as_str()
     }
 }
 
 impl PartialEq<ThreadId> for String {
     fn eq(&self, other: &ThreadId) -> bool {
-        *self == other.0
+        self.as_str() == &*other.0
     }
 }
 
 impl PartialEq<ThreadId> for &str {
     fn eq(&self, other: &ThreadId) -> bool {
-        *self == other.0
+        *self == &*other.0
     }
 }
 

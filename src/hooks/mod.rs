@@ -528,14 +528,38 @@ pub(crate) fn interpolate_value(payload: &Value, ctx: &Value) -> Value {
     }
 }
 
-/// The usage record of a completed thread (nova's shape), one line of `.weft/usage.jsonl`.
-pub(crate) fn usage_line(ctx: &Value) -> String {
-    let g = |p: &str| lookup(ctx, p).cloned().unwrap_or(Value::Null);
-    json!({
-        "timestamp": crate::core::ids::now_ts(), "directive": g("directive"), "thread_id": g("thread_id"),
-        "status": g("status"), "input_tokens": g("cost.input_tokens"), "output_tokens": g("cost.output_tokens"),
-        "cache_read_tokens": g("cost.cache_read_tokens"), "cost_nanos": g("cost.own_spend_nanos"),
-        "duration_ms": g("duration_ms"), "turns": g("cost.turns"),
-    })
-    .to_string()
+/// The usage record of a completed thread (nova's shape), one line of `.weft/usage.jsonl`
+/// with its newline. Its keys in alphabetical order, as the record has always been written;
+/// serialized straight from the event, with no JSON value built between.
+pub(crate) fn usage_line(ctx: &Value) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Usage<'a> {
+        cache_read_tokens: &'a Value,
+        cost_nanos: &'a Value,
+        directive: &'a Value,
+        duration_ms: &'a Value,
+        input_tokens: &'a Value,
+        output_tokens: &'a Value,
+        status: &'a Value,
+        thread_id: &'a Value,
+        timestamp: String,
+        turns: &'a Value,
+    }
+    let g = |p: &str| lookup(ctx, p).unwrap_or(&Value::Null);
+    let usage = Usage {
+        cache_read_tokens: g("cost.cache_read_tokens"),
+        cost_nanos: g("cost.own_spend_nanos"),
+        directive: g("directive"),
+        duration_ms: g("duration_ms"),
+        input_tokens: g("cost.input_tokens"),
+        output_tokens: g("cost.output_tokens"),
+        status: g("status"),
+        thread_id: g("thread_id"),
+        timestamp: crate::core::ids::now_ts(),
+        turns: g("cost.turns"),
+    };
+    // Serializing borrowed values cannot fail.
+    let mut line = serde_json::to_vec(&usage).unwrap_or_default();
+    line.push(b'\n');
+    line
 }

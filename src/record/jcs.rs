@@ -69,13 +69,13 @@ fn direct(v: &Value, out: &mut Vec<u8>) -> bool {
 }
 
 pub(super) fn integer(n: &serde_json::Number, out: &mut Vec<u8>) -> bool {
+    use std::io::Write;
+    // Written in place (a Vec's `write!` cannot fail).
     if let Some(u) = n.as_u64().filter(|u| *u <= SAFE) {
-        out.extend_from_slice(u.to_string().as_bytes());
-        return true;
+        return write!(out, "{u}").is_ok();
     }
     if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= SAFE) {
-        out.extend_from_slice(i.to_string().as_bytes());
-        return true;
+        return write!(out, "{i}").is_ok();
     }
     false
 }

@@ -134,13 +134,7 @@ impl TranscriptWriter {
             return self.append(&kind, payload);
         }
         refused()?;
-        let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
-        if bytes.first() != Some(&b'{') || bytes.pop() != Some(b'}') {
-            return Err(std::io::Error::other(
-                "a transcript line must be a JSON object",
-            ));
-        }
-        self.seal(bytes)?;
+        self.seal(open_object(line)?)?;
         self.counted()
     }
 
@@ -183,8 +177,7 @@ impl TranscriptWriter {
         let (msg, _) =
             canonical_message(CHECKPOINT_DOMAIN, &body).map_err(std::io::Error::other)?;
         let sig = self.signer.sign_message(&msg);
-        let (kind, payload) = Line::Checkpoint { sig: Some(sig) }.into_parts();
-        self.write_line(&kind, payload)?;
+        self.seal(open_object(&Line::Checkpoint { sig: Some(sig) })?)?;
         self.since_checkpoint = 0;
         Ok(())
     }
@@ -243,6 +236,17 @@ impl TranscriptWriter {
         self.head = Head { seq, hash };
         Ok(())
     }
+}
+
+/// A typed line's JSON object without its closing `}` (see [`TranscriptWriter::append_typed`]).
+fn open_object(line: &Line) -> std::io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
+    if bytes.first() != Some(&b'{') || bytes.pop() != Some(b'}') {
+        return Err(std::io::Error::other(
+            "a transcript line must be a JSON object",
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The `transcript.append` failpoint (crash tests): an append refused before it writes.

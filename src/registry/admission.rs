@@ -70,15 +70,17 @@ pub(super) fn register_in(
     Ok(())
 }
 
+/// A parent's spawns so far and its live children. Two index lookups, not an `IN` list:
+/// SQLite builds a temporary b-tree for one on every run.
+pub(super) const ADMIT_COUNT: &str = "SELECT t.spawn_count,
+       (SELECT COUNT(*) FROM threads c WHERE c.parent=t.id AND c.status='created')
+       + (SELECT COUNT(*) FROM threads c WHERE c.parent=t.id AND c.status='running')
+     FROM threads t WHERE t.id=?1";
+
 /// Spawn admission: the parent's `spawns` and `concurrency` limits, checked (one query).
 pub(super) fn admit_child(db: &Db, a: &Admission) -> Result<(), RegistryError> {
     let found = db
-        .row(
-            "SELECT t.spawn_count, (SELECT COUNT(*) FROM threads c
-               WHERE c.parent=t.id AND c.status IN ('created','running'))
-             FROM threads t WHERE t.id=?1",
-            params![a.parent.as_str()],
-        )
+        .row(ADMIT_COUNT, params![a.parent.as_str()])
         .map_err(st)?
         .ok_or_else(|| RegistryError::Unknown(a.parent.clone()))?;
     let (used, live) = (found.uint(0).map_err(st)?, found.uint(1).map_err(st)?);

@@ -391,6 +391,9 @@ impl Thread {
         let Some(parent) = self.doc.parent_id.clone() else {
             return;
         };
+        if self.work.returned_files.is_empty() {
+            return;
+        }
         let own = self.ctx.store.files_dir(self.id());
         let theirs = self.ctx.store.files_dir(&parent);
         let mut handed = Vec::new();

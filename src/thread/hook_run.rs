@@ -256,7 +256,7 @@ impl Thread {
     fn usage_record(&self, ctx: &Value) -> Result<(), String> {
         use std::io::Write;
         let path = self.ctx.project.weft().join("usage.jsonl");
-        let line = format!("{}\n", crate::hooks::usage_line(ctx));
+        let line = crate::hooks::usage_line(ctx);
         let mut log = self
             .ctx
             .usage_log
@@ -272,7 +272,7 @@ impl Thread {
             );
         }
         log.as_mut()
-            .map_or(Ok(()), |f| f.write_all(line.as_bytes()))
+            .map_or(Ok(()), |f| f.write_all(&line))
             .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
