@@ -10,17 +10,12 @@ use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx, ThreadMsg};
 use std::sync::Arc;
 
-/// Stops the work the tree of `id` caused, when `id` is its tree's root.
+/// Stops the work the tree of `id` caused, when `id` is its tree's root. Nothing here needs
+/// to know whether it is: every record of caused work is keyed by its tree's root, so for
+/// any other thread each step finds nothing (a subtree's cancel reaches all of it through
+/// its actors' cascade). Not asking the registry first spares a root's cancel a round trip
+/// and a read, and stops a tree whose root's row is not committed yet as well.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
-    let Ok(Ok(Some(row))) = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
-        id: id.clone(),
-        reply
-    }) else {
-        return;
-    };
-    if row.root_id != *id {
-        return; // a subtree's cancel: its actors' cascade reaches all of it
-    }
     if let Ok(mut s) = ctx.stopped.lock() {
         s.insert(id.clone());
     }
@@ -42,13 +37,7 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
 /// The tree's pending effects are cancelled and the budgets set aside for them given back
 /// (the tree's threads are read only when some effect is pending at all).
 async fn cancel_pending_effects(ctx: &Arc<Ctx>, id: &ThreadId) {
-    let store = ctx.store.clone();
-    let any = tokio::task::spawn_blocking(move || store.next_due(&|_| true))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten();
-    if any.is_none() {
+    if !ctx.store.any_effect_pending().await {
         return;
     }
     let Ok(Ok(rows)) = ractor::call!(ctx.registry, |reply| RegistryMsg::Tree {
@@ -58,6 +47,9 @@ async fn cancel_pending_effects(ctx: &Arc<Ctx>, id: &ThreadId) {
         return;
     };
     let ids: Vec<ThreadId> = rows.iter().map(|r| r.id.clone()).collect();
+    if ids.is_empty() {
+        return; // not a root
+    }
     let store = ctx.store.clone();
     let cancelled = tokio::task::spawn_blocking(move || store.cancel_effects_of(&ids))
         .await

@@ -255,6 +255,22 @@ impl FileStore {
         Ok(pending.into_iter().find(|e| wanted(e)).map(|e| e.due_at))
     }
 
+    /// Whether any effect is pending now: one read shared by the askers waiting together
+    /// (see `shared_read.rs`); a store that cannot be read answers no, as a failed read
+    /// always has here.
+    pub(crate) async fn any_effect_pending(self: &std::sync::Arc<Self>) -> bool {
+        let store = self.clone();
+        self.pending_check
+            .ask(move || {
+                let any = store.effects(|c| {
+                    c.row("SELECT 1 FROM effects WHERE status='pending' LIMIT 1", &[])
+                        .map_err(storage)
+                });
+                matches!(any, Ok(Some(_)))
+            })
+            .await
+    }
+
     /// The pending effects (due by `due_by`, when given), soonest first. Only pending ones are
     /// read: a project's done and failed effects only grow.
     pub(crate) fn pending_effects(&self, due_by: Option<&str>) -> Result<Vec<Effect>, StoreError> {
@@ -309,5 +325,55 @@ impl FileStore {
             .into_iter()
             .filter(|e| e.status == "running" && e.claimed_by.is_some_and(&dead))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::ids::ThreadId;
+    use crate::project::Project;
+    use crate::store::FileStore;
+    use std::sync::Arc;
+
+    /// A thousand askers at once share a few reads; an effect scheduled before a question is
+    /// in its answer even when an earlier answer said none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_askers_share_reads_and_never_get_a_stale_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".weft")).unwrap();
+        let store = Arc::new(
+            FileStore::open(&Project {
+                root: dir.path().to_path_buf(),
+            })
+            .unwrap(),
+        );
+        assert!(!store.any_effect_pending().await);
+        let asks: Vec<_> = (0..1000)
+            .map(|_| {
+                let s = store.clone();
+                tokio::spawn(async move { s.any_effect_pending().await })
+            })
+            .collect();
+        for a in asks {
+            assert!(!a.await.unwrap());
+        }
+        let reads = store.pending_check.reads();
+        assert!(reads <= 20, "{reads} reads for 1,001 questions");
+        let t = ThreadId::parse("t-1").unwrap();
+        let due = crate::core::ids::now_ts();
+        store
+            .schedule(
+                &t,
+                super::EffectKind::Tool,
+                "x",
+                &serde_json::json!({}),
+                &due,
+                None,
+            )
+            .unwrap();
+        assert!(
+            store.any_effect_pending().await,
+            "the read started after the schedule"
+        );
     }
 }

@@ -47,6 +47,8 @@ pub struct FileStore {
     pub(super) env_changes: std::sync::atomic::AtomicU64,
     /// Threads waiting to be indexed (see `later.rs`).
     pub(super) later: super::queue::Later,
+    /// Reads of "is any effect pending" shared by concurrent askers (see `effects.rs`).
+    pub(super) pending_check: super::shared_read::SharedRead,
 }
 
 impl FileStore {
@@ -71,6 +73,7 @@ impl FileStore {
             index: Mutex::new(None),
             files_root: None,
             later: Default::default(),
+            pending_check: Default::default(),
             env_changes: Default::default(),
         }
     }

@@ -27,6 +27,7 @@ mod maintain;
 mod memory;
 mod queue;
 mod schema;
+mod shared_read;
 
 pub use check::{apply_edits, check_event, messages, APPENDABLE};
 pub use copy::{copy_to, Copied};
