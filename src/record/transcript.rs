@@ -244,7 +244,9 @@ impl TranscriptWriter {
 
 /// A typed line's JSON object without its closing `}` (see [`TranscriptWriter::append_typed`]).
 fn open_object(line: &Line) -> std::io::Result<Vec<u8>> {
-    let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
+    // Room for most lines and their `seq`, `ts` and `prev` (no regrowth on the way).
+    let mut bytes = Vec::with_capacity(512);
+    serde_json::to_writer(&mut bytes, line).map_err(std::io::Error::other)?;
     if bytes.first() != Some(&b'{') || bytes.pop() != Some(b'}') {
         return Err(std::io::Error::other(
             "a transcript line must be a JSON object",

@@ -34,10 +34,19 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     cancel_pending_effects(ctx, id).await;
 }
 
-/// The tree's pending effects are cancelled and the budgets set aside for them given back
-/// (the tree's threads are read only when some effect is pending at all).
+/// The tree's pending effects are cancelled and the budgets set aside for them given back.
+/// Only when some effect is pending at all is the registry asked whether `id` is a root (a
+/// lookup by key), and only a root's tree is read (`root` has no index of its own: reading
+/// the tree of every thread a shutdown cancels would scan the registry once each).
 async fn cancel_pending_effects(ctx: &Arc<Ctx>, id: &ThreadId) {
     if !ctx.store.any_effect_pending().await {
+        return;
+    }
+    let root = ractor::call!(ctx.registry, |reply| RegistryMsg::Get {
+        id: id.clone(),
+        reply
+    });
+    if !matches!(&root, Ok(Ok(Some(row))) if row.root_id == *id) {
         return;
     }
     let Ok(Ok(rows)) = ractor::call!(ctx.registry, |reply| RegistryMsg::Tree {

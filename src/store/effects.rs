@@ -255,9 +255,10 @@ impl FileStore {
         Ok(pending.into_iter().find(|e| wanted(e)).map(|e| e.due_at))
     }
 
-    /// Whether any effect is pending now: one read shared by the askers waiting together
-    /// (see `shared_read.rs`); a store that cannot be read answers no, as a failed read
-    /// always has here.
+    /// Whether any effect may be pending now: one read shared by the askers waiting together
+    /// (see `shared_read.rs`). A read that fails answers yes: the cancel that asked goes on to
+    /// read its tree's effects (and handles that read's own failure), rather than leave them
+    /// pending with their budgets set aside.
     pub(crate) async fn any_effect_pending(self: &std::sync::Arc<Self>) -> bool {
         let store = self.clone();
         self.pending_check
@@ -266,7 +267,7 @@ impl FileStore {
                     c.row("SELECT 1 FROM effects WHERE status='pending' LIMIT 1", &[])
                         .map_err(storage)
                 });
-                matches!(any, Ok(Some(_)))
+                !matches!(any, Ok(None))
             })
             .await
     }

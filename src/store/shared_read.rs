@@ -16,7 +16,8 @@ pub(crate) struct SharedRead {
 
 impl SharedRead {
     /// The answer of `read` run after this call began: by this caller, on a blocking thread,
-    /// or by another caller whose read started later. A read that panics answers no.
+    /// or by another caller whose read started later. A read that panics answers yes (the
+    /// safe side for its askers: they go on to read what they need).
     pub(crate) async fn ask(&self, read: impl FnOnce() -> bool + Send + 'static) -> bool {
         // A read numbered past this one starts after this call.
         let after = self.started.load(SeqCst) + 1;
@@ -25,7 +26,7 @@ impl SharedRead {
             return done.1;
         }
         let n = self.started.fetch_add(1, SeqCst) + 1;
-        let answer = tokio::task::spawn_blocking(read).await.unwrap_or(false);
+        let answer = tokio::task::spawn_blocking(read).await.unwrap_or(true);
         *done = (n, answer);
         answer
     }
@@ -34,5 +35,17 @@ impl SharedRead {
     #[cfg(test)]
     pub(crate) fn reads(&self) -> u64 {
         self.started.load(SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A read that panics answers yes: its askers go on to read what they need.
+    #[tokio::test]
+    async fn a_read_that_panics_answers_yes() {
+        let r = super::SharedRead::default();
+        assert!(r.ask(|| panic!("the store broke")).await);
+        assert!(!r.ask(|| false).await, "the next question reads again");
+        assert_eq!(r.reads(), 2);
     }
 }

@@ -362,10 +362,13 @@ impl Thread {
     fn tell_everyone(&mut self) {
         let report = self.report();
         self.end_span(&report);
-        let _ = self
-            .ctx
-            .events
-            .send(Event::Finished(Box::new(report.clone())));
+        // Nobody subscribed: the send would only drop the copy.
+        if self.ctx.events.receiver_count() > 0 {
+            let _ = self
+                .ctx
+                .events
+                .send(Event::Finished(Box::new(report.clone())));
+        }
         if let Some((_, parent)) = &self.parent {
             let _ = parent.cast(ThreadMsg::ChildFinished(Box::new(report.clone())));
         }

@@ -181,7 +181,10 @@ impl Thread {
             Ok(r) => r,
             Err(e) => return Some(ToolOutcome::err(e)),
         };
-        let area = self.ctx.store.files_dir(self.id());
+        let area = match req.attach.is_empty() {
+            true => Default::default(),
+            false => self.ctx.store.files_dir(self.id()),
+        };
         for rel in &req.attach {
             if let Err(e) = crate::tools::resolve_in_area(&area, rel) {
                 return Some(ToolOutcome::err(format!("`files`: {e}")));

@@ -339,10 +339,10 @@ impl Files {
                 dir.display()
             )));
         }
-        if let Some(p) = &plan.parent_id {
-            let from = store.files_dir(p);
+        if let Some(p) = plan.parent_id.as_ref().filter(|_| !req.attach.is_empty()) {
+            let (from, to) = (store.files_dir(p), store.files_dir(&plan.id));
             for rel in &req.attach {
-                crate::tools::copy_between(&from, rel, &store.files_dir(&plan.id), rel)
+                crate::tools::copy_between(&from, rel, &to, rel)
                     .map_err(|e| SpawnError::Storage(format!("attaching `{rel}`: {e}")))?;
             }
         }
