@@ -16,9 +16,6 @@ use std::sync::Arc;
 /// its actors' cascade). Not asking the registry first spares a root's cancel a round trip
 /// and a read, and stops a tree whose root's row is not committed yet as well.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
-    if let Ok(mut s) = ctx.stopped.lock() {
-        s.insert(id.clone());
-    }
     ctx.caused.cancel(id);
     // The deferred threads of the tree this process runs: not in their parent actor's
     // children (even while that parent runs), so its cascade does not reach them. (Every other

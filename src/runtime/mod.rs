@@ -182,7 +182,6 @@ impl RuntimeBuilder {
             wants_lines: Default::default(),
             wants_text: Default::default(),
             in_spawn: Default::default(),
-            stopped: Default::default(),
             caused: Default::default(),
             effects_gate: crate::thread::EffectsGate::claiming(self.effects_of_none),
             _owner_lock: Box::new(owner),

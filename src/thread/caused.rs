@@ -2,10 +2,12 @@
 //! deferred child started by a hook or a schedule — counted per root, with one cancel token per
 //! root that such work carries: a root's cancel (`runtime/cancel.rs`) fires it, so a hook's
 //! command or a scheduled tool is killed with the tree that caused it, and a cancel of a root
-//! whose actor has ended still finds the work it left running.
+//! whose actor has ended still finds the work it left running. A cancelled root is remembered:
+//! work of its tree that enters afterwards (a deferred child that was starting, a schedule
+//! that was due) carries a token already fired, so nothing its tree caused outlives the cancel.
 
 use crate::core::ids::ThreadId;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -14,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Default)]
 pub(crate) struct Caused {
     by_root: Mutex<HashMap<ThreadId, Entry>>,
+    /// Roots told to stop (`Runtime::cancel`); locked before `by_root` where both are.
+    cancelled: Mutex<HashSet<ThreadId>>,
 }
 
 #[derive(Default)]
@@ -34,15 +38,22 @@ pub(crate) struct CausedGuard {
 
 impl Caused {
     /// Counts a piece of work the tree of `root` caused; its token fires with the tree's cancel.
+    /// A root already cancelled gives a token already fired.
     pub(crate) fn enter(self: &Arc<Self>, root: &ThreadId) -> CausedGuard {
+        let cancelled = self.cancelled.lock();
+        let stopped = cancelled.as_ref().map_or(true, |c| c.contains(root));
         let token = match self.by_root.lock() {
             Ok(mut m) => {
                 let e = m.entry(root.clone()).or_default();
                 e.count += 1;
+                if stopped {
+                    e.token.cancel();
+                }
                 e.token.clone()
             }
             Err(_) => CancellationToken::new(),
         };
+        drop(cancelled);
         CausedGuard {
             caused: self.clone(),
             root: root.clone(),
@@ -65,13 +76,24 @@ impl Caused {
         self.by_root.lock().is_ok_and(|m| m.contains_key(root))
     }
 
-    /// Fires the token of the tree of `root` (its caused work stops).
+    /// Stops the tree of `root`: fires its token (its caused work stops) and remembers it, so
+    /// work entering later starts stopped. For another thread's id it records a key no work
+    /// is counted under (work is keyed by its tree's root).
     pub(crate) fn cancel(&self, root: &ThreadId) {
+        let mut cancelled = self.cancelled.lock();
+        if let Ok(c) = cancelled.as_mut() {
+            c.insert(root.clone());
+        }
         if let Ok(m) = self.by_root.lock() {
             if let Some(e) = m.get(root) {
                 e.token.cancel();
             }
         }
+    }
+
+    /// Whether the tree of `root` was told to stop (a poisoned lock says it was).
+    pub(crate) fn stopped(&self, root: &ThreadId) -> bool {
+        self.cancelled.lock().map_or(true, |c| c.contains(root))
     }
 }
 
@@ -111,5 +133,33 @@ impl Drop for CausedGuard {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Caused;
+    use crate::core::ids::ThreadId;
+    use std::sync::Arc;
+
+    /// Work a cancelled tree causes afterwards starts stopped; other trees' work does not.
+    #[test]
+    fn work_entering_after_its_roots_cancel_starts_stopped() {
+        let caused = Arc::new(Caused::default());
+        let (root, other) = (
+            ThreadId::parse("r-1").unwrap(),
+            ThreadId::parse("o-1").unwrap(),
+        );
+        let before = caused.enter(&root);
+        caused.cancel(&root);
+        assert!(before.token.is_cancelled());
+        drop(before);
+        assert!(!caused.live(&root), "nothing under way");
+        let after = caused.enter(&root);
+        assert!(after.token.is_cancelled(), "entered after the cancel");
+        assert!(caused.stopped(&root));
+        let theirs = caused.enter(&other);
+        assert!(!theirs.token.is_cancelled());
+        assert!(!caused.stopped(&other));
     }
 }

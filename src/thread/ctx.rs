@@ -284,8 +284,6 @@ pub(crate) struct Ctx {
     /// subtree without its actors waits for them (a kill must find the actor, and nothing may
     /// write a thread's files after the thread was finalized).
     pub in_spawn: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
-    /// Roots of trees told to stop (`Runtime::cancel`): work they caused does not start.
-    pub stopped: std::sync::Mutex<std::collections::HashSet<ThreadId>>,
     /// Work trees caused outside their actors, with the cancel token it carries.
     pub caused: Arc<super::caused::Caused>,
     /// Which scheduled effects this runtime still claims; held while it claims and starts
@@ -369,9 +367,10 @@ impl Ctx {
         }
     }
 
-    /// Whether the tree of `root` was told to stop.
+    /// Whether the tree of `root` was told to stop (`Runtime::cancel`): work it caused does
+    /// not start.
     pub(crate) fn stopped(&self, root: &ThreadId) -> bool {
-        self.stopped.lock().is_ok_and(|s| s.contains(root))
+        self.caused.stopped(root)
     }
 
     /// A thread's thread.json, verified against the trust store. The verified document is kept
