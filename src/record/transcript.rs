@@ -150,8 +150,9 @@ impl TranscriptWriter {
     /// Appends one typed line (see [`Self::append`]) with every secret in it redacted: the
     /// writers outside a thread's own `log` (its first line, the end of a dead thread).
     pub(crate) fn append_line(&mut self, line: Line, redactor: &Redactor) -> std::io::Result<()> {
-        // Nothing to redact: the line goes out as it serializes.
-        if redactor.is_empty() {
+        // Nothing to redact: the line goes out as it serializes (a line kept whole from
+        // elsewhere takes the general path below, without a copy).
+        if redactor.is_empty() && !matches!(line, Line::Other(_)) {
             return self.append_typed(&line);
         }
         let (kind, mut payload) = line.into_parts();

@@ -10,11 +10,12 @@ use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx, ThreadMsg};
 use std::sync::Arc;
 
-/// Stops the work the tree of `id` caused, when `id` is its tree's root. Nothing here needs
-/// to know whether it is: every record of caused work is keyed by its tree's root, so for
-/// any other thread each step finds nothing (a subtree's cancel reaches all of it through
-/// its actors' cascade). Not asking the registry first spares a root's cancel a round trip
-/// and a read, and stops a tree whose root's row is not committed yet as well.
+/// Stops the work the tree of `id` caused, when `id` is its tree's root. The in-memory steps
+/// need not know whether it is: every record of caused work is keyed by its tree's root, so
+/// for any other thread they find nothing (a subtree's cancel reaches all of it through its
+/// actors' cascade). The registry is asked only when some effect is pending (below), which
+/// spares a root's cancel a round trip and a read, and stops a tree whose root's row is not
+/// committed yet as well.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     ctx.caused.cancel(id);
     // The deferred threads of the tree this process runs: not in their parent actor's
@@ -53,9 +54,6 @@ async fn cancel_pending_effects(ctx: &Arc<Ctx>, id: &ThreadId) {
         return;
     };
     let ids: Vec<ThreadId> = rows.iter().map(|r| r.id.clone()).collect();
-    if ids.is_empty() {
-        return; // not a root
-    }
     let store = ctx.store.clone();
     let cancelled = tokio::task::spawn_blocking(move || store.cancel_effects_of(&ids))
         .await

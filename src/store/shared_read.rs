@@ -40,6 +40,50 @@ impl SharedRead {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+
+    /// 999 askers arriving while a read runs share one read after it: two reads in all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn askers_waiting_together_share_one_read() {
+        let r = Arc::new(super::SharedRead::default());
+        let (started, release) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (s, g) = (started.clone(), release.clone());
+        let first = {
+            let r = r.clone();
+            tokio::spawn(async move {
+                r.ask(move || {
+                    s.store(true, SeqCst);
+                    while !g.load(SeqCst) {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    false
+                })
+                .await
+            })
+        };
+        while !started.load(SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let rest: Vec<_> = (0..999)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.ask(|| true).await })
+            })
+            .collect();
+        // Time for every asker to take its number and queue behind the first read.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        release.store(true, SeqCst);
+        assert!(!first.await.unwrap());
+        for a in rest {
+            assert!(a.await.unwrap(), "the read after their question");
+        }
+        assert!(r.reads() <= 3, "{} reads for 1,000 questions", r.reads());
+    }
+
     /// A read that panics answers yes: its askers go on to read what they need.
     #[tokio::test]
     async fn a_read_that_panics_answers_yes() {
