@@ -5,7 +5,7 @@
 
 use super::actor::{LedgerMsg, LedgerState};
 use super::batch::{Undo, Unfolded};
-use super::db::{drop_reservation, put_account, put_reservation, st};
+use super::db::{drop_reservations, put_accounts, put_reservations, st};
 use super::{Account, LedgerError};
 use crate::core::money::Nanos;
 use crate::sql::Lock;
@@ -132,15 +132,18 @@ impl LedgerState {
         // Journaled final rows first: an account the book holds again is newer in the book.
         let rows = u.dropped.values();
         let rows = rows.chain(ids.filter_map(|id| self.book.get(id)).chain(&self.dropped));
-        for a in rows {
-            put_account(&self.db, a)?;
-        }
-        for r in u.added.values().chain(&self.added) {
-            put_reservation(&self.db, r)?;
-        }
-        for (t, id) in u.removed.iter().chain(&self.removed) {
-            drop_reservation(&self.db, t, *id)?;
-        }
+        put_accounts(&self.db, &rows.collect::<Vec<_>>())?;
+        put_reservations(
+            &self.db,
+            &u.added.values().chain(&self.added).collect::<Vec<_>>(),
+        )?;
+        drop_reservations(
+            &self.db,
+            u.removed
+                .iter()
+                .chain(&self.removed)
+                .map(|(t, id)| (t, *id)),
+        )?;
         match &self.journal {
             Some(j) => j.mark(&self.db),
             None => Ok(()),

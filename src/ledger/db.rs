@@ -4,7 +4,7 @@
 use super::{Account, Book, LedgerError, Reservation};
 use crate::core::ids::ThreadId;
 use crate::core::money::Nanos;
-use crate::sql::{params, DatabaseUrl, Db, Row, SqlError, Step};
+use crate::sql::{params, DatabaseUrl, Db, Row, SqlError, Step, Value};
 use std::path::Path;
 
 pub(super) fn st(e: SqlError) -> LedgerError {
@@ -42,30 +42,47 @@ const SCHEMA: &[Step] = &[
     },
 ];
 
-/// Stores account `a` as it is now (inside the caller's transaction).
-pub(super) fn put_account(db: &Db, a: &Account) -> Result<(), LedgerError> {
-    db.execute_later(
-        "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed)
-         VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)
-         ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
+/// Stores `accounts` as they are now (inside the caller's transaction); of an id given more
+/// than once, the last one.
+pub(super) fn put_accounts(db: &Db, accounts: &[&Account]) -> Result<(), LedgerError> {
+    db.insert_rows(
+        "INSERT INTO accounts(id,parent,max,spent,own_spent,inflight,guaranteed,pool_left,closed,owner,placed)",
+        " ON CONFLICT(id) DO UPDATE SET parent=excluded.parent, max=excluded.max,
            spent=excluded.spent, own_spent=excluded.own_spent, inflight=excluded.inflight,
            guaranteed=excluded.guaranteed, pool_left=excluded.pool_left,
            closed=excluded.closed, owner=excluded.owner, placed=excluded.placed",
-        params![
-            a.id.as_str(),
-            a.parent.as_ref().map(ThreadId::as_str),
-            a.max.0,
-            a.spent.0,
-            a.own_spent.0,
-            a.inflight.0,
-            a.guaranteed.0,
-            a.pool_left.0,
-            a.closed,
-            a.owner,
-            a.placed
-        ],
+        11,
+        &account_rows(accounts),
     )
     .map_err(st)
+}
+
+/// The rows of `accounts`, 11 values each, one per id (the last given): a Postgres upsert of
+/// many rows may not change one row twice.
+fn account_rows(accounts: &[&Account]) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::new();
+    let mut values = Vec::with_capacity(accounts.len() * 11);
+    for a in accounts.iter().rev().filter(|a| seen.insert(&a.id)) {
+        values.extend([
+            Value::from(a.id.as_str()),
+            Value::from(a.parent.as_ref().map(ThreadId::as_str)),
+            Value::Int(a.max.0),
+            Value::Int(a.spent.0),
+            Value::Int(a.own_spent.0),
+            Value::Int(a.inflight.0),
+            Value::Int(a.guaranteed.0),
+            Value::Int(a.pool_left.0),
+            Value::from(a.closed),
+            Value::from(a.owner),
+            Value::from(a.placed),
+        ]);
+    }
+    values
+}
+
+/// Stores account `a` as it is now (inside the caller's transaction).
+pub(super) fn put_account(db: &Db, a: &Account) -> Result<(), LedgerError> {
+    put_accounts(db, &[a])
 }
 
 /// Whether reservation `r`, read from a file, has the shape the book settles: a chain, and one
@@ -76,16 +93,39 @@ pub(super) fn well_formed(r: &Reservation) -> bool {
 
 /// Stores open reservation `r` (inside the caller's transaction).
 pub(super) fn put_reservation(db: &Db, r: &Reservation) -> Result<(), LedgerError> {
-    let Some(thread) = r.chain.first() else {
-        return Ok(());
-    };
-    let body = serde_json::to_string(r).unwrap_or_default();
-    db.execute_later(
-        "INSERT INTO reservations(id,thread,body) VALUES(?1,?2,?3)
-         ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
-        params![r.id.0, thread.as_str(), body],
+    put_reservations(db, &[r])
+}
+
+/// Stores open reservations `rs` (inside the caller's transaction); of one given more than
+/// once, the last.
+pub(super) fn put_reservations(db: &Db, rs: &[&Reservation]) -> Result<(), LedgerError> {
+    db.insert_rows(
+        "INSERT INTO reservations(id,thread,body)",
+        " ON CONFLICT(thread, id) DO UPDATE SET body=excluded.body",
+        3,
+        &reservation_rows(rs),
     )
     .map_err(st)
+}
+
+/// The rows of `rs`, 3 values each, one per (thread, id) (the last given).
+fn reservation_rows(rs: &[&Reservation]) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::new();
+    let mut values = Vec::with_capacity(rs.len() * 3);
+    for r in rs.iter().rev() {
+        let Some(thread) = r.chain.first() else {
+            continue;
+        };
+        if seen.insert((thread, r.id.0)) {
+            let body = serde_json::to_string(r).unwrap_or_default();
+            values.extend([
+                Value::from(r.id.0),
+                Value::from(thread.as_str()),
+                Value::from(body),
+            ]);
+        }
+    }
+    values
 }
 
 /// Deletes the settled or released reservation `id` of `thread` (inside the caller's
@@ -95,11 +135,20 @@ pub(super) fn drop_reservation(
     thread: &ThreadId,
     id: super::ReservationId,
 ) -> Result<(), LedgerError> {
-    db.execute_later(
-        "DELETE FROM reservations WHERE thread=?1 AND id=?2",
-        params![thread.as_str(), id.0],
-    )
-    .map_err(st)
+    drop_reservations(db, [(thread, id)].into_iter())
+}
+
+/// Deletes settled or released reservations, each (thread, id) (inside the caller's
+/// transaction).
+pub(super) fn drop_reservations<'a>(
+    db: &Db,
+    ids: impl Iterator<Item = (&'a ThreadId, super::ReservationId)>,
+) -> Result<(), LedgerError> {
+    let values: Vec<Value> = ids
+        .flat_map(|(t, id)| [Value::from(t.as_str()), Value::from(id.0)])
+        .collect();
+    db.delete_rows("reservations", &["thread", "id"], &values)
+        .map_err(st)
 }
 
 /// Opens (creating) the ledger: on the Postgres database `url`, or in the file `path` (WAL
@@ -301,5 +350,53 @@ impl Book {
         book.next_id +=
             1 + (u64::from(rnd[0]) << 32 | u64::from(rnd[1]) << 24 | u64::from(rnd[2]) << 16);
         Ok(book)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ids::ReservationId;
+
+    fn account(id: &ThreadId, spent: i64) -> Account {
+        Account {
+            id: id.clone(),
+            parent: None,
+            max: Nanos(1_000),
+            spent: Nanos(spent),
+            own_spent: Nanos(spent),
+            inflight: Nanos::ZERO,
+            guaranteed: Nanos::ZERO,
+            pool_left: Nanos::ZERO,
+            closed: false,
+            owner: 7,
+            placed: false,
+        }
+    }
+
+    /// A batch naming an account or a reservation twice gives one row of each, the last
+    /// (a Postgres upsert of many rows fails if it would change one row twice).
+    #[test]
+    fn a_row_named_twice_is_written_once_as_last_given() {
+        let (t, u) = (ThreadId::generate("t"), ThreadId::generate("u"));
+        let rows = account_rows(&[&account(&t, 1), &account(&u, 3), &account(&t, 2)]);
+        let spent: Vec<(Value, Value)> = rows
+            .chunks(11)
+            .map(|r| (r[0].clone(), r[3].clone()))
+            .collect();
+        assert_eq!(spent.len(), 2, "{spent:?}");
+        assert!(spent.contains(&(Value::from(t.as_str()), Value::Int(2))));
+        let r = |amount| Reservation {
+            id: ReservationId(1),
+            chain: vec![t.clone()],
+            amount: Nanos(amount),
+            edges: vec![],
+        };
+        let rows = reservation_rows(&[&r(10), &r(99)]);
+        assert_eq!(rows.len(), 3);
+        assert!(
+            matches!(&rows[2], Value::Text(b) if b.contains("99")),
+            "{rows:?}"
+        );
     }
 }

@@ -320,52 +320,55 @@ impl Behind {
         })?;
         let mut lines = Vec::new();
         let mut docs: Vec<(&Arc<str>, &Vec<u8>)> = Vec::new();
+        let mut doc_at: std::collections::HashMap<&Arc<str>, usize> = Default::default();
         for op in batch {
             match op {
-                Op::Line { thread, seq, line } => lines.push(vec![
+                Op::Line { thread, seq, line } => lines.extend([
                     Value::Text(thread.to_string()),
                     Value::Int(*seq),
                     Value::Blob(line.clone()),
                 ]),
-                Op::Doc { thread, doc } => match docs.iter_mut().find(|(t, _)| *t == thread) {
-                    Some(d) => d.1 = doc,
-                    None => docs.push((thread, doc)),
+                Op::Doc { thread, doc } => match doc_at.get(thread) {
+                    Some(&i) => docs[i].1 = doc,
+                    None => {
+                        doc_at.insert(thread, docs.len());
+                        docs.push((thread, doc));
+                    }
                 },
                 Op::Sync => {}
             }
         }
-        let docs: Vec<Vec<Value>> = docs
+        let docs: Vec<Value> = docs
             .into_iter()
-            .map(|(t, d)| vec![Value::Text(t.to_string()), Value::Blob(d.clone())])
+            .flat_map(|(t, d)| [Value::Text(t.to_string()), Value::Blob(d.clone())])
             .collect();
         let missing = match again {
             true => " ON CONFLICT(thread, seq) DO NOTHING",
             false => "",
         };
-        let done = insert_rows(
-            db,
-            "INSERT INTO transcript_lines(thread, seq, line)",
-            missing,
-            3,
-            &lines,
-        )
-        .and_then(|()| {
-            insert_rows(
-                db,
-                "INSERT INTO thread_docs(thread, doc)",
-                " ON CONFLICT(thread) DO UPDATE SET doc=excluded.doc",
-                2,
-                &docs,
+        let done = db
+            .insert_rows(
+                "INSERT INTO transcript_lines(thread, seq, line)",
+                missing,
+                3,
+                &lines,
             )
-        })
-        .and_then(|()| match sync {
-            true => db.execute_later(
-                "INSERT INTO record_syncs(writer, n) VALUES(?1, 1)
+            .and_then(|()| {
+                db.insert_rows(
+                    "INSERT INTO thread_docs(thread, doc)",
+                    " ON CONFLICT(thread) DO UPDATE SET doc=excluded.doc",
+                    2,
+                    &docs,
+                )
+            })
+            .and_then(|()| match sync {
+                true => db.execute_later(
+                    "INSERT INTO record_syncs(writer, n) VALUES(?1, 1)
                      ON CONFLICT(writer) DO UPDATE SET n = record_syncs.n + 1",
-                params![marker],
-            ),
-            false => Ok(()),
-        });
+                    params![marker],
+                ),
+                false => Ok(()),
+            });
         match done {
             Ok(()) => db.commit(),
             Err(e) => {
@@ -382,33 +385,4 @@ fn conflicting(e: &SqlError) -> Option<String> {
     let rest = &e.0[at..];
     let end = rest.rfind(", ")?;
     Some(rest[..end].to_string())
-}
-
-/// `rows` inserted by `head VALUES (…),(…)… tail`, in statements of 256, 32, 4 or 1 rows (a
-/// few prepared statements, whatever the batch's size), queued to go with the commit.
-fn insert_rows(
-    db: &Db,
-    head: &str,
-    tail: &str,
-    cols: usize,
-    rows: &[Vec<Value>],
-) -> Result<(), SqlError> {
-    let mut rest = rows;
-    while !rest.is_empty() {
-        let n = [256, 32, 4, 1]
-            .into_iter()
-            .find(|n| *n <= rest.len())
-            .unwrap_or(1);
-        let (now, later) = rest.split_at(n);
-        let marks: Vec<String> = (0..n)
-            .map(|r| {
-                let cells: Vec<String> = (1..=cols).map(|c| format!("?{}", r * cols + c)).collect();
-                format!("({})", cells.join(","))
-            })
-            .collect();
-        let values: Vec<Value> = now.iter().flatten().cloned().collect();
-        db.execute_later(&format!("{head} VALUES {}{tail}", marks.join(",")), &values)?;
-        rest = later;
-    }
-    Ok(())
 }

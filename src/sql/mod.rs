@@ -282,6 +282,57 @@ impl Db {
         }
     }
 
+    /// `head VALUES (…),(…)… tail` for `values`, `cols` of them to a row, as
+    /// [`Db::execute_later`], in statements of many rows ([`Db::by_rows`]).
+    pub(crate) fn insert_rows(
+        &self,
+        head: &str,
+        tail: &str,
+        cols: usize,
+        values: &[Value],
+    ) -> Result<(), SqlError> {
+        self.by_rows(cols, values, |n| rows_sql(head, tail, cols, n))
+    }
+
+    /// `DELETE FROM table WHERE (k1=? AND k2=?…) OR (…)…` for `values`, one value of each of
+    /// `keys` to a row, as [`Db::execute_later`], in statements of many rows ([`Db::by_rows`]).
+    pub(crate) fn delete_rows(
+        &self,
+        table: &str,
+        keys: &[&str],
+        values: &[Value],
+    ) -> Result<(), SqlError> {
+        self.by_rows(keys.len(), values, |n| delete_sql(table, keys, n))
+    }
+
+    /// Runs `sql(n)`, a statement of `n` rows, over `values`, `cols` of them to a row: on
+    /// Postgres many rows to a statement ([`rows_per_statement`]), on SQLite one row at a
+    /// time, which costs no more there and keeps its statement cache small.
+    fn by_rows(
+        &self,
+        cols: usize,
+        values: &[Value],
+        sql: impl Fn(usize) -> String,
+    ) -> Result<(), SqlError> {
+        if cols == 0 || !values.len().is_multiple_of(cols) {
+            return Err(SqlError(format!(
+                "{} values are not whole rows of {cols}",
+                values.len()
+            )));
+        }
+        let mut rest = values;
+        while !rest.is_empty() {
+            let n = match self.engine() {
+                Engine::Sqlite => 1,
+                Engine::Postgres => rows_per_statement(rest.len() / cols),
+            };
+            let (now, later) = rest.split_at(n * cols);
+            self.execute_later(&sql(n), now)?;
+            rest = later;
+        }
+        Ok(())
+    }
+
     /// As [`Db::execute_later`], but the rows the statement changed are kept under the
     /// returned ticket until [`Db::take_counts`] (after the commit, on Postgres; at once on
     /// SQLite or outside a transaction).
@@ -469,5 +520,107 @@ impl Db {
                 }
             }
         }
+    }
+}
+
+/// `head VALUES (?1,…,?cols),(…)… tail` for `n` rows.
+fn rows_sql(head: &str, tail: &str, cols: usize, n: usize) -> String {
+    use std::fmt::Write;
+    let mut sql = String::with_capacity(head.len() + tail.len() + 10 + n * cols * 5);
+    sql.push_str(head);
+    sql.push_str(" VALUES ");
+    for r in 0..n {
+        sql.push_str(if r == 0 { "(" } else { ",(" });
+        for c in 1..=cols {
+            let sep = if c == 1 { "" } else { "," };
+            let _ = write!(sql, "{sep}?{}", r * cols + c);
+        }
+        sql.push(')');
+    }
+    sql.push_str(tail);
+    sql
+}
+
+/// How many of `left` rows (at least 1) the next Postgres statement takes: all of 8 or fewer,
+/// else 256, 64, 16 or 8. A statement costs the server about as much as a row, and these
+/// eleven sizes (eleven prepared statements) cover any count.
+fn rows_per_statement(left: usize) -> usize {
+    match left {
+        0..=8 => left.max(1),
+        _ => [256, 64, 16, 8]
+            .into_iter()
+            .find(|n| *n <= left)
+            .unwrap_or(8),
+    }
+}
+
+/// `DELETE FROM table WHERE (k1=?1 AND k2=?2) OR (…)…` for `n` rows.
+fn delete_sql(table: &str, keys: &[&str], n: usize) -> String {
+    use std::fmt::Write;
+    let mut sql = format!("DELETE FROM {table} WHERE ");
+    for r in 0..n {
+        sql.push_str(if r == 0 { "(" } else { " OR (" });
+        for (c, key) in keys.iter().enumerate() {
+            let and = if c == 0 { "" } else { " AND " };
+            let _ = write!(sql, "{and}{key}=?{}", r * keys.len() + c + 1);
+        }
+        sql.push(')');
+    }
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rows_are_numbered_row_by_row() {
+        assert_eq!(
+            super::rows_sql("INSERT INTO t(a,b)", " ON CONFLICT DO NOTHING", 2, 3),
+            "INSERT INTO t(a,b) VALUES (?1,?2),(?3,?4),(?5,?6) ON CONFLICT DO NOTHING"
+        );
+        assert_eq!(
+            super::delete_sql("t", &["a", "b"], 2),
+            "DELETE FROM t WHERE (a=?1 AND b=?2) OR (a=?3 AND b=?4)"
+        );
+    }
+
+    /// Every count of rows is split into statements of the eleven sizes, all rows taken.
+    #[test]
+    fn any_count_of_rows_takes_a_few_statement_sizes() {
+        let mut sizes = std::collections::BTreeSet::new();
+        for count in 1..=2000 {
+            let (mut left, mut statements) = (count, 0);
+            while left > 0 {
+                let n = super::rows_per_statement(left);
+                assert!((1..=left).contains(&n), "{n} of {left}");
+                sizes.insert(n);
+                left -= n;
+                statements += 1;
+            }
+            assert!(count > 8 || statements == 1, "{count} rows in {statements}");
+        }
+        let want: Vec<usize> = (1..=8).chain([16, 64, 256]).collect();
+        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), want);
+    }
+
+    /// On SQLite every row goes in on its own and all of them land; values that are not
+    /// whole rows are refused, nothing written.
+    #[test]
+    fn every_row_is_inserted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut db = super::Db::open(None, &tmp.path().join("x.db"), false).unwrap();
+        db.execute("CREATE TABLE t(a INTEGER, b TEXT)", &[])
+            .unwrap();
+        let values: Vec<super::Value> = (0..40)
+            .flat_map(|i| [super::Value::Int(i), super::Value::Text(format!("r{i}"))])
+            .collect();
+        db.atomic(super::Lock::Store, |db| {
+            db.insert_rows("INSERT INTO t(a,b)", "", 2, &values)
+        })
+        .unwrap();
+        let n = db
+            .row("SELECT COUNT(*), SUM(a) FROM t", &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!((n.int(0).unwrap(), n.int(1).unwrap()), (40, 780));
     }
 }

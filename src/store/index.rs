@@ -8,9 +8,9 @@
 use super::check::{around, terms};
 use super::{storage, SearchHit, SearchMessage, SearchQuery, StoreError};
 use crate::core::ids::ThreadId;
-use crate::sql::{params, DatabaseUrl, Db, Engine, Lock};
+use crate::sql::{params, DatabaseUrl, Db, Engine, Lock, SqlError, Value as Cell};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// Opens (creating) the store's tables: on the Postgres database `url`, or in the file `path`.
@@ -40,27 +40,94 @@ pub(super) fn put(
 
 /// [`put`] for many threads that just ended, in one transaction. A thread indexed meanwhile
 /// at its queued head or later (an edit, another process's backfill) is left as it is; one
-/// indexed at an older head is replaced.
+/// indexed at an older head is replaced. Of a thread queued twice, the later head is kept.
 pub(super) fn put_many(
     db: &mut Db,
     threads: &[(ThreadId, String, i64, Vec<SearchMessage>)],
 ) -> Result<(), StoreError> {
+    let order = newest(threads);
     db.atomic(Lock::Store, |db| {
-        for (id, directive, head, msgs) in threads {
+        let ids: Vec<&str> = order.iter().map(|&i| threads[i].0.as_str()).collect();
+        let (deleted, heads) = known(db, &ids)?;
+        let mut fresh = Vec::with_capacity(order.len());
+        for &i in &order {
+            let (id, directive, head, msgs) = &threads[i];
             // Deleted while it waited in the queue: its tombstone keeps it out (a delete after
             // this commit removes what it wrote).
-            if is_deleted(db, id.as_str())? {
+            if deleted.contains(id.as_str()) {
                 continue;
             }
-            match indexed_head(db, id.as_str())? {
-                Some(at) if at >= *head => continue,
+            match heads.get(id.as_str()) {
+                Some(at) if at >= head => continue,
                 Some(_) => remove_in(db, id.as_str())?,
                 None => {}
             }
-            put_in(db, id.as_str(), directive, *head, msgs)?;
+            fresh.push((id.as_str(), directive.as_str(), *head, msgs.as_slice()));
         }
+        put_rows(db, &fresh)
+    })
+}
+
+/// The positions in `threads` to index, in queue order: of a thread queued more than once,
+/// its highest head (the first of equal ones), as indexing them one after the other would
+/// leave it. (On Postgres one statement holds many threads' rows and may not hold one twice.)
+fn newest(threads: &[(ThreadId, String, i64, Vec<SearchMessage>)]) -> Vec<usize> {
+    let mut newest: HashMap<&str, usize> = HashMap::with_capacity(threads.len());
+    for (i, (id, _, head, _)) in threads.iter().enumerate() {
+        let keep = newest
+            .get(id.as_str())
+            .is_none_or(|&j| threads[j].2 < *head);
+        if keep {
+            newest.insert(id.as_str(), i);
+        }
+    }
+    let mut order: Vec<usize> = newest.into_values().collect();
+    order.sort_unstable();
+    order
+}
+
+/// Of `ids`, the deleted ones and the transcript heads the others were indexed at: one query
+/// for many ids on Postgres (a round trip each would be the indexer's whole cost), one
+/// lookup each on SQLite.
+fn known(db: &Db, ids: &[&str]) -> Result<(HashSet<String>, HashMap<String, i64>), StoreError> {
+    let mut deleted = HashSet::new();
+    let mut heads = HashMap::new();
+    if db.engine() == Engine::Sqlite {
+        for id in ids {
+            if is_deleted(db, id)? {
+                deleted.insert(id.to_string());
+            } else if let Some(at) = indexed_head(db, id)? {
+                heads.insert(id.to_string(), at);
+            }
+        }
+        return Ok((deleted, heads));
+    }
+    let chunked = |sql: &str, f: &mut dyn FnMut(&crate::sql::Row) -> Result<(), SqlError>| {
+        for chunk in ids.chunks(64) {
+            // Padded to 64 with the first id: one prepared statement for any number.
+            let values: Vec<Cell> = (0..64)
+                .map(|i| Cell::from(*chunk.get(i).unwrap_or(&chunk[0])))
+                .collect();
+            let marks: Vec<String> = (1..=64).map(|i| format!("?{i}")).collect();
+            let sql = format!("{sql} IN ({})", marks.join(","));
+            for row in db.query(&sql, &values)? {
+                f(&row)?;
+            }
+        }
+        Ok::<(), SqlError>(())
+    };
+    chunked("SELECT thread FROM deleted WHERE thread", &mut |r| {
+        deleted.insert(r.text(0)?);
         Ok(())
     })
+    .and_then(|()| {
+        chunked("SELECT thread, head FROM indexed WHERE thread", &mut |r| {
+            heads.insert(r.text(0)?, r.int(1)?);
+            Ok(())
+        })
+    })
+    .map_err(storage)?;
+    Ok((deleted, heads))
 }
 
 /// The transcript head `thread` was last indexed at.
@@ -78,35 +145,72 @@ fn put_in(
     head: i64,
     msgs: &[SearchMessage],
 ) -> Result<(), StoreError> {
-    let fts = db.engine() == Engine::Sqlite;
+    put_rows(db, &[(thread, directive, head, msgs)])
+}
+
+/// Inserts the messages and indexed heads of `threads` (thread, directive, head, messages),
+/// none of which is indexed now: on Postgres many rows to a statement.
+fn put_rows(db: &Db, threads: &[(&str, &str, i64, &[SearchMessage])]) -> Result<(), StoreError> {
+    if db.engine() == Engine::Sqlite {
+        for (thread, directive, _, msgs) in threads {
+            put_fts(db, thread, directive, msgs)?;
+        }
+    } else {
+        let mut rows = Vec::new();
+        for (thread, directive, _, msgs) in threads {
+            for (n, m) in msgs.iter().enumerate() {
+                rows.extend([
+                    Cell::from(*thread),
+                    Cell::from(*directive),
+                    Cell::Int(n as i64),
+                    Cell::Int(m.seq),
+                    Cell::from(m.role.as_str()),
+                    Cell::from(m.text.as_str()),
+                    Cell::from(fold(&m.text, FOLDED_MAX)),
+                ]);
+            }
+        }
+        db.insert_rows(
+            "INSERT INTO msgs(thread, directive, n, seq, role, text, folded)",
+            "",
+            7,
+            &rows,
+        )
+        .map_err(storage)?;
+    }
+    let heads: Vec<Cell> = threads
+        .iter()
+        .flat_map(|(thread, _, head, _)| [Cell::from(*thread), Cell::Int(*head)])
+        .collect();
+    db.insert_rows(
+        "INSERT INTO indexed(thread, head)",
+        " ON CONFLICT(thread) DO UPDATE SET head=excluded.head",
+        2,
+        &heads,
+    )
+    .map_err(storage)
+}
+
+/// One thread's messages into SQLite's `msgs` and its FTS5 table (each row's id links them).
+fn put_fts(
+    db: &Db,
+    thread: &str,
+    directive: &str,
+    msgs: &[SearchMessage],
+) -> Result<(), StoreError> {
     for (n, m) in msgs.iter().enumerate() {
         let (n, role, text) = (n as i64, m.role.as_str(), m.text.as_str());
-        if fts {
-            db.execute_later(
-                "INSERT INTO msgs(thread, directive, n, seq, role, text) VALUES(?1,?2,?3,?4,?5,?6)",
-                params![thread, directive, n, m.seq, role, text],
-            )
-        } else {
-            db.execute_later(
-                "INSERT INTO msgs(thread, directive, n, seq, role, text, folded) VALUES(?1,?2,?3,?4,?5,?6,?7)",
-                params![thread, directive, n, m.seq, role, text, fold(text, FOLDED_MAX)],
-            )
-        }
+        db.execute_later(
+            "INSERT INTO msgs(thread, directive, n, seq, role, text) VALUES(?1,?2,?3,?4,?5,?6)",
+            params![thread, directive, n, m.seq, role, text],
+        )
         .map_err(storage)?;
-        if fts {
-            db.execute(
-                "INSERT INTO msgs_fts(rowid, text) VALUES(last_insert_rowid(), ?1)",
-                params![m.text.as_str()],
-            )
-            .map_err(storage)?;
-        }
+        db.execute(
+            "INSERT INTO msgs_fts(rowid, text) VALUES(last_insert_rowid(), ?1)",
+            params![text],
+        )
+        .map_err(storage)?;
     }
-    db.execute_later(
-        "INSERT INTO indexed(thread, head) VALUES(?1, ?2)
-         ON CONFLICT(thread) DO UPDATE SET head=excluded.head",
-        params![thread, head],
-    )
-    .map_err(storage)?;
     Ok(())
 }
 
@@ -367,6 +471,34 @@ pub(super) fn kv_clear(db: &Db, thread: &str) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread queued twice is indexed once, at its higher head, whichever came first.
+    #[test]
+    fn a_thread_queued_twice_is_indexed_once_at_its_higher_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = open(None, &dir.path().join("store.db")).unwrap();
+        let t = ThreadId::parse("twice-1-a").unwrap();
+        let said = |head: i64, text: &str| {
+            let msg = SearchMessage {
+                seq: 1,
+                role: "assistant".into(),
+                text: text.into(),
+            };
+            (t.clone(), "d".to_string(), head, vec![msg])
+        };
+        for batch in [
+            [said(3, "osprey high"), said(2, "osprey low")],
+            [said(2, "osprey low"), said(3, "osprey high")],
+        ] {
+            assert_eq!(newest(&batch).len(), 1);
+            remove(&mut db, t.as_str()).unwrap();
+            put_many(&mut db, &batch).unwrap();
+            let hits = search(&db, &SearchQuery::new("osprey")).unwrap();
+            let texts: Vec<&str> = hits.iter().map(|h| h.hit.text.as_str()).collect();
+            assert_eq!(texts, ["osprey high"]);
+            assert_eq!(heads(&db).unwrap().get(t.as_str()), Some(&3));
+        }
+    }
 
     /// A thread deleted while it waited for the indexer is not indexed: its messages never
     /// reach search (its tombstone is in the same database, read in the same transaction).
