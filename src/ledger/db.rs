@@ -354,11 +354,12 @@ impl Book {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::core::ids::ReservationId;
 
-    fn account(id: &ThreadId, spent: i64) -> Account {
+    /// An open top account `id` that spent `spent` of 1,000.
+    pub(in crate::ledger) fn account(id: &ThreadId, spent: i64) -> Account {
         Account {
             id: id.clone(),
             parent: None,

@@ -418,21 +418,7 @@ mod tests {
     use super::*;
     use crate::core::money::Nanos;
 
-    fn account(id: &ThreadId, spent: i64) -> Account {
-        Account {
-            id: id.clone(),
-            parent: None,
-            max: Nanos(1_000),
-            spent: Nanos(spent),
-            own_spent: Nanos(spent),
-            inflight: Nanos::ZERO,
-            guaranteed: Nanos::ZERO,
-            pool_left: Nanos::ZERO,
-            closed: false,
-            owner: 7,
-            placed: false,
-        }
-    }
+    use super::super::db::tests::account;
 
     fn reservation(id: u64, on: &ThreadId) -> Reservation {
         Reservation {
