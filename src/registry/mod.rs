@@ -13,6 +13,7 @@ mod actor;
 mod admission;
 mod columns;
 mod store;
+mod updates;
 
 pub(crate) use actor::RegistryActor;
 pub use actor::RegistryMsg;

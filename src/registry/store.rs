@@ -2,6 +2,7 @@
 
 use super::admission::{admit_child, admit_sql, admitted_values, register_in};
 use super::columns::{read_row, COLS};
+use super::updates::Held;
 use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
@@ -17,6 +18,9 @@ pub struct Store {
     deciding: Vec<(u64, ThreadId, Admission)>,
     /// Children the last commit refused, with why.
     refused: Vec<(ThreadId, RegistryError)>,
+    /// Row updates of the open batch on Postgres, written before anything reads or registers
+    /// and before the commit ([`Store::db`]).
+    held: Held,
 }
 
 /// The registry's schema, step by step (see `sql/migrate.rs`).
@@ -61,6 +65,7 @@ impl Store {
             db,
             deciding: Vec::new(),
             refused: Vec::new(),
+            held: Held::default(),
         })
     }
 
@@ -109,7 +114,20 @@ impl Store {
             db,
             deciding: Vec::new(),
             refused: Vec::new(),
+            held: Held::default(),
         })
+    }
+
+    /// The database, the held row updates queued first: every statement after them sees them.
+    fn db(&self) -> &Db {
+        self.held.write(&self.db);
+        &self.db
+    }
+
+    /// [`Store::db`], for a transaction or a commit.
+    fn db_mut(&mut self) -> &mut Db {
+        self.held.write(&self.db);
+        &mut self.db
     }
 
     /// Opens the batch transaction if none is open (the registry's write lock is taken now).
@@ -120,8 +138,8 @@ impl Store {
     /// Commits the batch transaction, if one is open; then the admissions it decided are
     /// known ([`Store::take_refused`]).
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
-        let done = self.db.commit().map_err(st);
-        let counts = self.db.take_counts();
+        let done = self.db_mut().commit().map_err(st);
+        let counts = self.db().take_counts();
         for (ticket, child, admit) in std::mem::take(&mut self.deciding) {
             if done.is_ok() && counts.get(&ticket) != Some(&1) {
                 let why = self.refusal(&admit);
@@ -139,7 +157,7 @@ impl Store {
     /// Why the parent of `a` refused a child, read after the commit that refused it (the
     /// decision is the commit's; the numbers are those of now).
     fn refusal(&self, a: &Admission) -> RegistryError {
-        match admit_child(&self.db, a) {
+        match admit_child(self.db(), a) {
             Err(e) => e,
             // Nothing refuses it now (a sibling ended since): it was the concurrency limit.
             Ok(()) => RegistryError::Concurrency {
@@ -168,21 +186,26 @@ impl Store {
             // trip per spawn); the commit says which were refused.
             if let (Some(a), None) = (admit, &row.continuation_of) {
                 let ticket = self
-                    .db
+                    .db()
                     .execute_counted(&admit_sql(), &admitted_values(row, a))
                     .map_err(st)?;
                 self.deciding.push((ticket, row.id.clone(), a.clone()));
                 return Ok(());
             }
-            return register_in(&self.db, row, admit);
+            return register_in(self.db(), row, admit);
         }
-        self.db
+        self.db_mut()
             .atomic(Lock::Registry, |db| register_in(db, row, admit))
     }
 
     /// Writes status, cost and result fields of an existing row (never leaves a terminal state).
+    /// Inside the actor's batch it rides with the commit (nothing reads its count); on
+    /// Postgres it is held and written with the batch's other updates ([`Held`]).
     pub fn update(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
-        // Nothing reads its count: inside the actor's batch it rides with the commit.
+        if self.db.in_tx() && self.db.engine() == Engine::Postgres {
+            self.held.hold(row);
+            return Ok(());
+        }
         self.db
             .execute_later(
                 UPDATE_ROW,
@@ -208,7 +231,7 @@ impl Store {
 
     /// One row.
     pub fn get(&self, id: &str) -> Result<Option<ThreadRow>, RegistryError> {
-        self.db
+        self.db()
             .row(
                 &format!("SELECT {COLS} FROM threads WHERE id=?1"),
                 params![id],
@@ -243,7 +266,7 @@ impl Store {
 
     /// How many rows have `status` (by the status index, without reading them).
     pub fn count(&self, status: Status) -> Result<u64, RegistryError> {
-        self.db
+        self.db()
             .row(
                 "SELECT COUNT(*) FROM threads WHERE status=?1",
                 params![status.as_str()],
@@ -327,7 +350,7 @@ impl Store {
     /// each as its raw id and what is wrong with it (`weft doctor` reports them).
     pub fn damaged(&self) -> Result<Vec<(String, RegistryError)>, RegistryError> {
         let rows = self
-            .db
+            .db()
             .query(&format!("SELECT {COLS} FROM threads"), &[])
             .map_err(st)?;
         let mut out = Vec::new();
@@ -353,7 +376,7 @@ impl Store {
     /// The owners of rows still `created` or `running`.
     pub(crate) fn unfinished_owners(&self) -> Result<Vec<u32>, RegistryError> {
         let rows = self
-            .db
+            .db()
             .query(
                 "SELECT DISTINCT owner_pid FROM threads WHERE status IN ('created','running')",
                 &[],
@@ -371,7 +394,7 @@ impl Store {
     pub fn claim(&mut self, id: &str, from: u32, to: u32) -> Result<bool, RegistryError> {
         debug_assert!(!self.db.in_tx());
         let n = self
-            .db
+            .db()
             .execute(
                 "UPDATE threads SET owner_pid=?3 WHERE id=?1 AND owner_pid=?2 AND status IN ('created','running')",
                 params![id, from, to],
@@ -382,7 +405,7 @@ impl Store {
 
     /// Marks a terminal row as interrupted (recovery only: its owner process is gone).
     pub fn finish_interrupted(&mut self, row: &ThreadRow) -> Result<(), RegistryError> {
-        self.db
+        self.db()
             .execute(
                 "UPDATE threads SET status=?2, updated_at=?3, spend=?4, own_spend=?5, error=?6, waiting=NULL
                  WHERE id=?1 AND status IN ('created','running')",
@@ -407,7 +430,7 @@ impl Store {
         new: &str,
         chain_root: &str,
     ) -> Result<(), RegistryError> {
-        self.db.atomic(Lock::Registry, |db| {
+        self.db_mut().atomic(Lock::Registry, |db| {
             db.execute(
                 "UPDATE threads SET chain_root=?2 WHERE id=?1 AND chain_root IS NULL",
                 params![old, chain_root],
@@ -439,7 +462,7 @@ impl Store {
     /// Removes the rows of `ids` (finished threads only; see `ThreadStore::delete`). Returns
     /// how many went.
     pub fn delete_finished(&mut self, ids: &[&str]) -> Result<usize, RegistryError> {
-        self.db.atomic(Lock::Registry, |db| {
+        self.db_mut().atomic(Lock::Registry, |db| {
             let mut gone = 0;
             for id in ids {
                 gone += db
@@ -462,7 +485,7 @@ impl Store {
     /// Replaces a row's metadata (a JSON object).
     pub fn set_meta(&mut self, id: &str, meta: &serde_json::Value) -> Result<bool, RegistryError> {
         let n = self
-            .db
+            .db()
             .execute(
                 "UPDATE threads SET meta=?2 WHERE id=?1",
                 params![id, meta.to_string()],
@@ -493,7 +516,7 @@ impl Store {
     /// never hides every other thread. A query for that one row (`get`) still names the damage.
     fn rows(&self, sql: &str, params: &[Value]) -> Result<Vec<ThreadRow>, RegistryError> {
         let mut out = Vec::new();
-        for r in self.db.query(sql, params).map_err(st)? {
+        for r in self.db().query(sql, params).map_err(st)? {
             match read_row(&r) {
                 Ok(row) => out.push(row),
                 Err(e @ RegistryError::Corrupt { .. }) => {

@@ -283,7 +283,7 @@ impl Db {
     }
 
     /// `head VALUES (…),(…)… tail` for `values`, `cols` of them to a row, as
-    /// [`Db::execute_later`], in statements of many rows ([`Db::by_rows`]).
+    /// [`Db::execute_later`], in statements of many rows ([`Db::rows_later`]).
     pub(crate) fn insert_rows(
         &self,
         head: &str,
@@ -291,24 +291,24 @@ impl Db {
         cols: usize,
         values: &[Value],
     ) -> Result<(), SqlError> {
-        self.by_rows(cols, values, |n| rows_sql(head, tail, cols, n))
+        self.rows_later(cols, values, |n| rows_sql(head, tail, cols, n))
     }
 
     /// `DELETE FROM table WHERE (k1=? AND k2=?…) OR (…)…` for `values`, one value of each of
-    /// `keys` to a row, as [`Db::execute_later`], in statements of many rows ([`Db::by_rows`]).
+    /// `keys` to a row, as [`Db::execute_later`], in statements of many rows ([`Db::rows_later`]).
     pub(crate) fn delete_rows(
         &self,
         table: &str,
         keys: &[&str],
         values: &[Value],
     ) -> Result<(), SqlError> {
-        self.by_rows(keys.len(), values, |n| delete_sql(table, keys, n))
+        self.rows_later(keys.len(), values, |n| delete_sql(table, keys, n))
     }
 
     /// Runs `sql(n)`, a statement of `n` rows, over `values`, `cols` of them to a row: on
     /// Postgres many rows to a statement ([`rows_per_statement`]), on SQLite one row at a
     /// time, which costs no more there and keeps its statement cache small.
-    fn by_rows(
+    pub(crate) fn rows_later(
         &self,
         cols: usize,
         values: &[Value],

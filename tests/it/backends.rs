@@ -141,6 +141,58 @@ fn the_registry_keeps_its_contract_on_both_backends() {
 
 /// A database whose schema a newer weft wrote is refused, naming both versions, and left as
 /// it is.
+/// A batch's row updates land as they would one by one (on Postgres they are held and
+/// written many to a statement): never out of a terminal state, seen by a read and by a
+/// child's admission later in the same batch.
+#[test]
+fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
+    for backend in BACKENDS {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut s) = registry(backend, dir.path()) else {
+            return;
+        };
+        let at = |n: u32| format!("2026-11-25T00:00:{n:02}Z");
+        s.register(&row("r", None, "r", Status::Running, &at(1)), None)
+            .unwrap();
+        let admit = Admission {
+            parent: id("r"),
+            spawns: 10,
+            concurrency: 1,
+        };
+        s.begin_batch().unwrap();
+        let a = row("a", Some("r"), "r", Status::Running, &at(2));
+        s.register(&a, Some(&admit)).unwrap();
+        let done = ThreadRow {
+            turns: 4,
+            ..row("a", Some("r"), "r", Status::Completed, &at(3))
+        };
+        s.update(&done).unwrap();
+        // A late update of the ended thread, and another thread's, in the same batch.
+        s.update(&row("a", Some("r"), "r", Status::Running, &at(4)))
+            .unwrap();
+        s.update(&row("r", None, "r", Status::Running, &at(4)))
+            .unwrap();
+        let seen = s.get("a").unwrap().unwrap();
+        assert_eq!(
+            (seen.status, seen.turns),
+            (Status::Completed, 4),
+            "{backend:?}"
+        );
+        // a ended, so its one slot is free for b in the same batch.
+        let b = row("b", Some("r"), "r", Status::Running, &at(5));
+        s.register(&b, Some(&admit)).unwrap();
+        s.commit_batch().unwrap();
+        assert!(s.take_refused().is_empty(), "{backend:?}: b was admitted");
+        let a = s.get("a").unwrap().unwrap();
+        assert_eq!(
+            (a.status, a.turns, a.updated_at.as_str()),
+            (Status::Completed, 4, at(3).as_str())
+        );
+        assert_eq!(s.get("b").unwrap().unwrap().status, Status::Running);
+        assert_eq!(s.get("r").unwrap().unwrap().updated_at, at(4));
+    }
+}
+
 #[test]
 fn a_database_newer_than_this_weft_is_refused_naming_both_versions() {
     for backend in BACKENDS {
