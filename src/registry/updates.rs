@@ -21,6 +21,11 @@ impl Held {
     /// of a terminal state); a thread updated again starts the next run. A failure to queue is
     /// remembered by `db` and fails the batch's commit.
     pub(super) fn write(&self, db: &Db) {
+        // Held only inside the batch, which ends only through a commit that writes them first.
+        debug_assert!(
+            self.0.borrow().is_empty() || db.in_tx(),
+            "held outside a batch"
+        );
         let held = std::mem::take(&mut *self.0.borrow_mut());
         let mut rest = held.as_slice();
         while !rest.is_empty() {

@@ -139,18 +139,22 @@ fn the_registry_keeps_its_contract_on_both_backends() {
     }
 }
 
-/// A database whose schema a newer weft wrote is refused, naming both versions, and left as
-/// it is.
 /// A batch's row updates land as they would one by one (on Postgres they are held and
-/// written many to a statement): never out of a terminal state, seen by a read and by a
-/// child's admission later in the same batch.
+/// written many to a statement): never out of a terminal state, whatever follows in the same
+/// batch; seen by a read, by a child's admission and by the commit.
 #[test]
 fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
     for backend in BACKENDS {
         let dir = tempfile::tempdir().unwrap();
-        let Some(mut s) = registry(backend, dir.path()) else {
-            return;
+        let url = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => match crate::pg::fresh_database() {
+                Some(u) => Some(DatabaseUrl::parse(&u).unwrap()),
+                None => return,
+            },
         };
+        let path = dir.path().join("registry.db");
+        let mut s = Store::open_at(url.as_ref(), &path).unwrap();
         let at = |n: u32| format!("2026-11-25T00:00:{n:02}Z");
         s.register(&row("r", None, "r", Status::Running, &at(1)), None)
             .unwrap();
@@ -159,18 +163,22 @@ fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
             spawns: 10,
             concurrency: 1,
         };
-        s.begin_batch().unwrap();
-        let a = row("a", Some("r"), "r", Status::Running, &at(2));
-        s.register(&a, Some(&admit)).unwrap();
-        let done = ThreadRow {
-            turns: 4,
-            ..row("a", Some("r"), "r", Status::Completed, &at(3))
+        let with_turns = |i: &str, status, n: u32, turns| ThreadRow {
+            turns,
+            ..row(i, Some("r"), "r", status, &at(n))
         };
-        s.update(&done).unwrap();
-        // A late update of the ended thread, and another thread's, in the same batch.
-        s.update(&row("a", Some("r"), "r", Status::Running, &at(4)))
+        s.begin_batch().unwrap();
+        s.register(&with_turns("a", Status::Running, 2, 0), Some(&admit))
             .unwrap();
-        s.update(&row("r", None, "r", Status::Running, &at(4)))
+        // Three updates of one thread, nothing between them: the one that ends it stays.
+        for (status, n, turns) in [
+            (Status::Running, 3, 1),
+            (Status::Completed, 4, 4),
+            (Status::Running, 5, 5),
+        ] {
+            s.update(&with_turns("a", status, n, turns)).unwrap();
+        }
+        s.update(&row("r", None, "r", Status::Running, &at(5)))
             .unwrap();
         let seen = s.get("a").unwrap().unwrap();
         assert_eq!(
@@ -178,21 +186,40 @@ fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
             (Status::Completed, 4),
             "{backend:?}"
         );
-        // a ended, so its one slot is free for b in the same batch.
-        let b = row("b", Some("r"), "r", Status::Running, &at(5));
-        s.register(&b, Some(&admit)).unwrap();
+        // a's slot is free for b; a late update of a changes nothing.
+        s.register(&with_turns("b", Status::Running, 6, 0), Some(&admit))
+            .unwrap();
+        s.update(&with_turns("a", Status::Running, 6, 6)).unwrap();
         s.commit_batch().unwrap();
-        assert!(s.take_refused().is_empty(), "{backend:?}: b was admitted");
-        let a = s.get("a").unwrap().unwrap();
-        assert_eq!(
-            (a.status, a.turns, a.updated_at.as_str()),
-            (Status::Completed, 4, at(3).as_str())
+        // b ends and c takes its slot, nothing read between them; then the commit with an
+        // update still held.
+        s.begin_batch().unwrap();
+        s.update(&with_turns("b", Status::Completed, 7, 2)).unwrap();
+        s.register(&with_turns("c", Status::Running, 8, 0), Some(&admit))
+            .unwrap();
+        s.update(&row("r", None, "r", Status::Running, &at(9)))
+            .unwrap();
+        s.commit_batch().unwrap();
+        assert!(
+            s.take_refused().is_empty(),
+            "{backend:?}: b and c were admitted"
         );
-        assert_eq!(s.get("b").unwrap().unwrap().status, Status::Running);
-        assert_eq!(s.get("r").unwrap().unwrap().updated_at, at(4));
+        // Read by another connection: nothing this store still holds can be written now.
+        let other = Store::open_at(url.as_ref(), &path).unwrap();
+        let get = |i: &str| other.get(i).unwrap().unwrap();
+        assert_eq!((get("a").status, get("a").turns), (Status::Completed, 4));
+        assert_eq!((get("b").status, get("b").turns), (Status::Completed, 2));
+        assert_eq!(get("c").status, Status::Running);
+        assert_eq!(
+            get("r").updated_at,
+            at(9),
+            "{backend:?}: the update held at the commit"
+        );
     }
 }
 
+/// A database whose schema a newer weft wrote is refused, naming both versions, and left as
+/// it is.
 #[test]
 fn a_database_newer_than_this_weft_is_refused_naming_both_versions() {
     for backend in BACKENDS {
