@@ -11,12 +11,20 @@ fn id(s: &str) -> ThreadId {
     ThreadId::parse(s).unwrap()
 }
 
+/// Where a registry on `backend` lives: a fresh database (Some(Some(url))), or a file (Some(None));
+/// None without a Postgres server.
+fn database(backend: Backend) -> Option<Option<DatabaseUrl>> {
+    match backend {
+        Backend::Sqlite => Some(None),
+        Backend::Postgres => Some(Some(
+            DatabaseUrl::parse(&crate::pg::fresh_database()?).unwrap(),
+        )),
+    }
+}
+
 /// A writable registry on `backend` (a fresh database, or a file in `dir`).
 fn registry(backend: Backend, dir: &std::path::Path) -> Option<Store> {
-    let url = match backend {
-        Backend::Sqlite => None,
-        Backend::Postgres => Some(DatabaseUrl::parse(&crate::pg::fresh_database()?).unwrap()),
-    };
+    let url = database(backend)?;
     Some(Store::open_at(url.as_ref(), &dir.join("registry.db")).unwrap())
 }
 
@@ -146,12 +154,8 @@ fn the_registry_keeps_its_contract_on_both_backends() {
 fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
     for backend in BACKENDS {
         let dir = tempfile::tempdir().unwrap();
-        let url = match backend {
-            Backend::Sqlite => None,
-            Backend::Postgres => match crate::pg::fresh_database() {
-                Some(u) => Some(DatabaseUrl::parse(&u).unwrap()),
-                None => return,
-            },
+        let Some(url) = database(backend) else {
+            return;
         };
         let path = dir.path().join("registry.db");
         let mut s = Store::open_at(url.as_ref(), &path).unwrap();
@@ -224,12 +228,8 @@ fn a_batchs_row_updates_land_as_one_by_one_on_both_backends() {
 fn a_database_newer_than_this_weft_is_refused_naming_both_versions() {
     for backend in BACKENDS {
         let dir = tempfile::tempdir().unwrap();
-        let url = match backend {
-            Backend::Sqlite => None,
-            Backend::Postgres => match crate::pg::fresh_database() {
-                Some(u) => Some(DatabaseUrl::parse(&u).unwrap()),
-                None => return,
-            },
+        let Some(url) = database(backend) else {
+            return;
         };
         let file = dir.path().join("registry.db");
         drop(Store::open_at(url.as_ref(), &file).unwrap());
