@@ -80,20 +80,10 @@ fn account_rows(accounts: &[&Account]) -> Vec<Value> {
     values
 }
 
-/// Stores account `a` as it is now (inside the caller's transaction).
-pub(super) fn put_account(db: &Db, a: &Account) -> Result<(), LedgerError> {
-    put_accounts(db, &[a])
-}
-
 /// Whether reservation `r`, read from a file, has the shape the book settles: a chain, and one
 /// edge per step up it.
 pub(super) fn well_formed(r: &Reservation) -> bool {
     !r.chain.is_empty() && r.edges.len() + 1 == r.chain.len()
-}
-
-/// Stores open reservation `r` (inside the caller's transaction).
-pub(super) fn put_reservation(db: &Db, r: &Reservation) -> Result<(), LedgerError> {
-    put_reservations(db, &[r])
 }
 
 /// Stores open reservations `rs` (inside the caller's transaction); of one given more than
@@ -126,16 +116,6 @@ fn reservation_rows(rs: &[&Reservation]) -> Vec<Value> {
         }
     }
     values
-}
-
-/// Deletes the settled or released reservation `id` of `thread` (inside the caller's
-/// transaction).
-pub(super) fn drop_reservation(
-    db: &Db,
-    thread: &ThreadId,
-    id: super::ReservationId,
-) -> Result<(), LedgerError> {
-    drop_reservations(db, [(thread, id)].into_iter())
 }
 
 /// Deletes settled or released reservations, each (thread, id) (inside the caller's

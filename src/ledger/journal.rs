@@ -22,7 +22,7 @@
 //! (no line end: the write was cut) was never answered and is dropped; an unreadable whole
 //! record is an error that names the file and line, and the file is kept.
 
-use super::db::{drop_reservation, put_account, put_reservation, st};
+use super::db::{drop_reservations, put_accounts, put_reservations, st};
 use super::names::{is_dead, kept, listed};
 use super::{Account, LedgerError, Reservation, ReservationId};
 use crate::core::ids::ThreadId;
@@ -388,16 +388,14 @@ fn fold_file(db: &Db, path: &Path, name: &str) -> Result<bool, LedgerError> {
 
 /// One record's rows, stored.
 fn apply(db: &Db, rec: &In) -> Result<(), LedgerError> {
-    for a in &rec.a {
-        put_account(db, a)?;
-    }
-    for r in rec.add.iter().filter(|r| super::db::well_formed(r)) {
-        put_reservation(db, r)?;
-    }
-    for (t, id) in &rec.del {
-        drop_reservation(db, t, *id)?;
-    }
-    Ok(())
+    put_accounts(db, &rec.a.iter().collect::<Vec<_>>())?;
+    let add: Vec<&Reservation> = rec
+        .add
+        .iter()
+        .filter(|r| super::db::well_formed(r))
+        .collect();
+    put_reservations(db, &add)?;
+    drop_reservations(db, rec.del.iter().map(|(t, id)| (t, *id)))
 }
 
 /// After the transaction that folded them committed: the dead journals go.
@@ -497,16 +495,16 @@ mod tests {
         let mut j = Journal::new(dir.clone(), false);
         j.append(vec![&account(&t, 1)], vec![], &[]).unwrap();
         commit(&mut db, |db| {
-            put_account(db, &account(&t, 1))?;
+            put_accounts(db, &[&account(&t, 1)])?;
             j.mark(db)
         });
-        commit(&mut db, |db| put_account(db, &account(&t, 5)));
+        commit(&mut db, |db| put_accounts(db, &[&account(&t, 5)]));
         j.append(vec![&account(&t, 6)], vec![], &[]).unwrap();
         let (name, path) = (j.name.clone(), j.path());
         drop(j);
         fold_all_dead(&mut db, &dir);
         assert_eq!(spent(&db, &t), 6, "the record past the mark is applied");
-        commit(&mut db, |db| put_account(db, &account(&t, 9)));
+        commit(&mut db, |db| put_accounts(db, &[&account(&t, 9)]));
         // The same file again (as if its removal were lost): nothing past the mark.
         let mut again = Journal::new(dir.clone(), false);
         again.append(vec![&account(&t, 1)], vec![], &[]).unwrap();

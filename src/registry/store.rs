@@ -2,7 +2,7 @@
 
 use super::admission::{admit_child, admit_sql, admitted_values, register_in};
 use super::columns::{read_row, COLS};
-use super::updates::Held;
+use super::updates::{row_values, Held};
 use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
@@ -139,7 +139,7 @@ impl Store {
     /// known ([`Store::take_refused`]).
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
         let done = self.db_mut().commit().map_err(st);
-        let counts = self.db().take_counts();
+        let counts = self.db.take_counts();
         for (ticket, child, admit) in std::mem::take(&mut self.deciding) {
             if done.is_ok() && counts.get(&ticket) != Some(&1) {
                 let why = self.refusal(&admit);
@@ -207,24 +207,7 @@ impl Store {
             return Ok(());
         }
         self.db
-            .execute_later(
-                UPDATE_ROW,
-                params![
-                    row.id.as_str(),
-                    row.status.as_str(),
-                    row.updated_at.as_str(),
-                    row.turns,
-                    row.input_tokens,
-                    row.output_tokens,
-                    row.own_spend_nanos,
-                    row.spend_nanos,
-                    row.result.as_deref(),
-                    row.outputs.as_ref().map(|o| o.to_string()),
-                    row.error.as_deref(),
-                    row.waiting.as_deref(),
-                    row.status_text.as_deref()
-                ],
-            )
+            .execute_later(UPDATE_ROW, &row_values(row))
             .map_err(st)?;
         Ok(())
     }

@@ -41,8 +41,8 @@ impl Held {
     }
 }
 
-/// The 13 values of `row`'s update, in [`update_sql`]'s order.
-fn row_values(row: &ThreadRow) -> [Value; 13] {
+/// The 13 values of `row`'s update, in [`update_sql`]'s order (and `UPDATE_ROW`'s).
+pub(super) fn row_values(row: &ThreadRow) -> [Value; 13] {
     [
         Value::from(row.id.as_str()),
         Value::from(row.status.as_str()),

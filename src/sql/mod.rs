@@ -321,13 +321,20 @@ impl Db {
             )));
         }
         let mut rest = values;
+        // The text of the last size used: built once for all of SQLite's one-row statements.
+        let mut built: Option<(usize, String)> = None;
         while !rest.is_empty() {
             let n = match self.engine() {
                 Engine::Sqlite => 1,
                 Engine::Postgres => rows_per_statement(rest.len() / cols),
             };
+            if built.as_ref().is_none_or(|(at, _)| *at != n) {
+                built = Some((n, sql(n)));
+            }
             let (now, later) = rest.split_at(n * cols);
-            self.execute_later(&sql(n), now)?;
+            if let Some((_, text)) = &built {
+                self.execute_later(text, now)?;
+            }
             rest = later;
         }
         Ok(())

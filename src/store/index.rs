@@ -34,7 +34,7 @@ pub(super) fn put(
             return Ok(());
         }
         remove_in(db, thread)?;
-        put_in(db, thread, directive, head, msgs)
+        put_rows(db, &[(thread, directive, head, msgs)])
     })
 }
 
@@ -102,14 +102,15 @@ fn known(db: &Db, ids: &[&str]) -> Result<(HashSet<String>, HashMap<String, i64>
         }
         return Ok((deleted, heads));
     }
+    let marks: Vec<String> = (1..=64).map(|i| format!("?{i}")).collect();
+    let marks = marks.join(",");
     let chunked = |sql: &str, f: &mut dyn FnMut(&crate::sql::Row) -> Result<(), SqlError>| {
+        let sql = format!("{sql} IN ({marks})");
         for chunk in ids.chunks(64) {
             // Padded to 64 with the first id: one prepared statement for any number.
             let values: Vec<Cell> = (0..64)
                 .map(|i| Cell::from(*chunk.get(i).unwrap_or(&chunk[0])))
                 .collect();
-            let marks: Vec<String> = (1..=64).map(|i| format!("?{i}")).collect();
-            let sql = format!("{sql} IN ({})", marks.join(","));
             for row in db.query(&sql, &values)? {
                 f(&row)?;
             }
@@ -136,16 +137,6 @@ fn indexed_head(db: &Db, thread: &str) -> Result<Option<i64>, StoreError> {
         .row("SELECT head FROM indexed WHERE thread=?1", params![thread])
         .map_err(storage)?;
     row.map(|r| r.int(0).map_err(storage)).transpose()
-}
-
-fn put_in(
-    db: &Db,
-    thread: &str,
-    directive: &str,
-    head: i64,
-    msgs: &[SearchMessage],
-) -> Result<(), StoreError> {
-    put_rows(db, &[(thread, directive, head, msgs)])
 }
 
 /// Inserts the messages and indexed heads of `threads` (thread, directive, head, messages),
