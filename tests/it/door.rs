@@ -522,3 +522,151 @@ fn two_processes_reserving_against_one_root_never_pass_its_cap() {
         );
     }
 }
+
+/// A cancel of a middle thread stops its subtree only: an effect its tree's root scheduled
+/// stays pending with the budget set aside for it, and runs when due, on that budget (a
+/// subtree's cancel must not reach the root's caused work, nor give its budget back twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_middle_threads_cancel_leaves_its_roots_scheduled_effect_and_its_budget_alone() {
+    let r = directive(
+        "limits: { spend: 0.004 }\npermissions: [ schedule, \"thread.spawn.x\", \"thread.spawn.m\" ]",
+        "Root.",
+    );
+    // m's own cap leaves room for x's budget, whichever of the two tools runs first.
+    let (m, x) = (
+        directive("limits: { spend: 0.001 }", "M."),
+        directive("", "X."),
+    );
+    let script = r#"r:
+  - tool_calls:
+      - { name: schedule, input: { directive: x, delay: "2s", limits: { spend: 0.0005 } } }
+      - { name: spawn_thread, input: { directive: m } }
+    usage: { input_tokens: 100, output_tokens: 0 }
+  - text: root done
+    usage: { input_tokens: 100, output_tokens: 0 }
+m:
+  - text: m done
+    delay: 20s
+x:
+  - text: x done
+    usage: { input_tokens: 100, output_tokens: 0 }
+"#;
+    let fx = Fixture::new(&[("r", &r), ("m", &m), ("x", &x)], script, "");
+    let (rt, handle, root) = fx.start("r").await;
+    crate::support::wait_until("m to run", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "m" && r.status == "running")
+    })
+    .await;
+    let mid = weft::ThreadId::parse(&fx.id_of("m")).unwrap();
+    assert!(rt.cancel(&mid, "test: the middle only"));
+    let report = tokio::time::timeout(std::time::Duration::from_secs(20), handle.wait())
+        .await
+        .expect("the root ends once its child is cancelled")
+        .unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let x_done = || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "x" && r.status == "completed")
+    };
+    for _ in 0..2000 {
+        if x_done() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if !x_done() {
+        let o = weft_cmd(fx.root())
+            .args(["schedule", "--json"])
+            .output()
+            .unwrap();
+        panic!(
+            "x did not run when due: effects {} r's tools {:?} rows {:?}",
+            String::from_utf8_lossy(&o.stdout),
+            crate::support::tool_results(&fx, root.as_str()),
+            fx.rows()
+                .iter()
+                .map(|r| format!("{} {}", r.id, r.status))
+                .collect::<Vec<_>>()
+        );
+    }
+    rt.drain_hooks().await;
+    let rows = fx.rows();
+    let row = |d: &str| rows.iter().find(|r| r.directive == d).unwrap();
+    assert_eq!(row("m").status, "cancelled");
+    assert_eq!(row("x").parent_id.as_deref(), Some(root.as_str()));
+    assert_eq!(
+        fx.doc(row("x").id.as_str()).limits.spend.0,
+        500_000,
+        "x runs on the budget set aside when it was scheduled"
+    );
+    assert!(tree_spend(&fx) <= 4_000_000, "{}", tree_spend(&fx));
+    assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    rt.shutdown();
+}
+
+/// A root cancelled the moment it starts — its registry row possibly not committed yet — starts
+/// nothing its tree causes afterwards: its `after_complete` hook's spawn (a deferred child of
+/// the tree, fired as the cancelled root ends) is refused, whether the hook is checked before
+/// the cancel reaches the tree's caused work (refused at its start: 0–1 ms here) or after
+/// (refused at once, in the root's transcript); it never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_cancelled_as_it_starts_refuses_what_its_hook_spawns_after() {
+    let hooks =
+        "hooks:\n  - { id: helper, event: after_complete, action: { spawn: { directive: h } } }";
+    let r = directive(
+        &format!("limits: {{ spend: 1.0 }}\npermissions: [\"thread.spawn.h\"]\n{hooks}"),
+        "Root.",
+    );
+    let h = directive("", "H.");
+    let script = "r:\n  - text: r done\n    delay: 5s\nh:\n  - text: h done\n    delay: 800ms\n";
+    for pause_ms in [0u64, 0, 1, 3, 50, 200] {
+        let fx = Fixture::new(&[("r", &r), ("h", &h)], script, "");
+        let (rt, handle, root) = fx.start("r").await;
+        let id = handle.id().clone();
+        if pause_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+        }
+        assert!(rt.cancel(&id, "test: at once"));
+        let report = tokio::time::timeout(std::time::Duration::from_secs(20), handle.wait())
+            .await
+            .expect("the root ends at its cancel")
+            .unwrap();
+        assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
+        rt.drain_hooks().await;
+        // Longer than h would take if it ran on.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        crate::support::wait_until("the tree to end", || unfinished(&fx).is_empty()).await;
+        let hs: Vec<_> = fx
+            .rows()
+            .into_iter()
+            .filter(|r| r.directive == "h")
+            .map(|r| r.status)
+            .collect();
+        assert!(
+            hs.iter().all(|s| s == "cancelled"),
+            "{pause_ms} ms: the hook's spawn outlived its tree's cancel: {hs:?}"
+        );
+        let events = fx.events(root.as_str());
+        let hooked = events
+            .iter()
+            .any(|e| e["type"] == "hook_fired" || e["type"] == "hook_failed");
+        assert!(
+            hooked || pause_ms < 50,
+            "{pause_ms} ms: the hook fired as r ended: {events:?}"
+        );
+        for e in events {
+            if e["type"] == "hook_failed" {
+                let why = e["error"].as_str().unwrap_or_default();
+                assert!(why.contains("was cancelled"), "{pause_ms} ms: {why}");
+            }
+        }
+        let (violations, open) = rt.audit().await;
+        assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+        rt.shutdown();
+    }
+}
