@@ -7,6 +7,8 @@ use crate::core::ids::ThreadId;
 use crate::project::Project;
 use crate::record::place::Records;
 use crate::record::verify::Verdict;
+use crate::registry::ThreadRow;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -37,7 +39,11 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     // The registry before the anchor log: a thread's row says it finished only after its anchor
     // is stored, so a thread that ends while verify reads (a live project) is not reported as
     // anchored nowhere.
-    let finished = registry_finished(&project);
+    let rows = registry_rows(&project);
+    let finished: HashMap<ThreadId, bool> = rows
+        .iter()
+        .map(|(id, r)| (id.clone(), r.status.is_terminal()))
+        .collect();
     let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
     let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
     if all {
@@ -45,13 +51,25 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
             code: 1,
             message: format!("{}: {e}", records.thread_name_all()),
         })?);
-        // Every thread the registry lists, too: records gone are missing.
-        targets.extend(finished.keys().filter(|id| !deleted(id)).cloned());
+        // Every thread the registry lists, too: records gone are missing — unless its spawn
+        // was undone (it never ran: nothing names it).
+        let never_ran = |id: &ThreadId| rows.get(id).is_some_and(|r| never_ran(&records, &log, r));
+        targets.extend(
+            finished
+                .keys()
+                .filter(|id| !deleted(id) && !never_ran(id))
+                .cloned(),
+        );
         // And every thread the registry or the anchor log knows: a folder gone is missing.
         let known = log.heads.keys().filter(|id| !deleted(id));
         targets.extend(known.cloned());
     } else if let Some(root) = &tree {
-        targets.extend(tree_rows(&project, root)?);
+        let undone = |id: &ThreadId| rows.get(id).is_some_and(|r| never_ran(&records, &log, r));
+        targets.extend(
+            tree_rows(&project, root)?
+                .into_iter()
+                .filter(|id| !undone(id)),
+        );
     } else if targets.is_empty() {
         return Err(usage("name thread ids, or pass --all or --tree ROOT"));
     }
@@ -82,16 +100,36 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     Ok(if verdicts.iter().all(|v| v.ok) { 0 } else { 1 })
 }
 
-/// Every thread of the registry, and whether it finished (empty when there is no registry).
-fn registry_finished(project: &Project) -> std::collections::HashMap<ThreadId, bool> {
+/// Every row of the registry, by thread (empty when there is no registry).
+fn registry_rows(project: &Project) -> HashMap<ThreadId, ThreadRow> {
     crate::registry::Store::read_project(project)
         .and_then(|s| s.list(false, usize::MAX))
-        .map(|rows| {
-            rows.into_iter()
-                .map(|r| (r.id, r.status.is_terminal()))
-                .collect()
-        })
+        .map(|rows| rows.into_iter().map(|r| (r.id.clone(), r)).collect())
         .unwrap_or_default()
+}
+
+/// Whether `row` is of a thread whose spawn was undone before it ran (SPEC §4: a failed
+/// spawn leaves its row ended and no records): ended, no turn taken, no records, and named
+/// nowhere a thread that ran is anchored — not in the anchor log, not by its parent's
+/// transcript (a child that started is named there, in the hash chain, before it can run).
+fn never_ran(records: &Records, log: &crate::record::anchors::Log, row: &ThreadRow) -> bool {
+    let id = &row.id;
+    if !row.status.is_terminal() || row.turns > 0 || records.has(id).unwrap_or(true) {
+        return false;
+    }
+    if log.heads.contains_key(id) {
+        return false;
+    }
+    let Some(parent) = &row.parent_id else {
+        return true;
+    };
+    let lines = crate::record::transcript::read(records, parent, None)
+        .map(|r| r.events)
+        .unwrap_or_default();
+    !lines.iter().any(|l| {
+        (l["type"] == "child_spawned" || l["type"] == "child_finished")
+            && l["id"].as_str() == Some(id.as_str())
+    })
 }
 
 /// Every thread the registry lists in `root`'s tree.

@@ -148,11 +148,16 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
         return;
     };
     let inputs = e.inputs.as_object().cloned().unwrap_or_default();
+    // Counted as its tree's work from the start: the tree's cancel withdraws it while it is
+    // still starting, and reaches it once it runs.
+    let root = ctx.verified_doc(&parent).map(|d| d.root_id.clone());
     let origin = Origin::Deferred(Deferred {
         parent,
         id: Some(child.clone()),
     });
-    let req = SpawnRequest::new(e.target.clone(), inputs, origin);
+    let mut req = SpawnRequest::new(e.target.clone(), inputs, origin);
+    let mut caused = root.ok().map(|r| ctx.caused.enter(&r));
+    req.withdrawn = caused.as_ref().map(|c| c.token.clone());
     let (tx, rx) = tokio::sync::oneshot::channel();
     match crate::thread::spawn(ctx, req, Some(tx)).await {
         Ok((id, actor)) => {
@@ -160,8 +165,6 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
                 .store
                 .finish_effect(&e.id, true, &format!("started thread {id}"));
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
-            let root = ctx.verified_doc(&id).map(|d| d.root_id.clone());
-            let mut caused = root.ok().map(|r| ctx.caused.enter(&r));
             if let Some(c) = &mut caused {
                 c.is_thread(id.clone(), &actor);
             }

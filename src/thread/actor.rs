@@ -60,7 +60,18 @@ impl Actor for ThreadActor {
         let (mut tools, mut tools_bytes) =
             super::builtin::offered(&offer, &ctx.commands, &ctx.tool_specs);
         // MCP servers this thread may use start now (first use), so their tools can be offered.
-        let (mcp_tools, mcp_problems) = ctx.mcp.offered(&a.doc.capabilities).await;
+        // A start withdrawn meanwhile (its parent, or its tree, cancelled) gives up waiting:
+        // the spawn then undoes what it wrote (`spawn::unwind`).
+        let offered = ctx.mcp.offered(&a.doc.capabilities);
+        let (mcp_tools, mcp_problems) = match a.withdrawn.clone() {
+            // Biased: a start that need not wait (no server to start) goes on as before.
+            Some(w) => tokio::select! {
+                biased;
+                o = offered => o,
+                () = w.cancelled() => return Err("withdrawn as it started".into()),
+            },
+            None => offered.await,
+        };
         if !mcp_tools.is_empty() {
             tools_bytes += crate::provider::tools_bytes(&mcp_tools);
             Arc::make_mut(&mut tools).extend(mcp_tools);

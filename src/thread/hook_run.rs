@@ -288,6 +288,8 @@ async fn spawn_deferred(
         _ => return Err(super::SpawnError::Storage("not a deferred spawn".into())),
     };
     let mut caused = ctx.caused.enter(&root);
+    // Its tree's cancel withdraws it while it is still starting.
+    req.withdrawn = Some(caused.token.clone());
     let (child, _) = defer(ctx, &req).await?;
     if let Origin::Deferred(d) = &mut req.origin {
         d.id = Some(child.clone());

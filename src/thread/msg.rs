@@ -137,4 +137,7 @@ pub(crate) struct ThreadArgs {
     pub route: Option<Arc<crate::provider::Route>>,
     /// Its `invoke_agent` span.
     pub span: tracing::Span,
+    /// Fired when what started it stops before it runs (its parent's cancel; for a deferred
+    /// child, its tree's): a start still waiting (on an MCP server) gives up at once.
+    pub withdrawn: Option<tokio_util::sync::CancellationToken>,
 }

@@ -773,3 +773,82 @@ async fn a_cancel_withdraws_the_children_still_waiting_to_start() {
     );
     assert!(took < Duration::from_secs(3), "cancel took {took:?}");
 }
+
+/// A child whose start waits on a slow MCP server stops when its parent is cancelled: its
+/// start gives up at once and is undone (its row `cancelled`, no account left open, the
+/// server's process gone), and its parent ends without waiting for it. (Before: the start
+/// waited out the server — up to its 60 s start timeout — and the child ran or failed after
+/// its tree had ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
+    let r = directive(
+        "permissions: [\"thread.spawn.k\", \"mcp.stuck.*\"]",
+        "Root.",
+    );
+    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
+    let script = "r:\n  - delay: 1s\n    tool_calls: [ { name: spawn_thread, input: { directive: k } } ]\n  - text: root done\nk:\n  - text: kid done\n";
+    // Once the test has made the mark, a start of the server hangs 20 s (r's own start, before
+    // it, fails at once).
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    let sh = format!(
+        "if [ -e {m} ]; then sleep 20; fi; exit 1",
+        m = mark.display()
+    );
+    let config = format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = Fixture::new(&[("r", &r), ("k", &k)], script, &config);
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("r", Map::new(), LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    std::fs::write(&mark, "").unwrap();
+    wait_until("k to be starting", || {
+        fx.rows_so_far().iter().any(|r| r.directive == "k")
+    })
+    .await;
+    let server_runs = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*mark.to_string_lossy()))
+        })
+    };
+    wait_until("k's server to be starting", server_runs).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    assert!(rt.cancel(&id, "test"));
+    let report = tokio::time::timeout(Duration::from_secs(30), handle.wait())
+        .await
+        .expect("the tree ends")
+        .unwrap();
+    assert_eq!(report.status, Status::Cancelled);
+    wait_until("k to end", || {
+        fx.rows().iter().all(|r| r.status.is_terminal())
+    })
+    .await;
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "k ended {took:?} after the cancel"
+    );
+    let kid = fx.rows().into_iter().find(|r| r.directive == "k").unwrap();
+    assert_eq!(kid.status, "cancelled", "{:?}", kid.error);
+    wait_until("the server's process to be gone", || !server_runs()).await;
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    // Its spawn was undone (no records): `weft verify --all` and `--tree` still pass.
+    crate::support::verify_cli_clean(fx.root());
+    let tree = weft_cmd(fx.root())
+        .args(["verify", "--tree", id.as_str()])
+        .output()
+        .unwrap();
+    assert!(
+        tree.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tree.stdout)
+    );
+}

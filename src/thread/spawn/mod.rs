@@ -32,6 +32,7 @@ use serde_json::Value;
 use stages::{Account, Files, Registered};
 use std::sync::Arc;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// SPEC §4 steps 1–6: resolve, open the ledger account, admit and register, write the first
 /// records and start the actor. On any failure nothing is left running, reserved or
@@ -72,6 +73,7 @@ pub(crate) async fn spawn(
     };
     let id = plan.id.clone();
     let cell = req.parent_link().map(|p| p.actor.get_cell());
+    let withdrawn = req.withdrawn.clone();
     let args = arguments(plan, req, transcript, on_finish, place);
     // The actor's start may wait on MCP servers it may use (a slow one, up to its start
     // timeout): not while holding a slot every other spawn of the runtime needs.
@@ -79,7 +81,12 @@ pub(crate) async fn spawn(
     let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
         Ok(a) => a,
         Err(e) => {
-            let e = SpawnError::Storage(format!("cannot start the thread actor: {e}"));
+            let e = match withdrawn.filter(CancellationToken::is_cancelled) {
+                Some(_) => {
+                    SpawnError::Withdrawn("what started it was cancelled as it started".into())
+                }
+                None => SpawnError::Storage(format!("cannot start the thread actor: {e}")),
+            };
             return Err(unwind(e, Some(files), Some(registered), account).await);
         }
     };
@@ -224,5 +231,6 @@ fn arguments(
         inputs: Value::Object(plan.inputs),
         route: req.route,
         span,
+        withdrawn: req.withdrawn,
     }
 }

@@ -237,8 +237,12 @@ impl Registered {
     /// Marks the row `error` with why the thread never ran, waiting for the registry (retried
     /// while registry.db is busy). The `in_spawn` mark stays until the guard drops.
     pub(crate) async fn undo_row(&mut self, why: &SpawnError) {
-        if let Some(row) = self.row.take() {
-            self.ctx.store_row(error_row(row, why.to_string())).await;
+        if let Some(mut row) = self.row.take() {
+            row = error_row(row, why.to_string());
+            if matches!(why, SpawnError::Withdrawn(_)) {
+                row.status = Status::Cancelled;
+            }
+            self.ctx.store_row(row).await;
         }
     }
 
