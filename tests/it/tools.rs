@@ -730,3 +730,55 @@ kid:
         "the child ran the tool unasked: {kid_results:?}"
     );
 }
+
+/// A child whose directive writes `permissions: []` holds no capability, where one that writes
+/// no `permissions` inherits its parent's: an explicit empty list never hands a child
+/// everything its parent may do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_writes_no_permissions_out_holds_none() {
+    let boss = directive("permissions: [tool.count, \"thread.spawn.*\"]", "Boss.");
+    let bare = directive("permissions: []", "Bare.");
+    let heir = directive("", "Heir.");
+    let script = r#"boss:
+  - tool_calls:
+      - { name: spawn_thread, input: { directive: bare } }
+      - { name: spawn_thread, input: { directive: heir } }
+  - text: done
+bare:
+  - tool_calls: [ { name: count, input: { path: x } } ]
+  - text: tried
+heir:
+  - text: fine
+"#;
+    let fx = Fixture::new(
+        &[("boss", &boss), ("bare", &bare), ("heir", &heir)],
+        script,
+        "",
+    );
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/count.yaml"),
+        "name: count\nargv: [echo, counted]\n",
+    )
+    .unwrap();
+    let (report, _rt) = fx.run("boss", json!({})).await;
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    let bare_id = fx.id_of("bare");
+    assert!(
+        fx.doc(&bare_id).capabilities.is_empty(),
+        "{:?}",
+        fx.doc(&bare_id).capabilities
+    );
+    let tried = results(&fx, &bare_id);
+    assert!(
+        tried
+            .iter()
+            .all(|(c, is_error)| *is_error && !c.contains("counted")),
+        "a child with `permissions: []` ran its parent's tool: {tried:?}"
+    );
+    let heir_caps = fx.doc(&fx.id_of("heir")).capabilities;
+    assert!(
+        heir_caps.contains(&"tool.count".to_string()),
+        "{heir_caps:?}"
+    );
+}

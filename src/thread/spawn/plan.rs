@@ -328,6 +328,8 @@ fn limits_and_caps(
         ),
     };
     let caps = match parent {
+        // `permissions: []` written out is no capability at all; none written, the parent's.
+        Some(_) if directive.declared.permissions && directive.permissions.is_empty() => Vec::new(),
         Some(p) => crate::core::capability::attenuate(&directive.permissions, &p.capabilities),
         None => directive.permissions.clone(),
     };
