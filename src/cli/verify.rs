@@ -46,30 +46,31 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
         .collect();
     let (log, log_problems) = crate::record::anchors::read_log(&records, &trust);
     let deleted = |id: &ThreadId| store.as_ref().is_some_and(|s| s.is_deleted(id));
+    // Rows of threads whose spawn was undone: nothing to verify (see `never_ran`).
+    let mut undone: Vec<ThreadId> = Vec::new();
     if all {
         targets.extend(records.thread_ids().map_err(|e| Exit {
             code: 1,
             message: format!("{}: {e}", records.thread_name_all()),
         })?);
         // Every thread the registry lists, too: records gone are missing — unless its spawn
-        // was undone (it never ran: nothing names it).
-        let never_ran = |id: &ThreadId| rows.get(id).is_some_and(|r| never_ran(&records, &log, r));
-        targets.extend(
-            finished
-                .keys()
-                .filter(|id| !deleted(id) && !never_ran(id))
-                .cloned(),
-        );
+        // was undone (it never ran).
+        for id in finished.keys().filter(|id| !deleted(id)) {
+            match rows.get(id).is_some_and(|r| never_ran(&records, &log, r)) {
+                true => undone.push(id.clone()),
+                false => targets.push(id.clone()),
+            }
+        }
         // And every thread the registry or the anchor log knows: a folder gone is missing.
         let known = log.heads.keys().filter(|id| !deleted(id));
         targets.extend(known.cloned());
     } else if let Some(root) = &tree {
-        let undone = |id: &ThreadId| rows.get(id).is_some_and(|r| never_ran(&records, &log, r));
-        targets.extend(
-            tree_rows(&project, root)?
-                .into_iter()
-                .filter(|id| !undone(id)),
-        );
+        for id in tree_rows(&project, root)? {
+            match rows.get(&id).is_some_and(|r| never_ran(&records, &log, r)) {
+                true => undone.push(id),
+                false => targets.push(id),
+            }
+        }
     } else if targets.is_empty() {
         return Err(usage("name thread ids, or pass --all or --tree ROOT"));
     }
@@ -88,6 +89,15 @@ pub(super) fn verify(explicit: Option<PathBuf>, args: VerifyArgs) -> Result<i32,
     if tree.is_some() {
         missing_children(&records, &targets, &deleted, &mut verdicts);
     }
+    undone.retain(|id| !targets.contains(id));
+    undone.sort();
+    undone.dedup();
+    verdicts.extend(undone.into_iter().map(|id| Verdict {
+        id: id.to_string(),
+        ok: true,
+        problems: Vec::new(),
+        torn_last_line: false,
+    }));
     if !log_problems.is_empty() {
         verdicts.push(Verdict {
             id: "anchors.jsonl".into(),
@@ -109,12 +119,20 @@ fn registry_rows(project: &Project) -> HashMap<ThreadId, ThreadRow> {
 }
 
 /// Whether `row` is of a thread whose spawn was undone before it ran (SPEC §4: a failed
-/// spawn leaves its row ended and no records): ended, no turn taken, no records, and named
-/// nowhere a thread that ran is anchored — not in the anchor log, not by its parent's
-/// transcript (a child that started is named there, in the hash chain, before it can run).
+/// spawn leaves its row ended and no records): its row carries the spawn's mark
+/// (`thread::UNDONE`, written only when a spawn is undone), it spent and spawned nothing, took
+/// no turn, has no records, and is named nowhere a thread that ran is anchored — not in the
+/// anchor log, not by its parent's transcript (a child that started is named there, in the
+/// hash chain, before it can run). Such a row gets an `ok` verdict of its own.
 fn never_ran(records: &Records, log: &crate::record::anchors::Log, row: &ThreadRow) -> bool {
     let id = &row.id;
-    if !row.status.is_terminal() || row.turns > 0 || records.has(id).unwrap_or(true) {
+    let marked = row
+        .error
+        .as_deref()
+        .is_some_and(|e| e.starts_with(crate::thread::UNDONE));
+    let idle =
+        row.turns == 0 && row.spend_nanos == 0 && row.own_spend_nanos == 0 && row.spawn_count == 0;
+    if !marked || !idle || !row.status.is_terminal() || records.has(id).unwrap_or(true) {
         return false;
     }
     if log.heads.contains_key(id) {

@@ -62,15 +62,19 @@ impl Actor for ThreadActor {
         // MCP servers this thread may use start now (first use), so their tools can be offered.
         // A start withdrawn meanwhile (its parent, or its tree, cancelled) gives up waiting:
         // the spawn then undoes what it wrote (`spawn::unwind`).
-        let offered = ctx.mcp.offered(&a.doc.capabilities);
         let (mcp_tools, mcp_problems) = match a.withdrawn.clone() {
-            // Biased: a start that need not wait (no server to start) goes on as before.
-            Some(w) => tokio::select! {
-                biased;
-                o = offered => o,
-                () = w.cancelled() => return Err("withdrawn as it started".into()),
-            },
-            None => offered.await,
+            Some(w) if ctx.mcp.wants(&a.doc.capabilities) => {
+                // A task of its own: a withdrawn start stops waiting while the server's start
+                // goes on for every other thread waiting on it.
+                let (hub, caps) = (ctx.clone(), a.doc.capabilities.clone());
+                let offered = tokio::spawn(async move { hub.mcp.offered(&caps).await });
+                tokio::select! {
+                    biased;
+                    o = offered => o.unwrap_or_else(|e| (Vec::new(), vec![format!("MCP servers: {e}")])),
+                    () = w.cancelled() => return Err(super::spawn::WITHDRAWN.into()),
+                }
+            }
+            _ => ctx.mcp.offered(&a.doc.capabilities).await,
         };
         if !mcp_tools.is_empty() {
             tools_bytes += crate::provider::tools_bytes(&mcp_tools);

@@ -64,6 +64,13 @@ mod off {
             McpHub { configs }
         }
 
+        /// Whether `caps` let a thread use any server.
+        pub(crate) fn wants(&self, caps: &[String]) -> bool {
+            self.configs
+                .keys()
+                .any(|name| !capability::attenuate(&[format!("mcp.{name}.**")], caps).is_empty())
+        }
+
         /// No tools, and a problem line for each server `caps` would let the thread use.
         pub(crate) async fn offered(&self, caps: &[String]) -> (Vec<ToolSpec>, Vec<String>) {
             let problems = self

@@ -613,7 +613,7 @@ x:
 /// nothing its tree causes afterwards: its `after_complete` hook's spawn (a deferred child of
 /// the tree, fired as the cancelled root ends) is refused, whether the hook is checked before
 /// the cancel reaches the tree's caused work (refused at its start: 0–1 ms here) or after
-/// (refused at once, in the root's transcript); it never runs.
+/// (refused at once, in the root's transcript); it never takes a turn or spends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_cancelled_as_it_starts_refuses_what_its_hook_spawns_after() {
     let hooks =
@@ -641,14 +641,16 @@ async fn a_root_cancelled_as_it_starts_refuses_what_its_hook_spawns_after() {
         // Longer than h would take if it ran on.
         tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         crate::support::wait_until("the tree to end", || unfinished(&fx).is_empty()).await;
+        // Refused (no row), or cancelled as it started: never a turn, never a nano spent.
         let hs: Vec<_> = fx
             .rows()
             .into_iter()
             .filter(|r| r.directive == "h")
-            .map(|r| r.status)
+            .map(|r| (r.status, r.turns, r.own_spend_nanos))
             .collect();
         assert!(
-            hs.iter().all(|s| s == "cancelled"),
+            hs.iter()
+                .all(|(s, turns, spent)| s == "cancelled" && *turns == 0 && *spent == 0),
             "{pause_ms} ms: the hook's spawn outlived its tree's cancel: {hs:?}"
         );
         let events = fx.events(root.as_str());

@@ -775,8 +775,9 @@ async fn a_cancel_withdraws_the_children_still_waiting_to_start() {
 }
 
 /// A child whose start waits on a slow MCP server stops when its parent is cancelled: its
-/// start gives up at once and is undone (its row `cancelled`, no account left open, the
-/// server's process gone), and its parent ends without waiting for it. (Before: the start
+/// start gives up waiting at once and is undone (its row `cancelled`, no account left open),
+/// and its parent ends without waiting for it. The server's start goes on for whoever else
+/// waits on it. (Before: the start
 /// waited out the server — up to its 60 s start timeout — and the child ran or failed after
 /// its tree had ended.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -837,7 +838,6 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
     );
     let kid = fx.rows().into_iter().find(|r| r.directive == "k").unwrap();
     assert_eq!(kid.status, "cancelled", "{:?}", kid.error);
-    wait_until("the server's process to be gone", || !server_runs()).await;
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
     // Its spawn was undone (no records): `weft verify --all` and `--tree` still pass.

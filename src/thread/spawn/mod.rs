@@ -17,7 +17,7 @@ pub use error::SpawnError;
 pub(crate) use request::{
     ClientBounds, Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest,
 };
-pub(crate) use stages::MIN_OUTPUT_TOKENS;
+pub(crate) use stages::{MIN_OUTPUT_TOKENS, UNDONE};
 
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
@@ -32,7 +32,9 @@ use serde_json::Value;
 use stages::{Account, Files, Registered};
 use std::sync::Arc;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+
+/// What a thread actor's start fails with when it was withdrawn while it waited.
+pub(crate) const WITHDRAWN: &str = "withdrawn as it started";
 
 /// SPEC §4 steps 1–6: resolve, open the ledger account, admit and register, write the first
 /// records and start the actor. On any failure nothing is left running, reserved or
@@ -81,7 +83,8 @@ pub(crate) async fn spawn(
     let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
         Ok(a) => a,
         Err(e) => {
-            let e = match withdrawn.filter(CancellationToken::is_cancelled) {
+            // Only the start's own withdrawal (not a failure that met a cancel) ends it cancelled.
+            let e = match withdrawn.filter(|w| w.is_cancelled() && e.contains(WITHDRAWN)) {
                 Some(_) => {
                     SpawnError::Withdrawn("what started it was cancelled as it started".into())
                 }

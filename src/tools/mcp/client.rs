@@ -63,6 +63,13 @@ impl McpHub {
         }
     }
 
+    /// Whether `caps` let a thread use any server (its start may wait on one).
+    pub(crate) fn wants(&self, caps: &[String]) -> bool {
+        self.configs
+            .keys()
+            .any(|name| !capability::attenuate(&[format!("mcp.{name}.**")], caps).is_empty())
+    }
+
     /// The tools of every server `caps` let the thread use (starting those servers), and a
     /// problem line for each such server that could not be reached.
     pub(crate) async fn offered(&self, caps: &[String]) -> (Vec<ToolSpec>, Vec<String>) {
