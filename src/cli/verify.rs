@@ -120,7 +120,7 @@ fn registry_rows(project: &Project) -> HashMap<ThreadId, ThreadRow> {
 
 /// Whether `row` is of a thread whose spawn was undone before it ran (SPEC §4: a failed
 /// spawn leaves its row ended and no records): its row carries the spawn's mark
-/// (`thread::UNDONE`, written only when a spawn is undone), it spent and spawned nothing, took
+/// (`registry::UNDONE`, written only when a spawn is undone), it spent and spawned nothing, took
 /// no turn, has no records, and is named nowhere a thread that ran is anchored — not in the
 /// anchor log, not by its parent's transcript (a child that started is named there, in the
 /// hash chain, before it can run). Such a row gets an `ok` verdict of its own.
@@ -129,7 +129,7 @@ fn never_ran(records: &Records, log: &crate::record::anchors::Log, row: &ThreadR
     let marked = row
         .error
         .as_deref()
-        .is_some_and(|e| e.starts_with(crate::thread::UNDONE));
+        .is_some_and(|e| e.starts_with(crate::registry::UNDONE));
     let idle =
         row.turns == 0 && row.spend_nanos == 0 && row.own_spend_nanos == 0 && row.spawn_count == 0;
     if !marked || !idle || !row.status.is_terminal() || records.has(id).unwrap_or(true) {

@@ -19,6 +19,11 @@ pub(crate) use actor::RegistryActor;
 pub use actor::RegistryMsg;
 pub use store::Store;
 
+/// How the error of a row whose spawn was undone begins (`thread/spawn/stages.rs`): the mark
+/// `weft verify` goes by — a thread that never ran has no records to verify, and a row of one
+/// that ran never carries it.
+pub(crate) const UNDONE: &str = "its spawn was undone: ";
+
 /// Registry failures.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {

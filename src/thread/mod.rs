@@ -60,5 +60,5 @@ pub use report::ThreadReport;
 pub(crate) use spans::TARGET as SPAN_TARGET;
 pub use spawn::SpawnError;
 pub(crate) use spawn::{
-    give_back, spawn, ClientBounds, Continuation, Deferred, Origin, Seed, SpawnRequest, UNDONE,
+    give_back, spawn, ClientBounds, Continuation, Deferred, Origin, Seed, SpawnRequest,
 };

@@ -17,7 +17,7 @@ pub use error::SpawnError;
 pub(crate) use request::{
     ClientBounds, Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest,
 };
-pub(crate) use stages::{MIN_OUTPUT_TOKENS, UNDONE};
+pub(crate) use stages::MIN_OUTPUT_TOKENS;
 
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;

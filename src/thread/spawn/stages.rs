@@ -266,14 +266,10 @@ impl Drop for Registered {
     }
 }
 
-/// How the error of a row whose spawn was undone begins: the mark `weft verify` goes by (a
-/// thread that never ran has no records to verify; one that ran never carries it).
-pub(crate) const UNDONE: &str = "its spawn was undone: ";
-
 /// The row of a thread that never ran.
 fn error_row(mut row: ThreadRow, why: String) -> ThreadRow {
     row.status = Status::Error;
-    row.error = Some(format!("{UNDONE}{why}"));
+    row.error = Some(format!("{}{why}", crate::registry::UNDONE));
     row.updated_at = now_ts();
     row
 }
