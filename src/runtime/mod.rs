@@ -177,6 +177,7 @@ impl RuntimeBuilder {
             hook_tasks: Default::default(),
             successors: Default::default(),
             cancels: Default::default(),
+            starting: Default::default(),
             usage_log: Default::default(),
             events,
             wants_lines: Default::default(),

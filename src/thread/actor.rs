@@ -63,7 +63,7 @@ impl Actor for ThreadActor {
         // A start withdrawn meanwhile (its parent, or its tree, cancelled) gives up waiting:
         // the spawn then undoes what it wrote (`spawn::unwind`).
         let (mcp_tools, mcp_problems) = match a.withdrawn.clone() {
-            Some(w) if ctx.mcp.wants(&a.doc.capabilities) => {
+            Some(w) => {
                 // A task of its own: a withdrawn start stops waiting while the server's start
                 // goes on for every other thread waiting on it.
                 let (hub, caps) = (ctx.clone(), a.doc.capabilities.clone());
@@ -74,7 +74,7 @@ impl Actor for ThreadActor {
                     () = w.cancelled() => return Err(super::spawn::WITHDRAWN.into()),
                 }
             }
-            _ => ctx.mcp.offered(&a.doc.capabilities).await,
+            None => ctx.mcp.offered(&a.doc.capabilities).await,
         };
         if !mcp_tools.is_empty() {
             tools_bytes += crate::provider::tools_bytes(&mcp_tools);

@@ -15,6 +15,7 @@ use crate::registry::RegistryMsg;
 use ractor::ActorRef;
 use std::sync::Arc;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 /// A live event for observers (the CLI's live tree, tests).
 #[derive(Debug, Clone)]
@@ -312,6 +313,9 @@ pub(crate) struct Ctx {
     /// Cancels a person sent to a thread's actor ([`Ctx::send_cancel`]), until that actor takes
     /// them or stops (then [`Ctx::hand_on_cancel`]).
     pub cancels: std::sync::Mutex<std::collections::HashMap<ThreadId, String>>,
+    /// Threads whose actor's start may wait (on an MCP server), and the token that withdraws
+    /// it: fired by their own cancel ([`Ctx::send_cancel`]) or by what withdraws their spawn.
+    pub starting: std::sync::Mutex<std::collections::HashMap<ThreadId, CancellationToken>>,
     /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
     pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).
@@ -344,8 +348,44 @@ impl Ctx {
         if let Ok(mut c) = self.cancels.lock() {
             c.insert(thread.clone(), reason.to_string());
         }
+        if let Some(start) = self
+            .starting
+            .lock()
+            .ok()
+            .and_then(|s| s.get(thread).cloned())
+        {
+            start.cancel();
+        }
         let reason = reason.to_string();
         actor.cast(super::msg::ThreadMsg::Cancel { reason }).is_ok()
+    }
+
+    /// The token that withdraws `thread`'s start while it waits: `outer`'s child (what withdraws
+    /// its spawn: its parent's cancel, its tree's), fired too by its own cancel until
+    /// [`Ctx::start_over`].
+    pub(crate) fn start_token(
+        &self,
+        thread: &ThreadId,
+        outer: Option<&CancellationToken>,
+    ) -> CancellationToken {
+        let token = outer.map_or_else(CancellationToken::new, CancellationToken::child_token);
+        if let Ok(mut s) = self.starting.lock() {
+            s.insert(thread.clone(), token.clone());
+        }
+        token
+    }
+
+    /// `thread`'s start is over (its actor runs, or its spawn was undone); a cancel it took
+    /// while it waited is forgotten when it never ran (`ran`: false).
+    pub(crate) fn start_over(&self, thread: &ThreadId, ran: bool) {
+        if let Ok(mut s) = self.starting.lock() {
+            s.remove(thread);
+        }
+        if !ran {
+            if let Ok(mut c) = self.cancels.lock() {
+                c.remove(thread);
+            }
+        }
     }
 
     /// `thread`'s actor stopped: a cancel it never took goes on to the continuation that took

@@ -137,7 +137,7 @@ pub(crate) struct ThreadArgs {
     pub route: Option<Arc<crate::provider::Route>>,
     /// Its `invoke_agent` span.
     pub span: tracing::Span,
-    /// Fired when what started it stops before it runs (its parent's cancel; for a deferred
-    /// child, its tree's): a start still waiting (on an MCP server) gives up at once.
+    /// For a start that may wait on an MCP server: fired when it is withdrawn meanwhile (its own
+    /// cancel, its parent's; for a deferred child, its tree's), and the start gives up at once.
     pub withdrawn: Option<tokio_util::sync::CancellationToken>,
 }

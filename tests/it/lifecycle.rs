@@ -852,3 +852,49 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
         String::from_utf8_lossy(&tree.stdout)
     );
 }
+
+/// A root whose start waits on a slow MCP server stops at its own cancel (`Runtime::cancel`,
+/// what `weft cancel`, the API and Ctrl-C use): the start gives up at once, is undone, and its
+/// row ends `cancelled`. (Before: the cancel waited in the actor's mailbox behind the start,
+/// up to the server's 60 s start timeout, and the thread then ran.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
+    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    std::fs::write(&mark, "").unwrap();
+    let sh = format!(
+        "if [ -e {m} ]; then sleep 20; fi; exit 1",
+        m = mark.display()
+    );
+    let config = format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    let rt = fx.runtime().await;
+    let start = rt.start("k", Map::new(), LimitSet::default());
+    let cancel = async {
+        wait_until("k to be starting", || !fx.rows_so_far().is_empty()).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let id = ThreadId::parse(&fx.id_of("k")).unwrap();
+        assert!(rt.cancel(&id, "test"), "the cancel found k's start");
+        Instant::now()
+    };
+    let (started, asked) = tokio::join!(start, cancel);
+    let took = asked.elapsed();
+    assert!(
+        matches!(started, Err(weft::SpawnError::Withdrawn(_))),
+        "{:?}",
+        started.map(|h| h.id().to_string())
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "k's start ended {took:?} after the cancel"
+    );
+    let row = fx.rows().into_iter().next().unwrap();
+    assert_eq!(row.status, "cancelled", "{:?}", row.error);
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    crate::support::verify_cli_clean(fx.root());
+}

@@ -75,12 +75,21 @@ pub(crate) async fn spawn(
     };
     let id = plan.id.clone();
     let cell = req.parent_link().map(|p| p.actor.get_cell());
-    let withdrawn = req.withdrawn.clone();
-    let args = arguments(plan, req, transcript, on_finish, place);
+    // A start that may wait on an MCP server can be withdrawn meanwhile (`ThreadArgs`).
+    let withdrawn = ctx
+        .mcp
+        .wants(&plan.caps)
+        .then(|| ctx.start_token(&id, req.withdrawn.as_ref()));
+    let mut args = arguments(plan, req, transcript, on_finish, place);
+    args.withdrawn = withdrawn.clone();
     // The actor's start may wait on MCP servers it may use (a slow one, up to its start
     // timeout): not while holding a slot every other spawn of the runtime needs.
     drop(slot);
-    let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
+    let launched = (ctx.launch)(ctx.clone(), args, cell).await;
+    if withdrawn.is_some() {
+        ctx.start_over(&id, launched.is_ok());
+    }
+    let actor = match launched {
         Ok(a) => a,
         Err(e) => {
             // Only the start's own withdrawal (not a failure that met a cancel) ends it cancelled.
@@ -234,6 +243,6 @@ fn arguments(
         inputs: Value::Object(plan.inputs),
         route: req.route,
         span,
-        withdrawn: req.withdrawn,
+        withdrawn: None,
     }
 }
