@@ -792,14 +792,7 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
     // it, fails at once).
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
-    let sh = format!(
-        "if [ -e {m} ]; then sleep 20; fi; exit 1",
-        m = mark.display()
-    );
-    let config = format!(
-        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    );
+    let config = stuck_server(&mark);
     let fx = Fixture::new(&[("r", &r), ("k", &k)], script, &config);
     let rt = fx.runtime().await;
     let handle = rt
@@ -863,14 +856,7 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
     std::fs::write(&mark, "").unwrap();
-    let sh = format!(
-        "if [ -e {m} ]; then sleep 20; fi; exit 1",
-        m = mark.display()
-    );
-    let config = format!(
-        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    );
+    let config = stuck_server(&mark);
     let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
     let rt = fx.runtime().await;
     let start = rt.start("k", Map::new(), LimitSet::default());
@@ -897,4 +883,17 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
     crate::support::verify_cli_clean(fx.root());
+}
+
+/// Config of an MCP server `stuck` whose start hangs 20 s, then fails, while `mark` exists
+/// (and fails at once otherwise).
+fn stuck_server(mark: &std::path::Path) -> String {
+    let sh = format!(
+        "if [ -e {m} ]; then sleep 20; fi; exit 1",
+        m = mark.display()
+    );
+    format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    )
 }

@@ -702,12 +702,7 @@ kid:
   - text: counted
 "#;
     let fx = Fixture::new(&[("boss", &boss), ("kid", &kid)], script, "");
-    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
-    std::fs::write(
-        fx.root().join("tools/count.yaml"),
-        "name: count\nargv: [echo, counted]\n",
-    )
-    .unwrap();
+    count_tool(&fx);
     let (report, _rt) = fx.run("boss", json!({})).await;
     let boss_results = results(&fx, report.thread_id.as_str());
     assert!(
@@ -755,12 +750,7 @@ heir:
         script,
         "",
     );
-    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
-    std::fs::write(
-        fx.root().join("tools/count.yaml"),
-        "name: count\nargv: [echo, counted]\n",
-    )
-    .unwrap();
+    count_tool(&fx);
     let (report, _rt) = fx.run("boss", json!({})).await;
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     let bare_id = fx.id_of("bare");
@@ -781,4 +771,14 @@ heir:
         heir_caps.contains(&"tool.count".to_string()),
         "{heir_caps:?}"
     );
+}
+
+/// The project's command tool `count` (it prints "counted").
+fn count_tool(fx: &Fixture) {
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/count.yaml"),
+        "name: count\nargv: [echo, counted]\n",
+    )
+    .unwrap();
 }

@@ -59,6 +59,19 @@ pub(crate) async fn spawn(
         },
         None => ctx.spawn_slots.acquire().await,
     };
+    // Boxed: the stages' future is kilobytes, and a spawn waiting above for a slot (thousands
+    // at once in a wide tree) would hold all of it while it waits.
+    Box::pin(stages(ctx, req, on_finish, place, slot)).await
+}
+
+/// The stages of [`spawn`] once it holds a spawn slot.
+async fn stages(
+    ctx: &Arc<Ctx>,
+    req: SpawnRequest,
+    on_finish: Option<oneshot::Sender<ThreadReport>>,
+    place: crate::thread::slot::Slot,
+    slot: Result<tokio::sync::SemaphorePermit<'_>, tokio::sync::AcquireError>,
+) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     let mut plan = Plan::make(ctx, &req)?;
     let account = Account::open(ctx, &mut plan, &req).await?;
     let registered = match Registered::admit(ctx, &plan, &req).await {
