@@ -57,13 +57,18 @@ impl ThreadHandle {
 
     /// Cancels the thread and its subtree. False when it has already ended.
     pub fn cancel(&self, reason: &str) -> bool {
-        let msg = || ThreadMsg::Cancel {
-            reason: reason.into(),
-        };
         // After a handoff the chain goes on in a continuation: cancel reaches that.
-        match current_actor(&self.ctx, &self.id) {
-            Some(a) => a.cast(msg()).is_ok(),
-            None => self.actor.cast(msg()).is_ok(),
+        let (id, actor) = match current_actor(&self.ctx, &self.id) {
+            Some(a) => (a.get_name().and_then(|n| ThreadId::parse(&n).ok()), a),
+            None => (Some(self.id.clone()), self.actor.clone()),
+        };
+        match id {
+            Some(id) => self.ctx.send_cancel(&id, &actor, reason),
+            None => actor
+                .cast(ThreadMsg::Cancel {
+                    reason: reason.into(),
+                })
+                .is_ok(),
         }
     }
 

@@ -440,7 +440,8 @@ impl Runtime {
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
         let actor = handle::current_actor(&self.ctx, id);
         if actor.is_none() && !self.ctx.caused.live(id) {
-            return false;
+            // A start under way before its actor has its name: withdrawn (it may wait).
+            return self.ctx.withdraw_start(id);
         }
         let sent = actor.as_ref().is_none_or(|a| {
             let to = a.get_name().and_then(|n| ThreadId::parse(&n).ok());

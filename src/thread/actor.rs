@@ -68,10 +68,11 @@ impl Actor for ThreadActor {
                 // goes on for every other thread waiting on it.
                 let (hub, caps) = (ctx.clone(), a.doc.capabilities.clone());
                 let offered = tokio::spawn(async move { hub.mcp.offered(&caps).await });
+                // Biased to the withdrawal: one that came first is never passed over.
                 tokio::select! {
                     biased;
-                    o = offered => o.unwrap_or_else(|e| (Vec::new(), vec![format!("MCP servers: {e}")])),
                     () = w.cancelled() => return Err(super::spawn::WITHDRAWN.into()),
+                    o = offered => o.unwrap_or_else(|e| (Vec::new(), vec![format!("MCP servers: {e}")])),
                 }
             }
             None => ctx.mcp.offered(&a.doc.capabilities).await,

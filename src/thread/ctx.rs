@@ -348,44 +348,21 @@ impl Ctx {
         if let Ok(mut c) = self.cancels.lock() {
             c.insert(thread.clone(), reason.to_string());
         }
-        if let Some(start) = self
+        let reason = reason.to_string();
+        // The message first: a withdrawn start closes the mailbox as it gives up.
+        let sent = actor.cast(super::msg::ThreadMsg::Cancel { reason }).is_ok();
+        self.withdraw_start(thread) || sent
+    }
+
+    /// Withdraws `thread`'s start if it is under way and may still wait (its token fired).
+    /// Whether it was.
+    pub(crate) fn withdraw_start(&self, thread: &ThreadId) -> bool {
+        let start = self
             .starting
             .lock()
             .ok()
-            .and_then(|s| s.get(thread).cloned())
-        {
-            start.cancel();
-        }
-        let reason = reason.to_string();
-        actor.cast(super::msg::ThreadMsg::Cancel { reason }).is_ok()
-    }
-
-    /// The token that withdraws `thread`'s start while it waits: `outer`'s child (what withdraws
-    /// its spawn: its parent's cancel, its tree's), fired too by its own cancel until
-    /// [`Ctx::start_over`].
-    pub(crate) fn start_token(
-        &self,
-        thread: &ThreadId,
-        outer: Option<&CancellationToken>,
-    ) -> CancellationToken {
-        let token = outer.map_or_else(CancellationToken::new, CancellationToken::child_token);
-        if let Ok(mut s) = self.starting.lock() {
-            s.insert(thread.clone(), token.clone());
-        }
-        token
-    }
-
-    /// `thread`'s start is over (its actor runs, or its spawn was undone); a cancel it took
-    /// while it waited is forgotten when it never ran (`ran`: false).
-    pub(crate) fn start_over(&self, thread: &ThreadId, ran: bool) {
-        if let Ok(mut s) = self.starting.lock() {
-            s.remove(thread);
-        }
-        if !ran {
-            if let Ok(mut c) = self.cancels.lock() {
-                c.remove(thread);
-            }
-        }
+            .and_then(|s| s.get(thread).cloned());
+        start.map(|t| t.cancel()).is_some()
     }
 
     /// `thread`'s actor stopped: a cancel it never took goes on to the continuation that took
@@ -498,6 +475,51 @@ impl Ctx {
     pub(crate) fn forget(&self, id: &ThreadId) {
         if let Ok(mut cache) = self.verified.lock() {
             cache.remove(id);
+        }
+    }
+}
+
+/// A start under way that may wait (on an MCP server): its token in `Ctx::starting` — a child
+/// of what withdraws its spawn (its parent's cancel, its tree's), fired too by its own cancel
+/// ([`Ctx::send_cancel`], [`Ctx::withdraw_start`]). Dropped, it leaves the map, and a cancel
+/// noted for a thread that never ran is forgotten, on every road (an error, a panic, the
+/// spawn's future dropped).
+pub(crate) struct Starting {
+    ctx: Arc<Ctx>,
+    id: ThreadId,
+    pub(crate) token: CancellationToken,
+    ran: bool,
+}
+
+impl Starting {
+    pub(crate) fn new(ctx: &Arc<Ctx>, id: &ThreadId, outer: Option<&CancellationToken>) -> Self {
+        let token = outer.map_or_else(CancellationToken::new, CancellationToken::child_token);
+        if let Ok(mut s) = ctx.starting.lock() {
+            s.insert(id.clone(), token.clone());
+        }
+        Starting {
+            ctx: ctx.clone(),
+            id: id.clone(),
+            token,
+            ran: false,
+        }
+    }
+
+    /// Its actor runs: a cancel noted from now on is the actor's.
+    pub(crate) fn ran(mut self) {
+        self.ran = true;
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.ctx.starting.lock() {
+            s.remove(&self.id);
+        }
+        if !self.ran {
+            if let Ok(mut c) = self.ctx.cancels.lock() {
+                c.remove(&self.id);
+            }
         }
     }
 }

@@ -788,8 +788,8 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
     );
     let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
     let script = "r:\n  - delay: 1s\n    tool_calls: [ { name: spawn_thread, input: { directive: k } } ]\n  - text: root done\nk:\n  - text: kid done\n";
-    // Once the test has made the mark, a start of the server hangs 20 s (r's own start, before
-    // it, fails at once).
+    // Once the test has made the mark, a start of the server hangs (r's own start, before it,
+    // fails at once).
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
     let config = stuck_server(&mark);
@@ -805,12 +805,7 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
         fx.rows_so_far().iter().any(|r| r.directive == "k")
     })
     .await;
-    let server_runs = || {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-            std::fs::read(p.path().join("cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*mark.to_string_lossy()))
-        })
-    };
+    let server_runs = || server_runs(&mark);
     wait_until("k's server to be starting", server_runs).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let asked = Instant::now();
@@ -860,9 +855,10 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
     let rt = fx.runtime().await;
     let start = rt.start("k", Map::new(), LimitSet::default());
+    let server_runs = || server_runs(&mark);
     let cancel = async {
-        wait_until("k to be starting", || !fx.rows_so_far().is_empty()).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        wait_until("k's server to be starting", server_runs).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let id = ThreadId::parse(&fx.id_of("k")).unwrap();
         assert!(rt.cancel(&id, "test"), "the cancel found k's start");
         Instant::now()
@@ -885,15 +881,23 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     crate::support::verify_cli_clean(fx.root());
 }
 
-/// Config of an MCP server `stuck` whose start hangs 20 s, then fails, while `mark` exists
-/// (and fails at once otherwise).
+/// Config of an MCP server `stuck` whose start hangs while `mark` exists, then fails (at once
+/// when it does not exist): the test's end, removing the mark, ends it.
 fn stuck_server(mark: &std::path::Path) -> String {
     let sh = format!(
-        "if [ -e {m} ]; then sleep 20; fi; exit 1",
+        "while [ -e {m} ]; do sleep 0.1; done; exit 1",
         m = mark.display()
     );
     format!(
         "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
         json!(sh)
     )
+}
+
+/// Whether a process runs whose command line names `mark` (the stuck server).
+fn server_runs(mark: &std::path::Path) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*mark.to_string_lossy()))
+    })
 }

@@ -281,9 +281,8 @@ impl Thread {
                 }
             }
         };
-        let _ = actor.cast(ThreadMsg::Cancel {
-            reason: format!("cancel_thread by {}", self.doc.id),
-        });
+        let reason = format!("cancel_thread by {}", self.doc.id);
+        self.ctx.send_cancel(&id, &actor, &reason);
         ToolOutcome::ok(json!({ "thread_id": id, "status": "cancelling" }))
     }
 

@@ -23,7 +23,7 @@ use crate::core::ids::ThreadId;
 use crate::core::status::Status;
 use crate::provider::Message;
 use crate::record::thread_doc::{Cost, ThreadDoc, Transition};
-use crate::thread::ctx::Ctx;
+use crate::thread::ctx::{Ctx, Starting};
 use crate::thread::msg::{ThreadArgs, ThreadMsg};
 use crate::thread::report::ThreadReport;
 use plan::Plan;
@@ -73,6 +73,13 @@ async fn stages(
     slot: Result<tokio::sync::SemaphorePermit<'_>, tokio::sync::AcquireError>,
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
     let mut plan = Plan::make(ctx, &req)?;
+    // A start that may wait on an MCP server can be withdrawn from here on (`ThreadArgs`): by
+    // what withdraws the spawn, or by the thread's own cancel, which finds it once its row
+    // is visible (`Runtime::cancel`) whether or not its actor has its name yet.
+    let starting = ctx
+        .mcp
+        .wants(&plan.caps)
+        .then(|| Starting::new(ctx, &plan.id, req.withdrawn.as_ref()));
     let account = Account::open(ctx, &mut plan, &req).await?;
     let registered = match Registered::admit(ctx, &plan, &req).await {
         Ok(r) => r,
@@ -88,24 +95,16 @@ async fn stages(
     };
     let id = plan.id.clone();
     let cell = req.parent_link().map(|p| p.actor.get_cell());
-    // A start that may wait on an MCP server can be withdrawn meanwhile (`ThreadArgs`).
-    let withdrawn = ctx
-        .mcp
-        .wants(&plan.caps)
-        .then(|| ctx.start_token(&id, req.withdrawn.as_ref()));
     let mut args = arguments(plan, req, transcript, on_finish, place);
-    args.withdrawn = withdrawn.clone();
+    args.withdrawn = starting.as_ref().map(|s| s.token.clone());
     // The actor's start may wait on MCP servers it may use (a slow one, up to its start
     // timeout): not while holding a slot every other spawn of the runtime needs.
     drop(slot);
-    let launched = (ctx.launch)(ctx.clone(), args, cell).await;
-    if withdrawn.is_some() {
-        ctx.start_over(&id, launched.is_ok());
-    }
-    let actor = match launched {
+    let actor = match (ctx.launch)(ctx.clone(), args, cell).await {
         Ok(a) => a,
         Err(e) => {
             // Only the start's own withdrawal (not a failure that met a cancel) ends it cancelled.
+            let withdrawn = starting.as_ref().map(|s| &s.token);
             let e = match withdrawn.filter(|w| w.is_cancelled() && e.contains(WITHDRAWN)) {
                 Some(_) => {
                     SpawnError::Withdrawn("what started it was cancelled as it started".into())
@@ -118,6 +117,9 @@ async fn stages(
     files.keep();
     registered.keep();
     account.keep();
+    if let Some(s) = starting {
+        s.ran();
+    }
     Ok((id, actor))
 }
 
