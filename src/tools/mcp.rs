@@ -25,6 +25,11 @@ pub(crate) fn split_name(name: &str) -> Option<(&str, &str)> {
     name.strip_prefix("mcp__")?.split_once("__")
 }
 
+/// Whether `caps` let a thread use some tool of `server` (so its start may start the server).
+pub(crate) fn may_use(server: &str, caps: &[String]) -> bool {
+    !crate::core::capability::attenuate(&[format!("mcp.{server}.**")], caps).is_empty()
+}
+
 /// The capability a call of `tool` on `server` needs.
 pub(crate) fn capability(server: &str, tool: &str) -> String {
     format!("mcp.{server}.{tool}")
@@ -33,7 +38,6 @@ pub(crate) fn capability(server: &str, tool: &str) -> String {
 /// A weft built without the `mcp` feature: MCP servers can be configured but never start.
 #[cfg(not(feature = "mcp"))]
 mod off {
-    use crate::core::capability;
     use crate::project::config::McpServerConfig;
     use crate::provider::ToolSpec;
     use serde_json::Value;
@@ -68,7 +72,7 @@ mod off {
         pub(crate) fn wants(&self, caps: &[String]) -> bool {
             self.configs
                 .keys()
-                .any(|name| !capability::attenuate(&[format!("mcp.{name}.**")], caps).is_empty())
+                .any(|name| crate::tools::mcp::may_use(name, caps))
         }
 
         /// No tools, and a problem line for each server `caps` would let the thread use.
@@ -76,7 +80,7 @@ mod off {
             let problems = self
                 .configs
                 .keys()
-                .filter(|name| !capability::attenuate(&[format!("mcp.{name}.**")], caps).is_empty())
+                .filter(|name| crate::tools::mcp::may_use(name, caps))
                 .map(|name| unavailable(name))
                 .collect();
             (Vec::new(), problems)

@@ -237,10 +237,10 @@ impl Registered {
     /// Marks the row `error` with why the thread never ran, waiting for the registry (retried
     /// while registry.db is busy). The `in_spawn` mark stays until the guard drops.
     pub(crate) async fn undo_row(&mut self, why: &SpawnError) {
-        if let Some(mut row) = self.row.take() {
-            row = error_row(row, why.to_string());
+        if let Some(row) = self.row.take() {
+            let mut row = error_row(row, why.to_string());
             if matches!(why, SpawnError::Withdrawn(_)) {
-                row.status = Status::Cancelled;
+                row.status = Status::Cancelled; // its start was withdrawn, not failed
             }
             self.ctx.store_row(row).await;
         }

@@ -65,9 +65,7 @@ impl McpHub {
 
     /// Whether `caps` let a thread use any server (its start may wait on one).
     pub(crate) fn wants(&self, caps: &[String]) -> bool {
-        self.configs
-            .keys()
-            .any(|name| !capability::attenuate(&[format!("mcp.{name}.**")], caps).is_empty())
+        self.configs.keys().any(|name| super::may_use(name, caps))
     }
 
     /// The tools of every server `caps` let the thread use (starting those servers), and a
@@ -76,8 +74,7 @@ impl McpHub {
         let mut specs = Vec::new();
         let mut problems = Vec::new();
         for name in self.configs.keys() {
-            let pattern = format!("mcp.{name}.**");
-            if capability::attenuate(&[pattern], caps).is_empty() {
+            if !super::may_use(name, caps) {
                 continue;
             }
             match self.server(name).await {
