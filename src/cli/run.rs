@@ -40,11 +40,57 @@ pub(super) async fn run(
     let overrides = parse_limits(&limits)?;
     let (rt, control) = open_serving(chosen(&project, choice)).await?;
     let events = watch(&rt, as_json);
-    let handle = rt
-        .start(&directive, given, overrides)
-        .await
-        .map_err(spawn_exit)?;
-    follow(rt, control, &project, handle, events, as_json).await
+    let started = start_or_withdraw(&rt, |rt| async move {
+        rt.start(&directive, given, overrides).await
+    })
+    .await?;
+    follow(rt, control, &project, started, events, as_json).await
+}
+
+/// A root's start, and the stop signals heard since before it began.
+struct Started {
+    handle: ThreadHandle,
+    stops: super::common::Stops,
+    /// A Ctrl-C (or SIGTERM) came while it started.
+    interrupted: bool,
+}
+
+/// Starts a root with `start` on a runtime whose start a Ctrl-C (or SIGTERM) withdraws while
+/// it may wait (on an MCP server the directive may use, up to its start timeout): the thread
+/// is then undone, `cancelled`, and the process exits 130. A start that no longer waits
+/// runs, and `follow` cancels it at once.
+async fn start_or_withdraw<F, Fut>(rt: &Runtime, start: F) -> Result<Started, Exit>
+where
+    F: FnOnce(Runtime) -> Fut,
+    Fut: std::future::Future<Output = Result<ThreadHandle, crate::thread::SpawnError>>,
+{
+    let mut stops = super::common::Stops::listen();
+    let token = tokio_util::sync::CancellationToken::new();
+    let starting = start(rt.withdrawn_by(token.clone()));
+    tokio::pin!(starting);
+    let mut interrupted = false;
+    let started = tokio::select! {
+        r = &mut starting => r,
+        () = stops.next() => {
+            interrupted = true;
+            eprintln!("weft: cancelling the thread as it starts (Ctrl-C again to exit at once)");
+            token.cancel();
+            super::common::exit_on_second_signal();
+            starting.await
+        }
+    };
+    match started {
+        Ok(handle) => Ok(Started {
+            handle,
+            stops,
+            interrupted,
+        }),
+        Err(e @ crate::thread::SpawnError::Withdrawn(_)) => Err(Exit {
+            code: 130,
+            message: e.to_string(),
+        }),
+        Err(e) => Err(spawn_exit(e)),
+    }
 }
 
 /// A runtime builder for `project` on the command line's provider choice.
@@ -89,18 +135,23 @@ async fn follow(
     rt: Runtime,
     control: Option<ControlEndpoint>,
     project: &Project,
-    handle: ThreadHandle,
+    started: Started,
     events: tokio::sync::broadcast::Receiver<Event>,
     as_json: bool,
 ) -> Result<i32, Exit> {
+    let Started {
+        handle,
+        mut stops,
+        interrupted,
+    } = started;
     for r in rt.recovered() {
         eprintln!(
             "weft: recovered {} (owner pid {} is gone): finalized as error/interrupted",
             r.id, r.owner_pid
         );
     }
-    // One listener for the whole run: a Ctrl-C while the outcome is printed is not lost.
-    let mut stops = super::common::Stops::listen();
+    // One listener for the whole run (from before its start): a Ctrl-C while the outcome is
+    // printed is not lost.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let printer = tokio::spawn(show_events(
         rt.clone(),
@@ -110,7 +161,7 @@ async fn follow(
         stop_rx,
     ));
     let id = handle.id().clone();
-    let report = wait_or_cancel(&rt, handle, &mut stops).await?;
+    let report = wait_or_cancel(&rt, handle, &mut stops, interrupted).await?;
     let _ = stop_tx.send(());
     let _ = printer.await;
     let rows = Store::read_project(project)
@@ -200,11 +251,16 @@ async fn wait_or_cancel(
     rt: &Runtime,
     handle: ThreadHandle,
     stops: &mut super::common::Stops,
+    interrupted: bool,
 ) -> Result<ThreadReport, Exit> {
     let id = handle.id().clone();
+    if interrupted {
+        // Stopped while it started, too late to withdraw the start.
+        rt.cancel(&id, "Ctrl-C");
+    }
     let done = handle.wait();
     tokio::pin!(done);
-    let mut interrupted = false;
+    let mut interrupted = interrupted;
     loop {
         tokio::select! {
             r = &mut done => return r.map_err(|e| Exit { code: 1, message: e.to_string() }),
@@ -304,14 +360,15 @@ pub(super) async fn resume(
     }
     let (rt, control) = open_serving(builder).await?;
     let events = watch(&rt, as_json);
-    let handle = rt
-        .resume(&id, &message, overrides)
-        .await
-        .map_err(spawn_exit)?;
+    let from = id.clone();
+    let started = start_or_withdraw(&rt, |rt| async move {
+        rt.resume(&from, &message, overrides).await
+    })
+    .await?;
     if !as_json {
-        out!("resuming {id} as {}", handle.id());
+        out!("resuming {id} as {}", started.handle.id());
     }
-    follow(rt, control, &project, handle, events, as_json).await
+    follow(rt, control, &project, started, events, as_json).await
 }
 
 pub(super) async fn fork(explicit: Option<PathBuf>, args: super::ForkArgs) -> Result<i32, Exit> {
@@ -330,11 +387,12 @@ pub(super) async fn fork(explicit: Option<PathBuf>, args: super::ForkArgs) -> Re
     }
     let (rt, control) = open_serving(builder).await?;
     let events = watch(&rt, as_json);
-    let handle = rt.fork(&id, fork).await.map_err(spawn_exit)?;
+    let from = id.clone();
+    let started = start_or_withdraw(&rt, |rt| async move { rt.fork(&from, fork).await }).await?;
     if !as_json {
-        out!("forked {id} as {}", handle.id());
+        out!("forked {id} as {}", started.handle.id());
     }
-    follow(rt, control, &project, handle, events, as_json).await
+    follow(rt, control, &project, started, events, as_json).await
 }
 
 /// `--limit k=v` pairs as a limit set.

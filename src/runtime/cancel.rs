@@ -7,7 +7,7 @@
 use super::handle::current_actor;
 use crate::core::ids::ThreadId;
 use crate::registry::RegistryMsg;
-use crate::thread::{give_back, Ctx, ThreadMsg};
+use crate::thread::{give_back, Ctx};
 use std::sync::Arc;
 
 /// Stops the work the tree of `id` caused, when `id` is its tree's root. The in-memory steps
@@ -24,9 +24,10 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     // parent's kill after the grace.)
     for t in ctx.caused.threads(id) {
         if let Some(actor) = current_actor(ctx, &t) {
-            let _ = actor.cast(ThreadMsg::Cancel {
-                reason: format!("its tree was cancelled: {reason}"),
-            });
+            // Noted (`Ctx::send_cancel`): a thread busy starting its continuation hands it on.
+            let to = actor.get_name().and_then(|n| ThreadId::parse(&n).ok());
+            let reason = format!("its tree was cancelled: {reason}");
+            ctx.send_cancel(&to.unwrap_or(t), &actor, &reason);
         }
     }
     cancel_pending_effects(ctx, id).await;

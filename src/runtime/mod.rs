@@ -20,6 +20,7 @@ pub(crate) mod placement;
 mod query;
 pub(crate) mod recovery;
 mod resume;
+mod starts;
 
 pub use crate::thread::Recovered;
 pub use doctor::{diagnose, Checkup, Health, Problem};
@@ -201,10 +202,7 @@ impl RuntimeBuilder {
             effects::settle_orphans(&ctx, first_owner).await;
             effects::start(&ctx);
         }
-        Ok(Runtime {
-            ctx,
-            recovered: recovered.into(),
-        })
+        Ok(Runtime::of(ctx, recovered.into()))
     }
 }
 
@@ -255,6 +253,8 @@ async fn start_actors(
 pub struct Runtime {
     ctx: Arc<Ctx>,
     recovered: Arc<[Recovered]>,
+    /// Withdraws its roots' starts while they may wait ([`Runtime::withdrawn_by`]).
+    starts_withdrawn: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// A runtime that does not keep it open (see [`Runtime::downgrade`]).
@@ -271,10 +271,15 @@ impl Runtime {
 
     /// The runtime of `weak`, while it is open.
     pub(crate) fn upgrade(weak: &WeakRuntime) -> Option<Runtime> {
-        Some(Runtime {
-            ctx: weak.0.upgrade()?,
-            recovered: Vec::new().into(),
-        })
+        Some(Runtime::of(weak.0.upgrade()?, Vec::new().into()))
+    }
+
+    fn of(ctx: Arc<Ctx>, recovered: Arc<[Recovered]>) -> Runtime {
+        Runtime {
+            ctx,
+            recovered,
+            starts_withdrawn: None,
+        }
     }
 }
 
@@ -397,22 +402,6 @@ impl Runtime {
         self.spawn_root(req).await
     }
 
-    /// Starts a root for an outside client (an MCP client): `directive` by library name only,
-    /// one `bounds` opens; `lower` may only lower the directive's own limits, and its spend is
-    /// at most `bounds.max_spend`.
-    #[cfg_attr(not(feature = "mcp-server"), allow(dead_code))]
-    pub(crate) async fn start_for_client(
-        &self,
-        directive: &str,
-        inputs: Map<String, Value>,
-        lower: LimitSet,
-        bounds: crate::thread::ClientBounds,
-    ) -> Result<ThreadHandle, SpawnError> {
-        let mut req = SpawnRequest::new(directive, inputs, Origin::Client(bounds));
-        req.overrides = lower;
-        self.spawn_root(req).await
-    }
-
     /// Runs a root thread to its end.
     pub async fn run(
         &self,
@@ -423,7 +412,10 @@ impl Runtime {
         self.start(directive, inputs, overrides).await?.wait().await
     }
 
-    async fn spawn_root(&self, req: SpawnRequest) -> Result<ThreadHandle, SpawnError> {
+    async fn spawn_root(&self, mut req: SpawnRequest) -> Result<ThreadHandle, SpawnError> {
+        if req.withdrawn.is_none() {
+            req.withdrawn = self.starts_withdrawn.clone();
+        }
         // Subscribed before the actor starts, so the handle's events miss nothing of its tree.
         let events = self.ctx.events.subscribe();
         let (tx, rx) = oneshot::channel();

@@ -185,7 +185,7 @@ impl Thread {
                 // Siblings still being spawned are cancelled as they arrive.
                 let spawning: Vec<String> = self.kids.spawning.iter().cloned().collect();
                 self.kids.doomed.extend(spawning);
-                self.kids.cancel_live(&format!("sibling {id} failed"));
+                self.cancel_kids(&format!("sibling {id} failed"));
                 false
             }
             OnChildError::Fail => {
@@ -193,6 +193,15 @@ impl Thread {
                 self.fail(msg).await;
                 true
             }
+        }
+    }
+
+    /// Asks every live child to cancel, for `reason`, as every cancel is sent
+    /// (`Ctx::send_cancel`): noted, so a child busy starting its continuation hands it on, and
+    /// withdrawing a start that waits.
+    pub(crate) fn cancel_kids(&self, reason: &str) {
+        for (id, actor) in self.kids.live_actors() {
+            self.ctx.send_cancel(&id, &actor, reason);
         }
     }
 

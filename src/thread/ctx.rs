@@ -348,10 +348,19 @@ impl Ctx {
         if let Ok(mut c) = self.cancels.lock() {
             c.insert(thread.clone(), reason.to_string());
         }
-        let reason = reason.to_string();
         // The message first: a withdrawn start closes the mailbox as it gives up.
-        let sent = actor.cast(super::msg::ThreadMsg::Cancel { reason }).is_ok();
-        self.withdraw_start(thread) || sent
+        let sent = actor
+            .cast(super::msg::ThreadMsg::Cancel {
+                reason: reason.to_string(),
+            })
+            .is_ok();
+        let withdrawn = self.withdraw_start(thread);
+        if !sent && !withdrawn {
+            // Its actor is gone: nobody takes the note but the continuation that took its
+            // place, if any (known by now: an actor stops only after its handoff's spawn).
+            self.hand_on_cancel(thread);
+        }
+        sent || withdrawn
     }
 
     /// Withdraws `thread`'s start if it is under way and may still wait (its token fired).

@@ -6,6 +6,7 @@ use super::ctx::Event;
 use super::dead::{end_subtree, DeadEnd, DeadKind};
 use super::msg::ThreadMsg;
 use super::report::ThreadReport;
+use super::spawn::SpawnError;
 use super::state::{Ending, Phase, Thread};
 use crate::core::money::Nanos;
 use crate::core::status::Status;
@@ -170,8 +171,7 @@ impl Thread {
         if !live.is_empty() {
             self.log(Line::CancellingChildren { children: live });
         }
-        self.kids
-            .cancel_live(&format!("parent {} is ending", self.doc.id));
+        self.cancel_kids(&format!("parent {} is ending", self.doc.id));
         self.phase = Phase::Draining(e);
         self.after(self.ctx.config.cancel_grace, ThreadMsg::GraceExpired);
     }
@@ -219,12 +219,13 @@ impl Thread {
         } else {
             self.work.returned_files.clear();
         }
-        self.set_outcome(&e);
         // A handoff: the continuation starts now (it needs this thread's final spend) and takes
         // over the parent link or the root's waiter.
-        if let (Status::Continued, Some(messages)) = (e.status, self.life.handoff.take()) {
-            self.continue_with(messages).await;
-        }
+        let e = match (e.status, self.life.handoff.take()) {
+            (Status::Continued, Some(messages)) => self.continue_with(messages, e).await,
+            _ => e,
+        };
+        self.set_outcome(&e);
         self.final_lines(e.status);
         self.final_lines_lost();
         crate::core::failpoint::hit("finalize.line");
@@ -272,19 +273,33 @@ impl Thread {
     }
 
     /// Starts the continuation and records which thread it is (or why none could start).
-    async fn continue_with(&mut self, messages: Vec<crate::provider::Message>) {
+    /// How this thread ends: `continued`, or `cancelled` when its cancel withdrew the start.
+    async fn continue_with(
+        &mut self,
+        messages: Vec<crate::provider::Message>,
+        e: Ending,
+    ) -> Ending {
         match self.start_continuation(messages).await {
             Ok(next) => {
                 self.log(Line::ContinuedBy { id: next.clone() });
                 self.doc.continued_by = Some(next);
+                e
             }
+            Err(SpawnError::Withdrawn(why)) => Ending {
+                error: Some(format!(
+                    "cancelled as its continuation started (withdrawn: {why})"
+                )),
+                ..Ending::with(Status::Cancelled)
+            },
             Err(err) => {
                 self.log(Line::Error {
                     message: format!("the continuation could not start: {err}"),
                 });
-                self.doc.error = Some(format!(
-                    "continued, but the continuation could not start: {err}"
-                ));
+                let error = format!("continued, but the continuation could not start: {err}");
+                Ending {
+                    error: Some(error),
+                    ..e
+                }
             }
         }
     }

@@ -6,7 +6,8 @@
 //! remaining budget on the same ledger account chain. A child's continuation takes its place
 //! under the same parent (the parent re-keys the child); a root's hands its waiter over.
 
-use super::spawn::{Continuation, Origin, ParentLink, SpawnRequest};
+use super::ctx::Starting;
+use super::spawn::{Continuation, Origin, ParentLink, SpawnError, SpawnRequest};
 use super::state::Thread;
 use crate::core::ids::ThreadId;
 use crate::provider::{Block, Message, Role};
@@ -80,7 +81,7 @@ impl Thread {
     pub(crate) async fn start_continuation(
         &mut self,
         messages: Vec<Message>,
-    ) -> Result<ThreadId, String> {
+    ) -> Result<ThreadId, SpawnError> {
         let row = ractor::call!(self.ctx.registry, |reply| {
             crate::registry::RegistryMsg::Get {
                 id: self.doc.id.clone(),
@@ -104,14 +105,40 @@ impl Thread {
         let origin = Origin::Continue(Box::new(continuation), parent);
         let mut req = SpawnRequest::new(self.doc.directive.clone(), Default::default(), origin);
         req.route = self.route.clone();
-        let on_finish = self.hand_over_waiter();
+        // A root's waiter goes to the continuation once it has started (until then, and if it
+        // cannot start, this thread's own report is the waiter's).
+        let (on_finish, report) = match self.life.on_finish {
+            Some(_) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        // This thread's cancel meanwhile (its own, its parent's cascade) withdraws the start,
+        // which may wait on an MCP server up to its start timeout: the start is registered
+        // under this thread's id. A cancel noted before it was is taken at once.
+        let handing_off = Starting::new(&self.ctx, &self.doc.id, None);
+        if self
+            .ctx
+            .cancels
+            .lock()
+            .is_ok_and(|c| c.contains_key(&self.doc.id))
+        {
+            handing_off.token.cancel();
+        }
+        req.withdrawn = Some(handing_off.token.clone());
         // The continuation itself tells the parent (`ChildContinued`, as it starts), so the
         // parent hears of it before its report.
         // Boxed: the spawn's state would otherwise sit inline in every thread actor's task (it
         // is awaited from the actor's own handler), for a rare handoff.
-        let (id, _) = Box::pin(super::spawn::spawn(&self.ctx, req, on_finish))
-            .await
-            .map_err(|e| e.to_string())?;
+        let spawned = Box::pin(super::spawn::spawn(&self.ctx, req, on_finish)).await;
+        // A cancel noted for this thread stays noted: the continuation takes it as it starts,
+        // or this actor's stop forgets it (`Ctx::hand_on_cancel`).
+        handing_off.ran();
+        let (id, _) = spawned?;
+        if let Some(report) = report {
+            self.hand_over_waiter(report);
+        }
         // Known before this actor stops: a cancel still queued here then goes on to the
         // continuation (`Ctx::hand_on_cancel`).
         if let Ok(mut m) = self.ctx.successors.lock() {
@@ -125,18 +152,19 @@ impl Thread {
     /// nothing of the chain half-written.
     fn hand_over_waiter(
         &mut self,
-    ) -> Option<tokio::sync::oneshot::Sender<crate::thread::report::ThreadReport>> {
-        let waiter = self.life.on_finish.take()?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        report: tokio::sync::oneshot::Receiver<crate::thread::report::ThreadReport>,
+    ) {
+        let Some(waiter) = self.life.on_finish.take() else {
+            return;
+        };
         let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
         self.life.ended = Some(ended_tx);
         tokio::spawn(async move {
-            if let Ok(report) = rx.await {
+            if let Ok(report) = report.await {
                 let _ = ended_rx.await;
                 let _ = waiter.send(report);
             }
         });
-        Some(tx)
     }
 }
 

@@ -1,5 +1,5 @@
 //! No tool process outlives its owner: every process group a call starts (command tools, hook
-//! commands, scheduled tools) is
+//! commands, scheduled tools), and every command MCP server's, is
 //! - started from one long-lived thread with a parent-death signal, so the kernel kills its
 //!   leader when weft dies, however it dies (`kill -9`, OOM); the signal fires when the thread
 //!   that forked exits, which is why it is never a tokio worker (a worker that once ran

@@ -10,7 +10,7 @@ mod code;
 mod command;
 mod files;
 mod glob;
-mod groups;
+pub(crate) mod groups;
 mod mcp;
 mod process;
 mod schema;

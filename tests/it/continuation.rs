@@ -264,31 +264,21 @@ async fn a_first_prompt_past_the_window_fails_instead_of_handing_off_forever() {
     assert_eq!(fx.rows().len(), 1, "no continuation started");
 }
 
-/// A cancel sent while a thread is starting its continuation reaches the continuation, however
-/// long that start takes (found by a hostile review: the cancel's follower gave up after the
-/// cancel grace + 5 s, looked before the continuation was known, and the cancel died with the
-/// old actor's mailbox — the continuation then ran and completed, spending). Here the
-/// continuation's start waits 12 s on an MCP server it may use; the grace is 2 s (the follower
-/// used to give up after 7 s).
+/// A cancel sent while a thread is starting its continuation stops the chain at once, however
+/// long that start would take: the start is withdrawn, the thread ends `cancelled` (its
+/// continuation's spawn undone), and the root's waiter gets its report. (Found by hostile
+/// reviews: first the cancel died with the old actor's mailbox and the continuation ran and
+/// spent; then it reached the continuation only once its start had waited out the MCP
+/// server it may use — up to the server's 60 s start timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_during_a_slow_continuation_start_is_not_lost() {
     let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("m");
     let d = directive(
         "limits: { turns: 1 }\npermissions: [\"mcp.stuck.*\", \"spawn\"]",
         "Work.",
     );
     let script = "d:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: finished despite the cancel\n";
-    // The first start fails at once; every later one hangs 12 s, then fails.
-    let sh = format!(
-        "if [ -e {m} ]; then sleep 12; exit 1; else touch {m}; exit 1; fi",
-        m = mark.display()
-    );
-    let config = format!(
-        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    );
-    let fx = Fixture::new(&[("d", &d)], script, &config);
+    let fx = Fixture::new(&[("d", &d)], script, &later_starts_hang(marks.path(), 1));
     std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
     let rt = fx.runtime().await;
     let handle = rt
@@ -302,14 +292,111 @@ async fn a_cancel_during_a_slow_continuation_start_is_not_lost() {
             .any(|r| r.continuation_of.as_deref() == Some(first.as_str()))
     })
     .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let asked = std::time::Instant::now();
     assert!(rt.cancel(&first, "stop the chain"));
     let report = tokio::time::timeout(std::time::Duration::from_secs(60), handle.wait())
         .await
         .expect("the chain ends")
         .unwrap();
+    let took = asked.elapsed();
     assert_eq!(
         report.status,
         Status::Cancelled,
         "the cancel was lost: {report:?}"
     );
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the chain ended {took:?} after the cancel"
+    );
+    chain_ended_clean(&fx, &rt).await;
+}
+
+/// A parent's cancel reaches a child busy starting its continuation (the cascade is noted like
+/// any cancel, and withdraws the waiting start): the tree ends at once, not after the cancel
+/// grace and the wait for the continuation's spawn. (Before: the cascade's message died in the
+/// child's mailbox; the parent waited out its 30 s grace.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_cancel_reaches_a_child_starting_its_continuation() {
+    let marks = tempfile::tempdir().unwrap();
+    let root = directive(
+        "permissions: [\"thread.spawn.**\", \"mcp.stuck.*\"]",
+        "Delegate.",
+    );
+    let kid = directive(
+        "limits: { turns: 1 }\npermissions: [\"mcp.stuck.*\"]",
+        "Work.",
+    );
+    let script = "root:\n  - tool_calls: [ { name: spawn_thread, input: { directive: kid } } ]\n  - text: root done\nkid:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: kid done\n";
+    // The root's start and the kid's fail at once; the kid's continuation's hangs.
+    let config = later_starts_hang(marks.path(), 2);
+    let fx = Fixture::new(&[("root", &root), ("kid", &kid)], script, &config);
+    let path = fx.root().join(".weft/config.yaml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        config.replace("cancel_grace: 2s", "cancel_grace: 30s"),
+    )
+    .unwrap();
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), HANDOFF).unwrap();
+    let rt = fx.runtime().await;
+    let handle = rt
+        .start("root", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    crate::support::wait_until("the kid's continuation is being started", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "kid" && r.continuation_of.is_some())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let asked = std::time::Instant::now();
+    assert!(rt.cancel(&id, "stop the tree"), "{:#?}", fx.rows_so_far());
+    let report = tokio::time::timeout(std::time::Duration::from_secs(90), handle.wait())
+        .await
+        .expect("the tree ends")
+        .unwrap();
+    let took = asked.elapsed();
+    assert_eq!(report.status, Status::Cancelled, "{report:?}");
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the tree ended {took:?} after the cancel"
+    );
+    chain_ended_clean(&fx, &rt).await;
+}
+
+/// Every thread ended cancelled (a continuation withdrawn as it started never ran), no
+/// reservation is left open, and `weft verify --all` passes.
+async fn chain_ended_clean(fx: &Fixture, rt: &weft::Runtime) {
+    crate::support::wait_until("every thread to end", || {
+        fx.rows().iter().all(|r| r.status.is_terminal())
+    })
+    .await;
+    for r in fx.rows() {
+        assert_eq!(r.status, "cancelled", "{} ({:?})", r.id, r.error);
+        if r.continuation_of.is_some() {
+            assert_eq!(r.turns, 0, "the withdrawn continuation took a turn");
+        }
+    }
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    crate::support::verify_cli_clean(fx.root());
+}
+
+/// Config of an MCP server `stuck` whose first `fast` starts fail at once and whose later starts
+/// hang while `dir` exists (the test's end removes it), then fail.
+fn later_starts_hang(dir: &std::path::Path, fast: u32) -> String {
+    let (count, hold) = (dir.join("count"), dir.join("hold"));
+    std::fs::write(&hold, "").unwrap();
+    let sh = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}; if [ $n -ge {fast} ]; then while [ -e {h} ]; do sleep 0.1; done; fi; exit 1",
+        c = count.display(),
+        h = hold.display()
+    );
+    format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    )
 }

@@ -792,7 +792,7 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
     // fails at once).
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
-    let config = stuck_server(&mark);
+    let config = crate::support::stuck_server(&mark);
     let fx = Fixture::new(&[("r", &r), ("k", &k)], script, &config);
     let rt = fx.runtime().await;
     let handle = rt
@@ -805,7 +805,7 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
         fx.rows_so_far().iter().any(|r| r.directive == "k")
     })
     .await;
-    let server_runs = || server_runs(&mark);
+    let server_runs = || crate::support::server_runs(&mark);
     wait_until("k's server to be starting", server_runs).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let asked = Instant::now();
@@ -851,11 +851,11 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
     std::fs::write(&mark, "").unwrap();
-    let config = stuck_server(&mark);
+    let config = crate::support::stuck_server(&mark);
     let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
     let rt = fx.runtime().await;
     let start = rt.start("k", Map::new(), LimitSet::default());
-    let server_runs = || server_runs(&mark);
+    let server_runs = || crate::support::server_runs(&mark);
     let cancel = async {
         wait_until("k's server to be starting", server_runs).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -881,23 +881,60 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
     crate::support::verify_cli_clean(fx.root());
 }
 
-/// Config of an MCP server `stuck` whose start hangs while `mark` exists, then fails (at once
-/// when it does not exist): the test's end, removing the mark, ends it.
-fn stuck_server(mark: &std::path::Path) -> String {
-    let sh = format!(
-        "while [ -e {m} ]; do sleep 0.1; done; exit 1",
-        m = mark.display()
+/// Ctrl-C in `weft run` while its root's start waits on a slow MCP server withdraws the start:
+/// the process exits 130 at once and the row ends `cancelled`. (Before: the signal handler was
+/// installed once the start had returned, so the default SIGINT killed the process and left the
+/// row `created`, for a later recovery to end as `error`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_in_weft_run_withdraws_a_root_starting_on_a_slow_mcp_server() {
+    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    std::fs::write(&mark, "").unwrap();
+    let config = crate::support::stuck_server(&mark);
+    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    let child = crate::support::spawn_run(&fx, "k");
+    let pid = child.id().to_string();
+    wait_until("k's server to be starting", || {
+        crate::support::server_runs(&mark)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    let out = crate::support::exits_within(child, 10, "Ctrl-C during the root's start");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    format!(
-        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    )
+    let row = fx.rows().into_iter().next().unwrap();
+    assert_eq!(row.status, "cancelled", "{:?}", row.error);
+    crate::support::verify_cli_clean(fx.root());
 }
 
-/// Whether a process runs whose command line names `mark` (the stuck server).
-fn server_runs(mark: &std::path::Path) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        std::fs::read(p.path().join("cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*mark.to_string_lossy()))
-    })
+/// An MCP server's process dies with weft however weft dies: after `kill -9` of `weft run`
+/// whose root waits on the server's start, nothing of the server runs on. (Before: the server
+/// was started without a process group or a parent-death signal and ran on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_servers_process_dies_with_weft_at_kill_9() {
+    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    std::fs::write(&mark, "").unwrap();
+    let config = crate::support::stuck_server(&mark);
+    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    let child = crate::support::spawn_run(&fx, "k");
+    let pid = child.id().to_string();
+    let server_runs = || crate::support::server_runs(&mark);
+    wait_until("k's server to be starting", server_runs).await;
+    std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap();
+    let _ = crate::support::exits_within(child, 10, "kill -9");
+    wait_until("the server's processes to end with weft", || !server_runs()).await;
 }

@@ -375,6 +375,63 @@ async fn the_python_sdk_over_http_cancels_and_reads_a_tree_behind_its_own_token(
     );
 }
 
+/// An MCP client's cancel withdraws a start that waits on a slow MCP server the directive may
+/// use: the row ends `cancelled` at once, not when the server answers or its 60 s start
+/// timeout runs out (before, the request's token reached the tree only once it had started).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_clients_cancel_withdraws_a_start_that_waits_on_a_server() {
+    let Some(py) = sdk_python() else { return };
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    std::fs::write(&mark, "").unwrap();
+    let d = directive(
+        "description: waits on a server\npermissions: [\"mcp.stuck.*\"]",
+        "Wait.",
+    );
+    let config = format!(
+        "mcp_server: {{ max_spend: 0.03, directives: [\"slow/*\"] }}\n{}",
+        crate::support::stuck_server(&mark)
+    );
+    let fx = Fixture::new(
+        &[("slow/stuck", &d)],
+        "slow/stuck:\n  - text: done\n",
+        &config,
+    );
+    let script = fx.root().join("script.yaml");
+    let srv = Server::start(&fx, &["--script", script.to_str().unwrap()]);
+    let url = format!("{}/mcp", srv.base);
+    let token = std::fs::read_to_string(fx.root().join(".weft/mcp.token")).unwrap();
+    let client = tokio::task::spawn_blocking(move || {
+        sdk(
+            &py,
+            &["http", &url, &token],
+            json!([
+                {"op": "call", "tool": "run_directive", "args": {"directive": "slow/stuck"}, "cancel_after": 3.0},
+                {"op": "sleep", "secs": 20.0},
+            ]),
+        )
+    });
+    let server_runs = || crate::support::server_runs(&mark);
+    crate::support::wait_until("the directive's server to be starting", server_runs).await;
+    let asked = std::time::Instant::now();
+    crate::support::wait_until("the cancelled start to end", || {
+        rows_json(fx.root())
+            .first()
+            .is_some_and(|r| r["status"] == "cancelled")
+    })
+    .await;
+    let took = asked.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "the start ended {took:?} after the server started (the client cancelled after 3 s)"
+    );
+    let answers = client.await.unwrap();
+    assert_eq!(answers[0]["cancelled"], true, "{}", answers[0]);
+    let rows = rows_json(fx.root());
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["turns"], 0, "{rows:?}");
+}
+
 /// The MCP Inspector's launcher (npm `@modelcontextprotocol/inspector`, in
 /// `$WEFT_MCP_DIR/inspector`), or None (SKIPPED; fails under CI=true).
 fn inspector() -> Option<PathBuf> {

@@ -570,3 +570,24 @@ pub fn spawn_run(fx: &Fixture, directive: &str) -> std::process::Child {
         .spawn()
         .unwrap()
 }
+
+/// Config of an MCP server `stuck` whose start hangs while `mark` exists, then fails (at once
+/// when it does not exist): the test's end, removing the mark, ends it.
+pub fn stuck_server(mark: &std::path::Path) -> String {
+    let sh = format!(
+        "while [ -e {m} ]; do sleep 0.1; done; exit 1",
+        m = mark.display()
+    );
+    format!(
+        "mcp_servers:\n  stuck: {{ command: sh, args: [\"-c\", {}] }}\n",
+        serde_json::json!(sh)
+    )
+}
+
+/// Whether a process runs whose command line names `mark` (the stuck server).
+pub fn server_runs(mark: &std::path::Path) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*mark.to_string_lossy()))
+    })
+}

@@ -111,7 +111,14 @@ pub(super) async fn run_directive(
     let ask = ask(args)?;
     let counted = live.take(max_live)?;
     let handle = rt
-        .start_for_client(&ask.directive, ask.inputs, ask.lower, bounds)
+        .start_for_client(
+            &ask.directive,
+            ask.inputs,
+            ask.lower,
+            bounds,
+            // The client's cancel withdraws a start that waits (for a spawn slot, an MCP server).
+            context.ct.clone(),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let id = handle.id().clone();

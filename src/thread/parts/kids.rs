@@ -255,15 +255,14 @@ impl Kids {
         out
     }
 
-    /// Asks every live child to cancel, for `reason`.
-    pub(crate) fn cancel_live(&self, reason: &str) {
-        for id in self.live() {
-            if let Some(a) = self.map.get(&id).and_then(|c| c.actor.clone()) {
-                let _ = a.cast(ThreadMsg::Cancel {
-                    reason: reason.to_string(),
-                });
-            }
-        }
+    /// Every live child whose actor it knows (those still spawning are withdrawn by the
+    /// thread's cancel token, `SpawnRequest::withdrawn`).
+    pub(crate) fn live_actors(&self) -> Vec<(ThreadId, ActorRef<ThreadMsg>)> {
+        let actor = |id: ThreadId| {
+            let a = self.map.get(&id)?.actor.clone()?;
+            Some((id, a))
+        };
+        self.live().into_iter().filter_map(actor).collect()
     }
 }
 

@@ -11,7 +11,7 @@ use crate::project::config::McpServerConfig;
 use crate::provider::ToolSpec;
 use rmcp::model::{CallToolRequestParams, Tool};
 use rmcp::service::RunningService;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +31,17 @@ const MAX_RESULT: u64 = 64 * 1024;
 struct Server {
     client: RunningService<RoleClient, ()>,
     tools: Vec<Tool>,
+    /// A command server's process group: killed whole when the server is dropped.
+    _process: Option<Process>,
+}
+
+/// A command server's process, in a process group of its own started like every tool process
+/// (`tools/groups.rs`): its leader dies with weft however weft dies, the group is recorded for
+/// recovery to reap, and killed whole — a grandchild the server left included — when the
+/// server is dropped (stopped, its start timed out or abandoned) or weft exits abruptly.
+struct Process {
+    _child: tokio::process::Child,
+    _group: crate::tools::groups::Recorded,
 }
 
 /// The MCP servers of one runtime, started on first use and shared by its threads.
@@ -146,6 +157,7 @@ impl McpHub {
             }
             None => BTreeMap::new(),
         };
+        let mut process = None;
         let client = match (&cfg.command, &cfg.url) {
             (Some(command), _) => {
                 let mut cmd =
@@ -167,11 +179,12 @@ impl McpHub {
                         }
                     }
                 }
-                let (transport, _) = TokioChildProcess::builder(cmd)
-                    .stderr(std::process::Stdio::null())
-                    .spawn()
+                let (pipes, started) = self
+                    .spawn(cmd, name)
+                    .await
                     .map_err(|e| fail(format!("cannot start `{command}`: {e}")))?;
-                ().serve(transport)
+                process = Some(started);
+                ().serve(pipes)
                     .await
                     .map_err(|e| fail(format!("initialize failed: {e}")))?
             }
@@ -202,7 +215,46 @@ impl McpHub {
             .list_all_tools()
             .await
             .map_err(|e| fail(format!("tools/list failed: {e}")))?;
-        Ok(Server { client, tools })
+        Ok(Server {
+            client,
+            tools,
+            _process: process,
+        })
+    }
+
+    /// Starts a command server's process (its pipes, and the process as [`Process`]).
+    async fn spawn(
+        &self,
+        mut cmd: tokio::process::Command,
+        name: &str,
+    ) -> std::io::Result<(
+        (tokio::process::ChildStdout, tokio::process::ChildStdin),
+        Process,
+    )> {
+        use std::process::Stdio;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = crate::tools::groups::spawn(cmd).await?;
+        let procs = crate::project::Project {
+            root: self.root.clone(),
+        }
+        .procs_dir();
+        let group = crate::tools::groups::record(
+            Some(&procs),
+            child.id().unwrap_or(0),
+            &format!("mcp server {name}"),
+        );
+        let (Some(out), Some(input)) = (child.stdout.take(), child.stdin.take()) else {
+            return Err(std::io::Error::other("its pipes were not opened"));
+        };
+        let process = Process {
+            _child: child,
+            _group: group,
+        };
+        Ok(((out, input), process))
     }
 
     /// Calls `tool` of `server` with `input`; cancelling `cancel` abandons the call, which tells
