@@ -85,10 +85,13 @@ where
             stops,
             interrupted,
         }),
-        Err(e @ crate::thread::SpawnError::Withdrawn(_)) => Err(Exit {
-            code: 130,
-            message: e.to_string(),
-        }),
+        Err(e @ crate::thread::SpawnError::Withdrawn(_)) => {
+            rt.clone().close().await;
+            Err(Exit {
+                code: 130,
+                message: e.to_string(),
+            })
+        }
         Err(e) => Err(spawn_exit(e)),
     }
 }

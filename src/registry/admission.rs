@@ -109,10 +109,13 @@ fn may_continue(db: &Db, row: &ThreadRow, old: &ThreadId) -> Result<(), Registry
         old: old.clone(),
         why,
     };
+    // A continuation whose spawn was undone (withdrawn as it started: its predecessor was
+    // cancelled) never ran: the thread may be continued again.
+    let undone = format!("{}%", super::UNDONE);
     let by = db
         .row(
-            "SELECT id FROM threads WHERE continuation_of=?1 LIMIT 1",
-            params![old.as_str()],
+            "SELECT id FROM threads WHERE continuation_of=?1 AND NOT (status='cancelled' AND COALESCE(error,'') LIKE ?2) LIMIT 1",
+            params![old.as_str(), undone],
         )
         .map_err(st)?;
     if let Some(by) = by {

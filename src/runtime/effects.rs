@@ -165,8 +165,8 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
                 .store
                 .finish_effect(&e.id, true, &format!("started thread {id}"));
             tracing::info!(effect = %e.id, thread = %id, "scheduled effect started its thread");
-            if let Some(c) = &mut caused {
-                c.is_thread(id.clone(), &actor);
+            if caused.as_mut().is_some_and(|c| c.is_thread(id.clone())) {
+                ctx.send_cancel(&id, &actor, crate::thread::CANCELLED_AS_IT_STARTED);
             }
             let task = tokio::spawn(async move {
                 let _ = rx.await;

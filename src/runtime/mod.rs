@@ -583,8 +583,10 @@ impl Runtime {
 
     /// [`Runtime::shutdown`], waiting (10 s at most each) until their last changes are stored
     /// and the ledger's journal is folded into ledger.db and removed, and until every thread
-    /// that ended is in the search index.
+    /// that ended is in the search index. The MCP servers it started are closed first (each
+    /// gets 3 s to exit on the end of its stdin, then its process group is killed).
     pub async fn close(self) {
+        self.ctx.mcp.shutdown().await;
         let store = self.ctx.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.flush_index()).await;
         let wait = Some(std::time::Duration::from_secs(10));

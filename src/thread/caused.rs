@@ -97,26 +97,23 @@ impl Caused {
     }
 }
 
+/// Why a deferred thread whose tree was cancelled as it started is cancelled.
+pub(crate) const CANCELLED_AS_IT_STARTED: &str = "its tree was cancelled as it started";
+
 impl CausedGuard {
-    /// This piece of work is deferred thread `id`, run by `actor` (until the guard drops).
-    /// When its tree was cancelled meanwhile — a root's cancel between the thread's start and
-    /// this call did not find it among the tree's threads — it is cancelled here (a cancel
-    /// after this call finds it; `runtime/cancel.rs` fires the token before it reads them).
-    pub(crate) fn is_thread(
-        &mut self,
-        id: ThreadId,
-        actor: &ractor::ActorRef<crate::thread::ThreadMsg>,
-    ) {
+    /// This piece of work is deferred thread `id` (until the guard drops). True when its tree
+    /// was cancelled meanwhile — a root's cancel between the thread's start and this call did
+    /// not find it among the tree's threads: the caller cancels it ([`CANCELLED_AS_IT_STARTED`];
+    /// a cancel after this call finds it; `runtime/cancel.rs` fires the token before it reads
+    /// them).
+    pub(crate) fn is_thread(&mut self, id: ThreadId) -> bool {
         if let Ok(mut m) = self.caused.by_root.lock() {
             if let Some(e) = m.get_mut(&self.root) {
                 e.threads.push(id.clone());
             }
         }
         self.thread = Some(id);
-        if self.token.is_cancelled() {
-            let reason = "its tree was cancelled as it started".to_string();
-            let _ = actor.cast(crate::thread::ThreadMsg::Cancel { reason });
-        }
+        self.token.is_cancelled()
     }
 }
 

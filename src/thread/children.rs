@@ -47,16 +47,15 @@ impl Thread {
                 Ok((child, actor)) => {
                     let msg = ThreadMsg::ChildSpawned {
                         call_id,
-                        child,
+                        child: child.clone(),
                         actor: actor.clone(),
                         wait,
                     };
                     if me.cast(msg).is_err() {
                         // The parent is already gone (e.g. killed after its cancel grace): the
                         // child must not outlive it.
-                        let _ = actor.cast(ThreadMsg::Cancel {
-                            reason: "its parent ended before it started".into(),
-                        });
+                        let why = "its parent ended before it started";
+                        ctx.send_cancel(&child, &actor, why);
                     }
                 }
                 Err(e) => {
@@ -85,15 +84,12 @@ impl Thread {
         entry.actor = Some(actor.clone());
         let reported = entry.report.is_some();
         if doomed && !reported {
-            let _ = actor.cast(ThreadMsg::Cancel {
-                reason: "a sibling failed (on_child_error: cancel_siblings)".into(),
-            });
+            let why = "a sibling failed (on_child_error: cancel_siblings)";
+            self.ctx.send_cancel(&child, &actor, why);
         }
         if matches!(self.phase, Phase::Draining(_)) {
             if !reported {
-                let _ = actor.cast(ThreadMsg::Cancel {
-                    reason: "parent is ending".into(),
-                });
+                self.ctx.send_cancel(&child, &actor, "parent is ending");
             }
             self.drained().await;
             return;
@@ -229,7 +225,12 @@ impl Thread {
         new: ThreadId,
         actor: ActorRef<ThreadMsg>,
     ) {
-        self.kids.rekey(&old, new.clone(), actor);
+        self.kids.rekey(&old, new.clone(), actor.clone());
+        // Ending: the continuation is told too (its predecessor's noted cancel reaches it as
+        // well; a second cancel is a no-op).
+        if matches!(self.phase, Phase::Draining(_)) {
+            self.ctx.send_cancel(&new, &actor, "parent is ending");
+        }
         self.log(Line::ChildContinued { old, new });
     }
 }

@@ -345,8 +345,12 @@ impl Ctx {
         actor: &ractor::ActorRef<super::msg::ThreadMsg>,
         reason: &str,
     ) -> bool {
-        if let Ok(mut c) = self.cancels.lock() {
-            c.insert(thread.clone(), reason.to_string());
+        // Noted for a thread's own actor only (it takes the note, or hands it on as it stops):
+        // a placed child's stand-in is not one.
+        if actor.get_name().is_some() {
+            if let Ok(mut c) = self.cancels.lock() {
+                c.insert(thread.clone(), reason.to_string());
+            }
         }
         // The message first: a withdrawn start closes the mailbox as it gives up.
         let sent = actor
@@ -378,19 +382,28 @@ impl Ctx {
     /// its place (its mailbox died with it), if any. (A continuation that starts while the
     /// cancel is still noted takes it itself, before its first call: `Thread::start`.)
     pub(crate) fn hand_on_cancel(&self, thread: &ThreadId) {
-        let Some(reason) = self.cancels.lock().ok().and_then(|mut c| c.remove(thread)) else {
+        let Some(reason) = self.forget_cancel(thread) else {
             return;
         };
-        let next = self
-            .successors
-            .lock()
-            .ok()
-            .and_then(|m| m.get(thread).cloned());
-        if let Some(next) = next {
+        // The last of the chain (a continuation may itself have handed off meanwhile).
+        let mut next = thread.clone();
+        if let Ok(m) = self.successors.lock() {
+            let mut hops = 0;
+            while let Some(n) = m.get(&next).filter(|_| hops < 10_000) {
+                next = n.clone();
+                hops += 1;
+            }
+        }
+        if next != *thread {
             if let Some(cell) = ractor::registry::where_is(next.to_string()) {
                 self.send_cancel(&next, &cell.into(), &reason);
             }
         }
+    }
+
+    /// Forgets the cancel noted for `thread` (its actor is gone, or took it): its reason.
+    pub(crate) fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
+        self.cancels.lock().ok().and_then(|mut c| c.remove(thread))
     }
 
     /// Whether the tree of `root` was told to stop (`Runtime::cancel`): work it caused does

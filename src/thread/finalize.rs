@@ -285,12 +285,24 @@ impl Thread {
                 self.doc.continued_by = Some(next);
                 e
             }
-            Err(SpawnError::Withdrawn(why)) => Ending {
-                error: Some(format!(
-                    "cancelled as its continuation started (withdrawn: {why})"
-                )),
-                ..Ending::with(Status::Cancelled)
-            },
+            Err(SpawnError::Withdrawn(why)) => {
+                let reason = self
+                    .ctx
+                    .cancels
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.get(self.id()).cloned());
+                let reason = reason.unwrap_or(why);
+                self.log(Line::CancelRequested {
+                    reason: reason.clone(),
+                });
+                Ending {
+                    error: Some(format!(
+                        "cancelled: {reason} (as its continuation started, which was withdrawn)"
+                    )),
+                    ..Ending::with(Status::Cancelled)
+                }
+            }
             Err(err) => {
                 self.log(Line::Error {
                     message: format!("the continuation could not start: {err}"),

@@ -302,7 +302,9 @@ async fn spawn_deferred(
             return Err(e);
         }
     };
-    caused.is_thread(child, &actor);
+    if caused.is_thread(child.clone()) {
+        ctx.send_cancel(&child, &actor, super::caused::CANCELLED_AS_IT_STARTED);
+    }
     let _ = rx.await;
     Ok(())
 }

@@ -48,6 +48,7 @@ mod turn;
 
 pub(crate) use actor::launch;
 pub(crate) use builtin::reserved_names as builtin_names;
+pub(crate) use caused::CANCELLED_AS_IT_STARTED;
 pub use conversation::rebuild_conversation;
 pub use ctx::Event;
 pub(crate) use ctx::{Ctx, EffectsGate};

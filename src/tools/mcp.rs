@@ -86,6 +86,9 @@ mod off {
             (Vec::new(), problems)
         }
 
+        /// Nothing runs.
+        pub(crate) async fn shutdown(&self) {}
+
         /// Refuses the call: (the reason, is_error).
         pub(crate) async fn call(
             &self,

@@ -310,6 +310,15 @@ async fn a_cancel_during_a_slow_continuation_start_is_not_lost() {
         "the chain ended {took:?} after the cancel"
     );
     chain_ended_clean(&fx, &rt).await;
+    // The withdrawn continuation never ran: the thread can be resumed (the server now fails
+    // at once).
+    std::fs::remove_file(marks.path().join("hold")).unwrap();
+    let resumed = rt
+        .resume(&first, "Go on.", weft::LimitSet::default())
+        .await
+        .expect("the thread whose continuation was withdrawn is resumed");
+    let report = resumed.wait().await.unwrap();
+    assert_eq!(report.status, Status::Completed, "{report:?}");
 }
 
 /// A parent's cancel reaches a child busy starting its continuation (the cascade is noted like

@@ -672,3 +672,64 @@ async fn a_root_cancelled_as_it_starts_refuses_what_its_hook_spawns_after() {
         rt.shutdown();
     }
 }
+
+/// A scheduled directive whose start waits on a slow MCP server stops at its tree's cancel,
+/// after its scheduler has ended: the start is withdrawn at once (its tree's `Caused` token),
+/// its row `cancelled`, nothing spent or taken, and the budget set aside for it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_start_waiting_on_a_slow_mcp_server_stops_at_its_trees_cancel() {
+    let r = directive(
+        "limits: { spend: 0.002 }\npermissions: [ schedule, \"thread.spawn.x\", \"mcp.stuck.*\" ]",
+        "Root.",
+    );
+    let x = directive("permissions: [\"mcp.stuck.*\"]", "X.");
+    let script = r#"r:
+  - tool_calls: [ { name: schedule, input: { directive: x, delay: "1s", limits: { spend: 0.0005 } } } ]
+    usage: { input_tokens: 100, output_tokens: 0 }
+  - text: scheduled
+    usage: { input_tokens: 100, output_tokens: 0 }
+x:
+  - text: x done
+    usage: { input_tokens: 100, output_tokens: 0 }
+"#;
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    let config = crate::support::stuck_server(&mark);
+    let fx = Fixture::new(&[("r", &r), ("x", &x)], script, &config);
+    let rt = fx.runtime().await;
+    // r's own start meets the server failing at once; x's, a second later, hangs.
+    let handle = rt
+        .start("r", serde_json::Map::new(), weft::LimitSet::default())
+        .await
+        .unwrap();
+    let root = handle.id().clone();
+    std::fs::write(&mark, "").unwrap();
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed);
+    let server_runs = || crate::support::server_runs(&mark);
+    crate::support::wait_until("x's server to be starting", server_runs).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let asked = std::time::Instant::now();
+    assert!(
+        rt.cancel(&root, "test"),
+        "the cancel reached the tree's work"
+    );
+    crate::support::wait_until("x to end", || {
+        fx.rows_so_far()
+            .iter()
+            .any(|r| r.directive == "x" && r.status == "cancelled")
+    })
+    .await;
+    let took = asked.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "x ended {took:?} after the cancel"
+    );
+    let rows = fx.rows();
+    let xr = rows.iter().find(|r| r.directive == "x").unwrap();
+    assert_eq!((xr.turns, xr.own_spend_nanos), (0, 0), "{xr:?}");
+    assert!(unfinished(&fx).is_empty(), "{:?}", unfinished(&fx));
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    crate::support::verify_cli_clean(fx.root());
+}

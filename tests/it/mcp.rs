@@ -324,3 +324,41 @@ async fn env_values_reach_an_mcp_server_and_its_secrets_come_back_redacted() {
     assert!(r[0].0.contains("[secret:MCP_SECRET]"), "{}", r[0].0);
     assert!(!r[0].0.contains("mcp-secret-0a1b2c3d"));
 }
+
+/// A command server's whole process group ends with the runtime's close — a process the server
+/// left behind included — and its record in `.weft/state/procs` goes with it. (Before: rmcp
+/// ended the server's own process only; what it had started ran on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_whole_process_group_ends_with_the_runtime() {
+    let Some(js) = everything() else { return };
+    let tag = format!("weft-left-behind-{}", std::process::id());
+    let sh = format!(
+        "sh -c 'while :; do sleep 1; done' {tag} & exec node {} stdio group",
+        js.display()
+    );
+    let config = format!(
+        "mcp_servers:\n  everything: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = fixture(
+        "[\"mcp.everything.*\"]",
+        &[vec![("mcp__everything__echo", json!({"message": "one"}))]],
+        &config,
+    );
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1 && r[0].0.contains("one"), "{:?}", r[0]);
+    let left = std::path::Path::new(&tag).to_path_buf();
+    assert!(crate::support::server_runs(&left), "the server's helper runs");
+    rt.close().await;
+    wait_until("the server's group to end", || {
+        !crate::support::server_runs(&left)
+    })
+    .await;
+    let procs = fx.root().join(".weft/state/procs");
+    let records: Vec<_> = std::fs::read_dir(&procs)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(records.is_empty(), "records left: {records:?}");
+}

@@ -31,17 +31,76 @@ const MAX_RESULT: u64 = 64 * 1024;
 struct Server {
     client: RunningService<RoleClient, ()>,
     tools: Vec<Tool>,
-    /// A command server's process group: killed whole when the server is dropped.
-    _process: Option<Process>,
+    /// A command server's process group (see [`Process`]).
+    process: Option<Process>,
+}
+
+impl Server {
+    /// Ends the server as the MCP stdio shutdown asks: its client closes (the server's stdin),
+    /// the server gets [`EXIT_GRACE`] to exit on its own, then its group is killed.
+    async fn close(self) {
+        let Server {
+            client, process, ..
+        } = self;
+        let _ = client.cancel().await;
+        if let Some(p) = process {
+            p.ended().await;
+        }
+    }
 }
 
 /// A command server's process, in a process group of its own started like every tool process
 /// (`tools/groups.rs`): its leader dies with weft however weft dies, the group is recorded for
-/// recovery to reap, and killed whole — a grandchild the server left included — when the
-/// server is dropped (stopped, its start timed out or abandoned) or weft exits abruptly.
+/// recovery to reap, and killed whole — a grandchild the server left included — once the server
+/// is done: closed ([`Server::close`], the runtime's close), or dropped (it stopped, its start
+/// timed out or was abandoned; it still gets [`EXIT_GRACE`] to exit on the end of its stdin,
+/// which closes with its client, when a runtime is there to wait), or weft exits abruptly.
 struct Process {
-    _child: tokio::process::Child,
-    _group: crate::tools::groups::Recorded,
+    group: Option<crate::tools::groups::Recorded>,
+    child: Option<tokio::process::Child>,
+}
+
+/// How long a server whose stdin closed may take to exit before its group is killed (rmcp's
+/// own graceful shutdown waits as long).
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+impl Process {
+    /// Waits (at most [`EXIT_GRACE`]) for the leader to exit, then kills what is left.
+    async fn ended(mut self) {
+        end_after_grace(self.group.take(), self.child.take()).await;
+    }
+}
+
+/// [`Process::ended`] of its parts: what is left of the group is killed first, then the
+/// leader (`kill_on_drop`).
+async fn end_after_grace(
+    group: Option<crate::tools::groups::Recorded>,
+    mut child: Option<tokio::process::Child>,
+) {
+    if let Some(c) = child.as_mut() {
+        let _ = tokio::time::timeout(EXIT_GRACE, c.wait()).await;
+    }
+    drop(group);
+    drop(child);
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let (group, child) = (self.group.take(), self.child.take());
+        if group.is_none() && child.is_none() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(end_after_grace(group, child));
+            }
+            // No runtime to wait in: the group first, then the leader.
+            Err(_) => {
+                drop(group);
+                drop(child);
+            }
+        }
+    }
 }
 
 /// The MCP servers of one runtime, started on first use and shared by its threads.
@@ -218,7 +277,7 @@ impl McpHub {
         Ok(Server {
             client,
             tools,
-            _process: process,
+            process,
         })
     }
 
@@ -242,19 +301,33 @@ impl McpHub {
             root: self.root.clone(),
         }
         .procs_dir();
-        let group = crate::tools::groups::record(
-            Some(&procs),
-            child.id().unwrap_or(0),
-            &format!("mcp server {name}"),
-        );
-        let (Some(out), Some(input)) = (child.stdout.take(), child.stdin.take()) else {
+        let pgid = child
+            .id()
+            .ok_or_else(|| std::io::Error::other("it exited at once"))?;
+        let group = crate::tools::groups::record(Some(&procs), pgid, &format!("mcp server {name}"));
+        let pipes = (child.stdout.take(), child.stdin.take());
+        // Made before the pipes are checked: a start that fails here kills what it started.
+        let process = Process {
+            group: Some(group),
+            child: Some(child),
+        };
+        let (Some(out), Some(input)) = pipes else {
             return Err(std::io::Error::other("its pipes were not opened"));
         };
-        let process = Process {
-            _child: child,
-            _group: group,
-        };
         Ok(((out, input), process))
+    }
+
+    /// Closes every server not busy starting and not in a call (see [`Server::close`]): the
+    /// runtime's close. One still in use ends when it is dropped.
+    pub(crate) async fn shutdown(&self) {
+        for slot in self.running.values() {
+            let Ok(mut slot) = slot.try_lock() else {
+                continue;
+            };
+            if let Some(server) = slot.take().and_then(|s| Arc::try_unwrap(s).ok()) {
+                server.close().await;
+            }
+        }
     }
 
     /// Calls `tool` of `server` with `input`; cancelling `cancel` abandons the call, which tells
