@@ -79,21 +79,26 @@ where
             starting.await
         }
     };
-    match started {
-        Ok(handle) => Ok(Started {
-            handle,
-            stops,
-            interrupted,
-        }),
-        Err(e @ crate::thread::SpawnError::Withdrawn(_)) => {
-            rt.clone().close().await;
-            Err(Exit {
-                code: 130,
-                message: e.to_string(),
+    let e = match started {
+        Ok(handle) => {
+            return Ok(Started {
+                handle,
+                stops,
+                interrupted,
             })
         }
-        Err(e) => Err(spawn_exit(e)),
-    }
+        Err(e) => e,
+    };
+    // Nothing runs: the runtime is closed as at the end of a run (its MCP servers, the ledger's
+    // journal).
+    rt.clone().close().await;
+    Err(match e {
+        crate::thread::SpawnError::Withdrawn(_) => Exit {
+            code: 130,
+            message: e.to_string(),
+        },
+        e => spawn_exit(e),
+    })
 }
 
 /// A runtime builder for `project` on the command line's provider choice.

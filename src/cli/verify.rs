@@ -126,10 +126,7 @@ fn registry_rows(project: &Project) -> HashMap<ThreadId, ThreadRow> {
 /// hash chain, before it can run). Such a row gets an `ok` verdict of its own.
 fn never_ran(records: &Records, log: &crate::record::anchors::Log, row: &ThreadRow) -> bool {
     let id = &row.id;
-    let marked = row
-        .error
-        .as_deref()
-        .is_some_and(|e| e.starts_with(crate::registry::UNDONE));
+    let marked = row.undone();
     let idle =
         row.turns == 0 && row.spend_nanos == 0 && row.own_spend_nanos == 0 && row.spawn_count == 0;
     if !marked || !idle || !row.status.is_terminal() || records.has(id).unwrap_or(true) {

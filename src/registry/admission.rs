@@ -110,11 +110,11 @@ fn may_continue(db: &Db, row: &ThreadRow, old: &ThreadId) -> Result<(), Registry
         why,
     };
     // A continuation whose spawn was undone (withdrawn as it started: its predecessor was
-    // cancelled) never ran: the thread may be continued again.
+    // cancelled; or its start failed) never ran: the thread may be continued again.
     let undone = format!("{}%", super::UNDONE);
     let by = db
         .row(
-            "SELECT id FROM threads WHERE continuation_of=?1 AND NOT (status='cancelled' AND COALESCE(error,'') LIKE ?2) LIMIT 1",
+            "SELECT id FROM threads WHERE continuation_of=?1 AND NOT COALESCE(error,'') LIKE ?2 LIMIT 1",
             params![old.as_str(), undone],
         )
         .map_err(st)?;

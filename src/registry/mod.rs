@@ -145,6 +145,12 @@ pub struct ThreadRow {
 }
 
 impl ThreadRow {
+    /// Whether this is the row of a thread whose spawn was undone before it ran (its error
+    /// carries [`UNDONE`]): no records, nothing spent, never a link of anything that ran.
+    pub(crate) fn undone(&self) -> bool {
+        self.error.as_deref().is_some_and(|e| e.starts_with(UNDONE))
+    }
+
     /// A row of thread `id` in tree `root_id` at `status`, every other field empty or zero
     /// (fill them with struct update syntax).
     pub fn new(id: ThreadId, root_id: ThreadId, status: Status) -> ThreadRow {

@@ -434,12 +434,14 @@ impl Store {
             return Ok(vec![]);
         };
         let root = row.chain_root.unwrap_or(row.id);
-        self.rows(
+        let rows = self.rows(
             &format!(
                 "SELECT {COLS} FROM threads WHERE id=?1 OR chain_root=?1 ORDER BY created_at, id"
             ),
             params![root.as_str()],
-        )
+        )?;
+        // A continuation whose spawn was undone never ran: no link of the chain.
+        Ok(rows.into_iter().filter(|r| !r.undone()).collect())
     }
 
     /// Removes the rows of `ids` (finished threads only; see `ThreadStore::delete`). Returns

@@ -217,7 +217,10 @@ fn thread_health(
             continue;
         };
         if !records.has(&id).unwrap_or(true) {
-            problems.push(row_without_folder(r, &records.thread_name(&id)));
+            // A spawn undone before it ran (withdrawn, or its start failed) leaves no records.
+            if !r.undone() {
+                problems.push(row_without_folder(r, &records.thread_name(&id)));
+            }
             continue;
         }
         let (lines, largest) = transcript_figures(records, &id);

@@ -402,7 +402,7 @@ impl Ctx {
     }
 
     /// Forgets the cancel noted for `thread` (its actor is gone, or took it): its reason.
-    pub(crate) fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
+    fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
         self.cancels.lock().ok().and_then(|mut c| c.remove(thread))
     }
 

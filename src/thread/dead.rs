@@ -117,8 +117,9 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
         if let Some(cell) = ractor::registry::where_is(r.id.as_str()) {
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
         }
-        // A killed actor never stops on its own road (`post_stop`): nobody takes its note.
-        ctx.forget_cancel(&r.id);
+        // A killed actor never stops on its own road (`post_stop`): its note is handed on here
+        // (to a continuation it had started, if any) or forgotten.
+        ctx.hand_on_cancel(&r.id);
     }
     // A killed actor's last writes (its final thread.json, queued on the writer threads) never
     // land after the dead finalization: those not started are skipped, a running one is waited

@@ -132,6 +132,14 @@ fn write_record(dir: &Path, pgid: i32, call: &str) -> std::io::Result<PathBuf> {
 impl Recorded {
     /// Kills what is left of the group and forgets it.
     pub(crate) fn done(self) {}
+
+    /// Asks every process of the group to end (SIGTERM); the record stays until it is dropped.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn terminate(&self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pgid) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);
+        }
+    }
 }
 
 impl Drop for Recorded {

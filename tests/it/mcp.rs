@@ -350,7 +350,10 @@ async fn a_servers_whole_process_group_ends_with_the_runtime() {
     let r = results(&fx, report.thread_id.as_str());
     assert!(!r[0].1 && r[0].0.contains("one"), "{:?}", r[0]);
     let left = std::path::Path::new(&tag).to_path_buf();
-    assert!(crate::support::server_runs(&left), "the server's helper runs");
+    assert!(
+        crate::support::server_runs(&left),
+        "the server's helper runs"
+    );
     rt.close().await;
     wait_until("the server's group to end", || {
         !crate::support::server_runs(&left)

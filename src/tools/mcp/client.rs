@@ -37,12 +37,13 @@ struct Server {
 
 impl Server {
     /// Ends the server as the MCP stdio shutdown asks: its client closes (the server's stdin),
-    /// the server gets [`EXIT_GRACE`] to exit on its own, then its group is killed.
+    /// then [`Process::ended`]. Bounded: a send blocked on a server that stopped reading its
+    /// stdin holds rmcp's close, which is then given up.
     async fn close(self) {
         let Server {
             client, process, ..
         } = self;
-        let _ = client.cancel().await;
+        let _ = tokio::time::timeout(EXIT_GRACE, client.cancel()).await;
         if let Some(p) = process {
             p.ended().await;
         }
@@ -60,12 +61,14 @@ struct Process {
     child: Option<tokio::process::Child>,
 }
 
-/// How long a server whose stdin closed may take to exit before its group is killed (rmcp's
-/// own graceful shutdown waits as long).
+/// How long a server whose stdin closed may take to exit before its group is asked to end
+/// (rmcp's own graceful shutdown waits as long), and then how long before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(3);
+const TERM_GRACE: Duration = Duration::from_secs(2);
 
 impl Process {
-    /// Waits (at most [`EXIT_GRACE`]) for the leader to exit, then kills what is left.
+    /// The MCP stdio shutdown's end: the leader gets [`EXIT_GRACE`] to exit on the end of its
+    /// stdin, the group then SIGTERM and [`TERM_GRACE`], and what is left is killed.
     async fn ended(mut self) {
         end_after_grace(self.group.take(), self.child.take()).await;
     }
@@ -78,7 +81,12 @@ async fn end_after_grace(
     mut child: Option<tokio::process::Child>,
 ) {
     if let Some(c) = child.as_mut() {
-        let _ = tokio::time::timeout(EXIT_GRACE, c.wait()).await;
+        if tokio::time::timeout(EXIT_GRACE, c.wait()).await.is_err() {
+            if let Some(g) = &group {
+                g.terminate();
+            }
+            let _ = tokio::time::timeout(TERM_GRACE, c.wait()).await;
+        }
     }
     drop(group);
     drop(child);
@@ -317,17 +325,24 @@ impl McpHub {
         Ok(((out, input), process))
     }
 
-    /// Closes every server not busy starting and not in a call (see [`Server::close`]): the
-    /// runtime's close. One still in use ends when it is dropped.
+    /// Closes every server not busy starting and not in a call, all at once (see
+    /// [`Server::close`]): the runtime's close. One still in use stays in its slot and ends
+    /// when it is dropped.
     pub(crate) async fn shutdown(&self) {
+        let mut closing = tokio::task::JoinSet::new();
         for slot in self.running.values() {
             let Ok(mut slot) = slot.try_lock() else {
                 continue;
             };
-            if let Some(server) = slot.take().and_then(|s| Arc::try_unwrap(s).ok()) {
-                server.close().await;
+            match slot.take().map(Arc::try_unwrap) {
+                Some(Ok(server)) => {
+                    closing.spawn(server.close());
+                }
+                Some(Err(shared)) => *slot = Some(shared),
+                None => {}
             }
         }
+        while closing.join_next().await.is_some() {}
     }
 
     /// Calls `tool` of `server` with `input`; cancelling `cancel` abandons the call, which tells
