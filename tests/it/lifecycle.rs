@@ -887,18 +887,8 @@ async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
 /// row `created`, for a later recovery to end as `error`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_in_weft_run_withdraws_a_root_starting_on_a_slow_mcp_server() {
-    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("hang");
-    std::fs::write(&mark, "").unwrap();
-    let config = crate::support::stuck_server(&mark);
-    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
-    let child = crate::support::spawn_run(&fx, "k");
+    let (fx, _marks, _mark, child) = weft_run_starting_on_a_stuck_server().await;
     let pid = child.id().to_string();
-    wait_until("k's server to be starting", || {
-        crate::support::server_runs(&mark)
-    })
-    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     std::process::Command::new("kill")
         .args(["-INT", &pid])
@@ -921,6 +911,25 @@ async fn ctrl_c_in_weft_run_withdraws_a_root_starting_on_a_slow_mcp_server() {
 /// was started without a process group or a parent-death signal and ran on.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_servers_process_dies_with_weft_at_kill_9() {
+    let (_fx, _marks, mark, child) = weft_run_starting_on_a_stuck_server().await;
+    let pid = child.id().to_string();
+    let server_runs = || crate::support::server_runs(&mark);
+    std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap();
+    let _ = crate::support::exits_within(child, 10, "kill -9");
+    wait_until("the server's processes to end with weft", || !server_runs()).await;
+}
+
+/// `weft run k` whose root's start waits on the stuck MCP server (its mark in the temporary
+/// folder returned), once the server runs.
+async fn weft_run_starting_on_a_stuck_server() -> (
+    Fixture,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::process::Child,
+) {
     let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
     let marks = tempfile::tempdir().unwrap();
     let mark = marks.path().join("hang");
@@ -928,13 +937,9 @@ async fn an_mcp_servers_process_dies_with_weft_at_kill_9() {
     let config = crate::support::stuck_server(&mark);
     let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
     let child = crate::support::spawn_run(&fx, "k");
-    let pid = child.id().to_string();
-    let server_runs = || crate::support::server_runs(&mark);
-    wait_until("k's server to be starting", server_runs).await;
-    std::process::Command::new("kill")
-        .args(["-9", &pid])
-        .status()
-        .unwrap();
-    let _ = crate::support::exits_within(child, 10, "kill -9");
-    wait_until("the server's processes to end with weft", || !server_runs()).await;
+    wait_until("k's server to be starting", || {
+        crate::support::server_runs(&mark)
+    })
+    .await;
+    (fx, marks, mark, child)
 }
