@@ -209,6 +209,11 @@ pub mod internals {
         rt.ctx().verified.lock().map_or(0, |c| c.len())
     }
 
+    /// Handoffs the runtime still links (a chain's links go once its last thread has stopped).
+    pub fn successors_kept(rt: &crate::Runtime) -> usize {
+        rt.ctx().successors.lock().map_or(0, |m| m.len())
+    }
+
     /// The runtime's signing key (for benchmarks of the signature floor).
     pub fn signer(rt: &crate::Runtime) -> std::sync::Arc<Signer> {
         rt.ctx().signer.clone()

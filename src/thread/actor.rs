@@ -178,6 +178,9 @@ impl Actor for ThreadActor {
             t.ctx.deadlines.clear(d);
         }
         t.ctx.hand_on_cancel(&t.doc.id);
+        if t.doc.continuation_of.is_some() || t.doc.continued_by.is_some() {
+            t.ctx.end_chain(&t.doc.id);
+        }
         // However the actor stopped, the document it vouched for goes (see `Ctx::vouch_for`).
         t.ctx.forget(&t.doc.id);
         Ok(())

@@ -401,6 +401,30 @@ impl Ctx {
         }
     }
 
+    /// `thread`'s actor stopped, and it is of a continuation chain: once the chain's last
+    /// thread has stopped, its links go (a long-lived process keeps none of them; a cancel of a
+    /// chain whose threads have all ended has nothing to reach).
+    pub(crate) fn end_chain(&self, thread: &ThreadId) {
+        let Ok(mut m) = self.successors.lock() else {
+            return;
+        };
+        let mut last = thread.clone();
+        let mut hops = 0;
+        while let Some(next) = m.get(&last).filter(|_| hops < 10_000) {
+            last = next.clone();
+            hops += 1;
+        }
+        // It handed off to a continuation still running: that one ends the chain.
+        if last != *thread && ractor::registry::where_is(last.to_string()).is_some() {
+            return;
+        }
+        let mut cur = last;
+        while let Some(prev) = m.iter().find(|(_, v)| **v == cur).map(|(k, _)| k.clone()) {
+            m.remove(&prev);
+            cur = prev;
+        }
+    }
+
     /// Forgets the cancel noted for `thread` (its actor is gone, or took it): its reason.
     fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
         self.cancels.lock().ok().and_then(|mut c| c.remove(thread))

@@ -48,6 +48,12 @@ async fn a_turns_limit_hands_off_down_a_chain_of_three() {
     let report = handle.wait().await.unwrap();
     assert_eq!(report.status, Status::Completed, "{report:?}");
     assert_eq!(report.result.as_deref(), Some("all done"));
+    // The chain has ended: the runtime keeps none of its links (a long-lived `weft serve`
+    // would otherwise grow by one per handoff).
+    crate::support::wait_until("the chain's links to go", || {
+        weft::internals::successors_kept(&rt) == 0
+    })
+    .await;
     let chain = chain_of(&fx, &first);
     let statuses: Vec<&str> = chain.iter().map(|r| r.status.as_str()).collect();
     assert_eq!(statuses, ["continued", "continued", "completed"]);
