@@ -90,7 +90,10 @@ where
         Err(e) => e,
     };
     // Nothing runs: the runtime is closed as at the end of a run (its MCP servers, the ledger's
-    // journal).
+    // journal); a Ctrl-C meanwhile exits at once.
+    if !interrupted {
+        super::common::exit_on_second_signal();
+    }
     rt.clone().close().await;
     Err(match e {
         crate::thread::SpawnError::Withdrawn(_) => Exit {

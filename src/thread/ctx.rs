@@ -408,6 +408,9 @@ impl Ctx {
         let Ok(mut m) = self.successors.lock() else {
             return;
         };
+        if m.is_empty() {
+            return;
+        }
         let mut last = thread.clone();
         let mut hops = 0;
         while let Some(next) = m.get(&last).filter(|_| hops < 10_000) {
@@ -418,10 +421,13 @@ impl Ctx {
         if last != *thread && ractor::registry::where_is(last.to_string()).is_some() {
             return;
         }
+        // The links leading to it, found in one pass over the links (not one per step).
+        let back: std::collections::HashMap<ThreadId, ThreadId> =
+            m.iter().map(|(k, v)| (v.clone(), k.clone())).collect();
         let mut cur = last;
-        while let Some(prev) = m.iter().find(|(_, v)| **v == cur).map(|(k, _)| k.clone()) {
-            m.remove(&prev);
-            cur = prev;
+        while let Some(prev) = back.get(&cur) {
+            m.remove(prev);
+            cur = prev.clone();
         }
     }
 

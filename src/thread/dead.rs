@@ -118,8 +118,11 @@ pub(crate) async fn end_subtree(ctx: &Arc<Ctx>, id: &ThreadId, end: &DeadEnd) ->
             let _ = cell.kill_and_wait(Some(Duration::from_secs(2))).await;
         }
         // A killed actor never stops on its own road (`post_stop`): its note is handed on here
-        // (to a continuation it had started, if any) or forgotten.
+        // (to a continuation it had started, if any) or forgotten, and its chain's links go.
         ctx.hand_on_cancel(&r.id);
+        if r.continuation_of.is_some() {
+            ctx.end_chain(&r.id);
+        }
     }
     // A killed actor's last writes (its final thread.json, queued on the writer threads) never
     // land after the dead finalization: those not started are skipped, a running one is waited

@@ -43,9 +43,10 @@ impl Server {
         let Server {
             client, process, ..
         } = self;
-        let _ = tokio::time::timeout(EXIT_GRACE, client.cancel()).await;
+        let closed = tokio::time::timeout(EXIT_GRACE, client.cancel()).await;
         if let Some(p) = process {
-            p.ended().await;
+            // Not closed: the server never sees the end of its stdin, so it is not waited for.
+            p.ended(closed.is_ok()).await;
         }
     }
 }
@@ -69,8 +70,8 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 impl Process {
     /// The MCP stdio shutdown's end: the leader gets [`EXIT_GRACE`] to exit on the end of its
     /// stdin, the group then SIGTERM and [`TERM_GRACE`], and what is left is killed.
-    async fn ended(mut self) {
-        end_after_grace(self.group.take(), self.child.take()).await;
+    async fn ended(mut self, stdin_closed: bool) {
+        end_after_grace(self.group.take(), self.child.take(), stdin_closed).await;
     }
 }
 
@@ -79,9 +80,15 @@ impl Process {
 async fn end_after_grace(
     group: Option<crate::tools::groups::Recorded>,
     mut child: Option<tokio::process::Child>,
+    stdin_closed: bool,
 ) {
     if let Some(c) = child.as_mut() {
-        if tokio::time::timeout(EXIT_GRACE, c.wait()).await.is_err() {
+        let grace = if stdin_closed {
+            EXIT_GRACE
+        } else {
+            Duration::ZERO
+        };
+        if tokio::time::timeout(grace, c.wait()).await.is_err() {
             if let Some(g) = &group {
                 g.terminate();
             }
@@ -100,7 +107,8 @@ impl Drop for Process {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                rt.spawn(end_after_grace(group, child));
+                // Its stdin closes as its client (dropped with it) ends.
+                rt.spawn(end_after_grace(group, child, true));
             }
             // No runtime to wait in: the group first, then the leader.
             Err(_) => {
