@@ -365,3 +365,39 @@ async fn a_servers_whole_process_group_ends_with_the_runtime() {
         .unwrap_or_default();
     assert!(records.is_empty(), "records left: {records:?}");
 }
+
+/// A server that ignores the end of its stdin and SIGTERM still ends with the runtime's close,
+/// within the MCP stdio shutdown's bound (3 s for the end of stdin, 2 s after SIGTERM, then
+/// SIGKILL to its group): `Runtime::close` never waits on a server for long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_eof_and_sigterm_is_killed_at_close() {
+    let Some(js) = everything() else { return };
+    let tag = format!("weft-stubborn-{}", std::process::id());
+    // sh stays the leader (no exec) and passes its ignored SIGTERM on to the server.
+    let sh = format!("trap '' TERM; node {} stdio {tag}; sleep 300", js.display());
+    let config = format!(
+        "mcp_servers:\n  everything: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = fixture(
+        "[\"mcp.everything.*\"]",
+        &[vec![("mcp__everything__echo", json!({"message": "one"}))]],
+        &config,
+    );
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let left = std::path::Path::new(&tag).to_path_buf();
+    assert!(crate::support::server_runs(&left), "the server runs");
+    let asked = std::time::Instant::now();
+    rt.close().await;
+    let took = asked.elapsed();
+    eprintln!("the close took {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(12),
+        "the close took {took:?}"
+    );
+    wait_until("the stubborn server to end", || {
+        !crate::support::server_runs(&left)
+    })
+    .await;
+}
