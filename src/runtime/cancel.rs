@@ -4,7 +4,6 @@
 //! After this, nothing the tree caused runs or starts (`Ctx::stopped`), and every budget set
 //! aside for work that will not start is back in the tree's account.
 
-use super::handle::current_actor;
 use crate::core::ids::ThreadId;
 use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx};
@@ -23,11 +22,10 @@ pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     // thread is reached by its parent's cascade: a second cancel from here would race its
     // parent's kill after the grace.)
     for t in ctx.caused.threads(id) {
-        if let Some(actor) = current_actor(ctx, &t) {
+        if let Some((to, actor)) = ctx.current_actor(&t) {
             // Noted (`Ctx::send_cancel`): a thread busy starting its continuation hands it on.
-            let to = actor.get_name().and_then(|n| ThreadId::parse(&n).ok());
             let reason = format!("its tree was cancelled: {reason}");
-            ctx.send_cancel(&to.unwrap_or(t), &actor, &reason);
+            ctx.send_cancel(&to, &actor, &reason);
         }
     }
     cancel_pending_effects(ctx, id).await;

@@ -58,18 +58,11 @@ impl ThreadHandle {
     /// Cancels the thread and its subtree. False when it has already ended.
     pub fn cancel(&self, reason: &str) -> bool {
         // After a handoff the chain goes on in a continuation: cancel reaches that.
-        let (id, actor) = match current_actor(&self.ctx, &self.id) {
-            Some(a) => (a.get_name().and_then(|n| ThreadId::parse(&n).ok()), a),
-            None => (Some(self.id.clone()), self.actor.clone()),
-        };
-        match id {
-            Some(id) => self.ctx.send_cancel(&id, &actor, reason),
-            None => actor
-                .cast(ThreadMsg::Cancel {
-                    reason: reason.into(),
-                })
-                .is_ok(),
-        }
+        let (id, actor) = self
+            .ctx
+            .current_actor(&self.id)
+            .unwrap_or_else(|| (self.id.clone(), self.actor.clone()));
+        self.ctx.send_cancel(&id, &actor, reason)
     }
 
     /// The thread's status while it runs; None once it has ended (its report then comes from
@@ -166,21 +159,4 @@ impl SubtreeEvents {
             }
         }
     }
-}
-
-/// The live actor of `id`'s continuation chain: the thread that took over from it (this
-/// process's handoffs, followed to the last), else `id` itself, if it runs in this process.
-pub(crate) fn current_actor(ctx: &Ctx, id: &ThreadId) -> Option<ActorRef<ThreadMsg>> {
-    let mut id = id.clone();
-    if let Ok(m) = ctx.successors.lock() {
-        let mut hops = 0;
-        while let Some(next) = m.get(&id) {
-            id = next.clone();
-            hops += 1;
-            if hops > 10_000 {
-                break;
-            }
-        }
-    }
-    ractor::registry::where_is(id.to_string()).map(ActorRef::from)
 }

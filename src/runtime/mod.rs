@@ -430,15 +430,14 @@ impl Runtime {
     /// effects are cancelled (their budgets given back), and nothing it caused starts later.
     /// A root that has ended is still reached while work it caused runs in this process.
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
-        let actor = handle::current_actor(&self.ctx, id);
+        let actor = self.ctx.current_actor(id);
         if actor.is_none() && !self.ctx.caused.live(id) {
             // A start under way before its actor has its name: withdrawn (it may wait).
             return self.ctx.withdraw_start(id);
         }
-        let sent = actor.as_ref().is_none_or(|a| {
-            let to = a.get_name().and_then(|n| ThreadId::parse(&n).ok());
-            to.is_some_and(|to| self.ctx.send_cancel(&to, a, reason))
-        });
+        let sent = actor
+            .as_ref()
+            .is_none_or(|(to, a)| self.ctx.send_cancel(to, a, reason));
         let ctx = self.ctx.clone();
         let (id, reason) = (id.clone(), reason.to_string());
         let task = tokio::spawn(async move { cancel::caused_work(&ctx, &id, &reason).await });
@@ -476,13 +475,14 @@ impl Runtime {
 
     /// Whether this runtime runs `id` (or the continuation that took over from it).
     pub fn runs(&self, id: &ThreadId) -> bool {
-        handle::current_actor(&self.ctx, id).is_some()
+        self.ctx.current_actor(id).is_some()
     }
 
     /// The actor running `id`'s chain in this process (the thread, or the continuation that took
     /// over from it).
     fn running(&self, id: &ThreadId) -> Result<ActorRef<ThreadMsg>, ControlError> {
-        handle::current_actor(&self.ctx, id).ok_or_else(|| ControlError::NotRunning {
+        let running = self.ctx.current_actor(id).map(|(_, a)| a);
+        running.ok_or_else(|| ControlError::NotRunning {
             id: id.clone(),
             pid: std::process::id(),
         })

@@ -386,19 +386,24 @@ impl Ctx {
             return;
         };
         // The last of the chain (a continuation may itself have handed off meanwhile).
-        let mut next = thread.clone();
-        if let Ok(m) = self.successors.lock() {
-            let mut hops = 0;
-            while let Some(n) = m.get(&next).filter(|_| hops < 10_000) {
-                next = n.clone();
-                hops += 1;
-            }
+        if let Some((next, actor)) = self.current_actor(thread).filter(|(n, _)| n != thread) {
+            self.send_cancel(&next, &actor, &reason);
         }
-        if next != *thread {
-            if let Some(cell) = ractor::registry::where_is(next.to_string()) {
-                self.send_cancel(&next, &cell.into(), &reason);
-            }
-        }
+    }
+
+    /// The live actor of `id`'s continuation chain, and the thread it runs: the thread that
+    /// took over from it (this process's handoffs, followed to the last), else `id` itself,
+    /// if it runs in this process.
+    pub(crate) fn current_actor(
+        &self,
+        id: &ThreadId,
+    ) -> Option<(ThreadId, ractor::ActorRef<super::msg::ThreadMsg>)> {
+        let last = match self.successors.lock() {
+            Ok(m) => last_in_chain(&m, id),
+            Err(_) => id.clone(),
+        };
+        let cell = ractor::registry::where_is(last.to_string())?;
+        Some((last, cell.into()))
     }
 
     /// `thread`'s actor stopped, and it is of a continuation chain: once the chain's last
@@ -411,12 +416,7 @@ impl Ctx {
         if m.is_empty() {
             return;
         }
-        let mut last = thread.clone();
-        let mut hops = 0;
-        while let Some(next) = m.get(&last).filter(|_| hops < 10_000) {
-            last = next.clone();
-            hops += 1;
-        }
+        let last = last_in_chain(&m, thread);
         // It handed off to a continuation still running: that one ends the chain.
         if last != *thread && ractor::registry::where_is(last.to_string()).is_some() {
             return;
@@ -432,8 +432,16 @@ impl Ctx {
     }
 
     /// Forgets the cancel noted for `thread` (its actor is gone, or took it): its reason.
-    fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
+    pub(crate) fn forget_cancel(&self, thread: &ThreadId) -> Option<String> {
         self.cancels.lock().ok().and_then(|mut c| c.remove(thread))
+    }
+
+    /// The reason of the cancel noted for `thread` and not yet taken, if any.
+    pub(crate) fn noted_cancel(&self, thread: &ThreadId) -> Option<String> {
+        self.cancels
+            .lock()
+            .ok()
+            .and_then(|c| c.get(thread).cloned())
     }
 
     /// Whether the tree of `root` was told to stop (`Runtime::cancel`): work it caused does
@@ -531,6 +539,22 @@ impl Ctx {
     }
 }
 
+/// The last thread of `id`'s continuation chain in `successors` (`id` itself when it did not
+/// hand off); bounded, so a corrupt map cannot loop.
+fn last_in_chain(
+    successors: &std::collections::HashMap<ThreadId, ThreadId>,
+    id: &ThreadId,
+) -> ThreadId {
+    let mut last = id;
+    for _ in 0..10_000 {
+        match successors.get(last) {
+            Some(next) => last = next,
+            None => break,
+        }
+    }
+    last.clone()
+}
+
 /// A start under way that may wait (on an MCP server): its token in `Ctx::starting` — a child
 /// of what withdraws its spawn (its parent's cancel, its tree's), fired too by its own cancel
 /// ([`Ctx::send_cancel`], [`Ctx::withdraw_start`]). Dropped, it leaves the map, and a cancel
@@ -544,10 +568,17 @@ pub(crate) struct Starting {
 }
 
 impl Starting {
+    /// Registered under `id`: from now on a cancel of `id` withdraws it, and one already noted
+    /// for `id` (a thread that is handing off) withdraws it at once.
     pub(crate) fn new(ctx: &Arc<Ctx>, id: &ThreadId, outer: Option<&CancellationToken>) -> Self {
         let token = outer.map_or_else(CancellationToken::new, CancellationToken::child_token);
         if let Ok(mut s) = ctx.starting.lock() {
             s.insert(id.clone(), token.clone());
+        }
+        // Looked at after the registration: a cancel noted meanwhile finds it (`send_cancel`
+        // notes before it withdraws).
+        if ctx.noted_cancel(id).is_some() {
+            token.cancel();
         }
         Starting {
             ctx: ctx.clone(),
@@ -569,9 +600,7 @@ impl Drop for Starting {
             s.remove(&self.id);
         }
         if !self.ran {
-            if let Ok(mut c) = self.ctx.cancels.lock() {
-                c.remove(&self.id);
-            }
+            self.ctx.forget_cancel(&self.id);
         }
     }
 }

@@ -83,9 +83,7 @@ impl Thread {
         if matches!(self.phase, Phase::Draining(_)) {
             return;
         }
-        if let Ok(mut c) = self.ctx.cancels.lock() {
-            c.remove(&self.doc.id);
-        }
+        self.ctx.forget_cancel(&self.doc.id);
         self.log(Line::CancelRequested {
             reason: reason.clone(),
         });
@@ -286,13 +284,7 @@ impl Thread {
                 e
             }
             Err(SpawnError::Withdrawn(why)) => {
-                let reason = self
-                    .ctx
-                    .cancels
-                    .lock()
-                    .ok()
-                    .and_then(|c| c.get(self.id()).cloned());
-                let reason = reason.unwrap_or(why);
+                let reason = self.ctx.noted_cancel(self.id()).unwrap_or(why);
                 self.log(Line::CancelRequested {
                     reason: reason.clone(),
                 });

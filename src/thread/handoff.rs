@@ -116,16 +116,8 @@ impl Thread {
         };
         // This thread's cancel meanwhile (its own, its parent's cascade) withdraws the start,
         // which may wait on an MCP server up to its start timeout: the start is registered
-        // under this thread's id. A cancel noted before it was is taken at once.
+        // under this thread's id (a cancel noted before withdraws it at once).
         let handing_off = Starting::new(&self.ctx, &self.doc.id, None);
-        if self
-            .ctx
-            .cancels
-            .lock()
-            .is_ok_and(|c| c.contains_key(&self.doc.id))
-        {
-            handing_off.token.cancel();
-        }
         req.withdrawn = Some(handing_off.token.clone());
         // The continuation itself tells the parent (`ChildContinued`, as it starts), so the
         // parent hears of it before its report.

@@ -54,7 +54,7 @@ impl Thread {
         // is this thread's, before any call.
         let inherited = continued
             .as_ref()
-            .and_then(|old| self.ctx.cancels.lock().ok().and_then(|mut c| c.remove(old)));
+            .and_then(|old| self.ctx.forget_cancel(old));
         if let Some(reason) = inherited {
             self.ctx.send_cancel(&self.doc.id, &self.me, &reason);
         }

@@ -847,12 +847,7 @@ async fn a_child_starting_on_a_slow_mcp_server_stops_at_its_parents_cancel() {
 /// up to the server's 60 s start timeout, and the thread then ran.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_starting_on_a_slow_mcp_server_stops_at_its_own_cancel() {
-    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("hang");
-    std::fs::write(&mark, "").unwrap();
-    let config = crate::support::stuck_server(&mark);
-    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    let (fx, _marks, mark) = kid_on_a_stuck_server();
     let rt = fx.runtime().await;
     let start = rt.start("k", Map::new(), LimitSet::default());
     let server_runs = || crate::support::server_runs(&mark);
@@ -930,16 +925,23 @@ async fn weft_run_starting_on_a_stuck_server() -> (
     std::path::PathBuf,
     std::process::Child,
 ) {
-    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("hang");
-    std::fs::write(&mark, "").unwrap();
-    let config = crate::support::stuck_server(&mark);
-    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    let (fx, marks, mark) = kid_on_a_stuck_server();
     let child = crate::support::spawn_run(&fx, "k");
     wait_until("k's server to be starting", || {
         crate::support::server_runs(&mark)
     })
     .await;
     (fx, marks, mark, child)
+}
+
+/// A project whose directive `k` may use the stuck MCP server, its start hanging while the
+/// returned mark (in the returned folder) exists.
+fn kid_on_a_stuck_server() -> (Fixture, tempfile::TempDir, std::path::PathBuf) {
+    let k = directive("permissions: [\"mcp.stuck.*\"]", "Kid.");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("hang");
+    std::fs::write(&mark, "").unwrap();
+    let config = crate::support::stuck_server(&mark);
+    let fx = Fixture::new(&[("k", &k)], "k:\n  - text: kid done\n", &config);
+    (fx, marks, mark)
 }

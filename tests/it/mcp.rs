@@ -336,19 +336,7 @@ async fn a_servers_whole_process_group_ends_with_the_runtime() {
         "sh -c 'while :; do sleep 1; done' {tag} & exec node {} stdio group",
         js.display()
     );
-    let config = format!(
-        "mcp_servers:\n  everything: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    );
-    let fx = fixture(
-        "[\"mcp.everything.*\"]",
-        &[vec![("mcp__everything__echo", json!({"message": "one"}))]],
-        &config,
-    );
-    let (report, rt) = fx.run("root", json!({})).await;
-    assert_eq!(report.status, Status::Completed, "{report:?}");
-    let r = results(&fx, report.thread_id.as_str());
-    assert!(!r[0].1 && r[0].0.contains("one"), "{:?}", r[0]);
+    let (fx, rt) = echo_through(&sh).await;
     let left = std::path::Path::new(&tag).to_path_buf();
     assert!(
         crate::support::server_runs(&left),
@@ -375,17 +363,7 @@ async fn a_server_that_ignores_eof_and_sigterm_is_killed_at_close() {
     let tag = format!("weft-stubborn-{}", std::process::id());
     // sh stays the leader (no exec) and passes its ignored SIGTERM on to the server.
     let sh = format!("trap '' TERM; node {} stdio {tag}; sleep 300", js.display());
-    let config = format!(
-        "mcp_servers:\n  everything: {{ command: sh, args: [\"-c\", {}] }}\n",
-        json!(sh)
-    );
-    let fx = fixture(
-        "[\"mcp.everything.*\"]",
-        &[vec![("mcp__everything__echo", json!({"message": "one"}))]],
-        &config,
-    );
-    let (report, rt) = fx.run("root", json!({})).await;
-    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let (_fx, rt) = echo_through(&sh).await;
     let left = std::path::Path::new(&tag).to_path_buf();
     assert!(crate::support::server_runs(&left), "the server runs");
     let asked = std::time::Instant::now();
@@ -400,4 +378,23 @@ async fn a_server_that_ignores_eof_and_sigterm_is_killed_at_close() {
         !crate::support::server_runs(&left)
     })
     .await;
+}
+
+/// A root that calls server-everything's echo once, the server started by `sh -c <sh>`: the
+/// project and its runtime, once the call has answered and the root completed.
+async fn echo_through(sh: &str) -> (Fixture, weft::Runtime) {
+    let config = format!(
+        "mcp_servers:\n  everything: {{ command: sh, args: [\"-c\", {}] }}\n",
+        json!(sh)
+    );
+    let fx = fixture(
+        "[\"mcp.everything.*\"]",
+        &[vec![("mcp__everything__echo", json!({"message": "one"}))]],
+        &config,
+    );
+    let (report, rt) = fx.run("root", json!({})).await;
+    assert_eq!(report.status, Status::Completed, "{report:?}");
+    let r = results(&fx, report.thread_id.as_str());
+    assert!(!r[0].1 && r[0].0.contains("one"), "{:?}", r[0]);
+    (fx, rt)
 }

@@ -51,8 +51,13 @@ pub(crate) async fn spawn(
     // nothing yet (see `Ctx::spawn_slots`).
     let slot = match req.withdrawn.clone() {
         Some(token) => tokio::select! {
+            // Biased: a request already withdrawn makes nothing of its stages.
             biased;
-            _ = token.cancelled() => return Err(withdrawn_before_start()),
+            _ = token.cancelled() => {
+                // Its parent's, its tree's, its predecessor's or its caller's cancel.
+                let why = "what started it was cancelled before it started";
+                return Err(SpawnError::Withdrawn(why.into()));
+            }
             slot = ctx.spawn_slots.acquire() => slot,
         },
         None => ctx.spawn_slots.acquire().await,
@@ -60,12 +65,6 @@ pub(crate) async fn spawn(
     // Boxed: the stages' future is kilobytes, and a spawn waiting above for a slot (thousands
     // at once in a wide tree) would hold all of it while it waits.
     Box::pin(stages(ctx, req, on_finish, place, slot)).await
-}
-
-/// What withdraws a start before its stages: its parent's, its tree's, its predecessor's or
-/// its caller's cancel.
-fn withdrawn_before_start() -> SpawnError {
-    SpawnError::Withdrawn("what started it was cancelled before it started".into())
 }
 
 /// The stages of [`spawn`] once it holds a spawn slot.
@@ -76,10 +75,6 @@ async fn stages(
     place: crate::thread::slot::Slot,
     slot: Result<tokio::sync::SemaphorePermit<'_>, tokio::sync::AcquireError>,
 ) -> Result<(ThreadId, ActorRef<ThreadMsg>), SpawnError> {
-    // Withdrawn as the slot was taken: nothing of it is made.
-    if req.withdrawn.as_ref().is_some_and(|t| t.is_cancelled()) {
-        return Err(withdrawn_before_start());
-    }
     let mut plan = Plan::make(ctx, &req)?;
     // A start that may wait on an MCP server can be withdrawn from here on (`ThreadArgs`): by
     // what withdraws the spawn, or by the thread's own cancel, which finds it once its row
