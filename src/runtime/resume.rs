@@ -32,6 +32,9 @@ impl Runtime {
                 "thread {id} was already continued by {next}; resume that one"
             )));
         }
+        if self.ctx.stopped(&of.root_id) {
+            self.reopen_tree(&of.root_id).await?;
+        }
         let lines = store
             .signed_lines(id)
             .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
@@ -59,5 +62,30 @@ impl Runtime {
         old.write_signed(store.records(), &self.ctx.signer, true)
             .map_err(|e| SpawnError::Storage(e.to_string()))?;
         Ok(handle)
+    }
+
+    /// A resume after its tree's cancel is a new order: the tree may cause work again (its
+    /// hooks' spawns, its schedules), once no thread of the cancelled run still runs here —
+    /// one still stopping would have its own hooks' spawns let through.
+    async fn reopen_tree(&self, root: &ThreadId) -> Result<(), SpawnError> {
+        let rows = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Tree {
+            root: root.clone(),
+            reply
+        })
+        .map_err(|e| SpawnError::Storage(e.to_string()))?
+        .map_err(|e| SpawnError::Storage(e.to_string()))?;
+        let stopping = rows.iter().find(|r| {
+            !r.status.is_terminal() && ractor::registry::where_is(r.id.to_string()).is_some()
+        });
+        if let Some(r) = stopping {
+            return Err(SpawnError::Limit(format!(
+                "the tree of {root} is still stopping after its cancel (thread {} is {}); \
+                 resume again once it has ended",
+                r.id,
+                r.status.as_str()
+            )));
+        }
+        self.ctx.caused.reopen(root);
+        Ok(())
     }
 }

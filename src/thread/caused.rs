@@ -48,6 +48,10 @@ impl Caused {
                 e.count += 1;
                 if stopped {
                     e.token.cancel();
+                } else if e.token.is_cancelled() {
+                    // Reopened (`reopen`): work of the run that was cancelled keeps the fired
+                    // token it holds; new work gets a token of its own.
+                    e.token = CancellationToken::new();
                 }
                 e.token.clone()
             }
@@ -88,6 +92,15 @@ impl Caused {
             if let Some(e) = m.get(root) {
                 e.token.cancel();
             }
+        }
+    }
+
+    /// The tree of `root` runs again: a person resumed one of its threads after its cancel,
+    /// once nothing of the cancelled run is left running (`Runtime::resume`). What the resumed
+    /// thread causes starts; work of the cancelled run still under way keeps its fired token.
+    pub(crate) fn reopen(&self, root: &ThreadId) {
+        if let Ok(mut c) = self.cancelled.lock() {
+            c.remove(root);
         }
     }
 
@@ -158,5 +171,18 @@ mod tests {
         let theirs = caused.enter(&other);
         assert!(!theirs.token.is_cancelled());
         assert!(!caused.stopped(&other));
+        caused.reopen(&root);
+        assert!(!caused.stopped(&root));
+        let resumed = caused.enter(&root);
+        assert!(!resumed.token.is_cancelled(), "entered after a reopen");
+        assert!(
+            after.token.is_cancelled(),
+            "the cancelled run's work stays stopped"
+        );
+        caused.cancel(&root);
+        assert!(
+            resumed.token.is_cancelled(),
+            "the tree's next cancel reaches it"
+        );
     }
 }

@@ -733,3 +733,82 @@ x:
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
     crate::support::verify_cli_clean(fx.root());
 }
+
+/// A resume after a cancel is a new order: resuming a child of a cancelled root, in the same
+/// process, runs in the cancelled tree (its root is still that root), and what the resumed
+/// thread causes — its `after_complete` hook's spawn — starts and runs. The cancelled run's
+/// own hook spawn stays refused. (Before, the tree's cancel was remembered for the life of
+/// the process, so every deferred spawn of the resumed thread was refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_in_a_cancelled_tree_runs_what_it_causes() {
+    let r = directive(
+        "limits: { spend: 1.0 }\npermissions: [\"thread.spawn.*\"]",
+        "Root.",
+    );
+    let hooks =
+        "hooks:\n  - { id: helper, event: after_complete, action: { spawn: { directive: h } } }";
+    let k = directive(
+        &format!("permissions: [\"thread.spawn.h\"]\n{hooks}"),
+        "Kid.",
+    );
+    let h = directive("", "H.");
+    let script = r#"r:
+  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
+  - text: r done
+k:
+  - text: k slow
+    delay: 30s
+  - text: k again
+h:
+  - text: h done
+"#;
+    let fx = Fixture::new(&[("r", &r), ("k", &k), ("h", &h)], script, "");
+    let (rt, handle, _) = fx.start("r").await;
+    crate::support::wait_until("k to run", || {
+        fx.rows()
+            .iter()
+            .any(|r| r.directive == "k" && r.status == "running")
+    })
+    .await;
+    assert!(rt.cancel(handle.id(), "test: stop the tree"));
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
+    rt.drain_hooks().await;
+    crate::support::wait_until("the tree to end", || unfinished(&fx).is_empty()).await;
+    let hs = |fx: &Fixture| -> Vec<(String, u64)> {
+        fx.rows()
+            .into_iter()
+            .filter(|r| r.directive == "h")
+            .map(|r| (r.status.as_str().to_string(), r.turns))
+            .collect()
+    };
+    assert!(
+        hs(&fx).iter().all(|(s, t)| s == "cancelled" && *t == 0),
+        "the cancelled run's hook spawn ran: {:?}",
+        hs(&fx)
+    );
+    let kid = weft::ThreadId::parse(&fx.id_of("k")).unwrap();
+    let again = rt.resume(&kid, "again", Default::default()).await.unwrap();
+    let again_id = again.id().clone();
+    let report = again.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    rt.drain_hooks().await;
+    crate::support::wait_until("the resumed thread's hook spawn to end", || {
+        unfinished(&fx).is_empty()
+    })
+    .await;
+    let ran: Vec<_> = hs(&fx)
+        .into_iter()
+        .filter(|(s, _)| s == "completed")
+        .collect();
+    assert_eq!(
+        ran.len(),
+        1,
+        "the resumed thread's hook spawn: {:?}; its events: {:?}",
+        hs(&fx),
+        fx.events(again_id.as_str())
+    );
+    let (violations, open) = rt.audit().await;
+    assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    rt.shutdown();
+}
