@@ -9,14 +9,48 @@ use crate::registry::RegistryMsg;
 use crate::thread::{give_back, Ctx};
 use std::sync::Arc;
 
-/// Stops the work the tree of `id` caused, when `id` is its tree's root. The in-memory steps
-/// need not know whether it is: every record of caused work is keyed by its tree's root, so
+/// `Runtime::cancel`: the thread `id` (or the continuation that took over from it), its
+/// subtree through its actors' cascade, and the work its tree caused.
+pub(super) fn thread(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) -> bool {
+    let actor = ctx.current_actor(id);
+    if actor.is_none() && !ctx.caused.live(id) {
+        // A start under way before its actor has its name: withdrawn (it may wait).
+        return ctx.withdraw_start(id);
+    }
+    // The trees are marked stopped before any actor hears of it, so nothing they cause
+    // meanwhile starts: `id`'s, and the continuation's that took over from it (a root's
+    // continuation is a root of its own).
+    let mut trees = vec![id.clone()];
+    trees.extend(
+        actor
+            .as_ref()
+            .map(|(to, _)| to.clone())
+            .filter(|to| to != id),
+    );
+    for t in &trees {
+        ctx.caused.cancel(t);
+    }
+    let sent = actor
+        .as_ref()
+        .is_none_or(|(to, a)| ctx.send_cancel(to, a, reason));
+    let (ctx2, reason) = (ctx.clone(), reason.to_string());
+    let task = tokio::spawn(async move {
+        for t in trees {
+            caused_work(&ctx2, &t, &reason).await;
+        }
+    });
+    ctx.track(task);
+    sent
+}
+
+/// Stops the work the tree of `id` caused, when `id` is its tree's root, once the caller has
+/// marked the tree stopped (`Caused::cancel`: its token fired, so what enters later is
+/// stopped). The in-memory steps need not know whether it is: every record of caused work is keyed by its tree's root, so
 /// for any other thread they find nothing (a subtree's cancel reaches all of it through its
 /// actors' cascade). The registry is asked only when some effect is pending (below), which
 /// spares a root's cancel a round trip and a read, and stops a tree whose root's row is not
 /// committed yet as well.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
-    ctx.caused.cancel(id);
     // The deferred threads of the tree this process runs: not in their parent actor's
     // children (even while that parent runs), so its cascade does not reach them. (Every other
     // thread is reached by its parent's cascade: a second cancel from here would race its

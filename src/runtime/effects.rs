@@ -126,6 +126,13 @@ fn in_scope(ctx: &Ctx, scope: Option<&std::collections::HashSet<ThreadId>>, e: &
         .is_some_and(|d| roots.contains(&d.root_id))
 }
 
+/// Why effect `e` of the tree of `root` is not run: the tree is stopped, or was cancelled
+/// after `e` was scheduled (a resume opened it again since, but `e` was its cancelled run's).
+fn cancelled_before(ctx: &Ctx, root: &ThreadId, e: &Effect) -> Option<String> {
+    (ctx.stopped(root) || ctx.caused.cancelled_since(root, &e.created_at))
+        .then(|| format!("the tree of {root} was cancelled: not run"))
+}
+
 async fn run(ctx: &Arc<Ctx>, e: Effect) {
     match e.kind {
         EffectKind::Directive => start_directive(ctx, e).await,
@@ -151,6 +158,15 @@ async fn start_directive(ctx: &Arc<Ctx>, e: Effect) {
     // Counted as its tree's work from the start: the tree's cancel withdraws it while it is
     // still starting, and reaches it once it runs.
     let root = ctx.verified_doc(&parent).map(|d| d.root_id.clone());
+    if let Some(why) = root
+        .as_ref()
+        .ok()
+        .and_then(|r| cancelled_before(ctx, r, &e))
+    {
+        give_back(ctx, child).await;
+        let _ = ctx.store.finish_effect(&e.id, false, &why);
+        return;
+    }
     let origin = Origin::Deferred(Deferred {
         parent,
         id: Some(child.clone()),
@@ -229,8 +245,7 @@ async fn run_tool(ctx: &Arc<Ctx>, e: Effect) {
     let root = ctx
         .verified_doc(&thread)
         .map_or_else(|_| thread.clone(), |d| d.root_id.clone());
-    if ctx.stopped(&root) {
-        let why = format!("the tree of {root} was cancelled: not run");
+    if let Some(why) = cancelled_before(ctx, &root, &e) {
         let _ = ctx.store.finish_effect(&e.id, false, &why);
         return;
     }

@@ -430,19 +430,7 @@ impl Runtime {
     /// effects are cancelled (their budgets given back), and nothing it caused starts later.
     /// A root that has ended is still reached while work it caused runs in this process.
     pub fn cancel(&self, id: &ThreadId, reason: &str) -> bool {
-        let actor = self.ctx.current_actor(id);
-        if actor.is_none() && !self.ctx.caused.live(id) {
-            // A start under way before its actor has its name: withdrawn (it may wait).
-            return self.ctx.withdraw_start(id);
-        }
-        let sent = actor
-            .as_ref()
-            .is_none_or(|(to, a)| self.ctx.send_cancel(to, a, reason));
-        let ctx = self.ctx.clone();
-        let (id, reason) = (id.clone(), reason.to_string());
-        let task = tokio::spawn(async move { cancel::caused_work(&ctx, &id, &reason).await });
-        self.ctx.track(task);
-        sent
+        cancel::thread(&self.ctx, id, reason)
     }
 
     /// From now on this runtime claims only the scheduled effects of tree `root` (`weft run`
@@ -470,6 +458,7 @@ impl Runtime {
     /// Stops the work the tree of root `root` caused (its deferred children, its pending
     /// effects), after the root itself has ended (`weft run`'s Ctrl-C while it drains).
     pub async fn cancel_caused(&self, root: &ThreadId, reason: &str) {
+        self.ctx.caused.cancel(root);
         cancel::caused_work(&self.ctx, root, reason).await;
     }
 

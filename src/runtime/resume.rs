@@ -32,8 +32,8 @@ impl Runtime {
                 "thread {id} was already continued by {next}; resume that one"
             )));
         }
-        if self.ctx.stopped(&of.root_id) {
-            self.reopen_tree(&of.root_id).await?;
+        if self.ctx.stopped(&of.root_id) && crate::thread::stays_in_tree(&self.ctx, &of)? {
+            self.reopen_tree(id, &of.root_id).await?;
         }
         let lines = store
             .signed_lines(id)
@@ -65,27 +65,60 @@ impl Runtime {
     }
 
     /// A resume after its tree's cancel is a new order: the tree may cause work again (its
-    /// hooks' spawns, its schedules), once no thread of the cancelled run still runs here —
-    /// one still stopping would have its own hooks' spawns let through.
-    async fn reopen_tree(&self, root: &ThreadId) -> Result<(), SpawnError> {
+    /// hooks' spawns, its schedules) once nothing of the cancelled run is left here — a thread
+    /// still stopping or starting, or work it caused still under way — for that work would
+    /// start too. Waits for that up to the cancel's grace and 5 s more.
+    async fn reopen_tree(&self, id: &ThreadId, root: &ThreadId) -> Result<(), SpawnError> {
+        let cancels = self.ctx.caused.cancels(root);
+        let patience = self.ctx.config.cancel_grace + std::time::Duration::from_secs(5);
+        let until = std::time::Instant::now() + patience;
+        loop {
+            // Another resume may have opened it meanwhile.
+            if !self.ctx.stopped(root) {
+                return Ok(());
+            }
+            let Some(left) = self.left_of_cancelled_run(root).await? else {
+                break;
+            };
+            if std::time::Instant::now() >= until {
+                return Err(SpawnError::Stopping(format!(
+                    "cannot resume {id} yet: its tree {root} is still stopping after its \
+                     cancel ({left}, {} s after this resume asked); resume {id} again once \
+                     the tree has ended (`weft threads` shows it)",
+                    patience.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if !self.ctx.caused.reopen(root, cancels) {
+            return Err(SpawnError::Stopping(format!(
+                "cannot resume {id}: its tree {root} was cancelled again while the resume \
+                 waited for it to end"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What of the cancelled run of `root`'s tree is still here, if anything: work it caused
+    /// (a hook's command, a deferred child starting), or a thread not ended whose actor runs
+    /// or is starting in this process.
+    async fn left_of_cancelled_run(&self, root: &ThreadId) -> Result<Option<String>, SpawnError> {
+        if self.ctx.caused.live(root) {
+            return Ok(Some("work it caused is still stopping".into()));
+        }
         let rows = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Tree {
             root: root.clone(),
             reply
         })
         .map_err(|e| SpawnError::Storage(e.to_string()))?
         .map_err(|e| SpawnError::Storage(e.to_string()))?;
-        let stopping = rows.iter().find(|r| {
-            !r.status.is_terminal() && ractor::registry::where_is(r.id.to_string()).is_some()
-        });
-        if let Some(r) = stopping {
-            return Err(SpawnError::Limit(format!(
-                "the tree of {root} is still stopping after its cancel (thread {} is {}); \
-                 resume again once it has ended",
-                r.id,
-                r.status.as_str()
-            )));
-        }
-        self.ctx.caused.reopen(root);
-        Ok(())
+        let starting = |id: &ThreadId| self.ctx.in_spawn.lock().map_or(true, |s| s.contains(id));
+        Ok(rows
+            .iter()
+            .find(|r| {
+                !r.status.is_terminal()
+                    && (ractor::registry::where_is(r.id.to_string()).is_some() || starting(&r.id))
+            })
+            .map(|r| format!("thread {} is {}", r.id, r.status.as_str())))
     }
 }

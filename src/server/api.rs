@@ -257,7 +257,7 @@ fn spawn_status(e: &SpawnError) -> u16 {
         | SpawnError::Denied(_)
         | SpawnError::Untrusted(_)
         | SpawnError::Config(_) => 400,
-        SpawnError::Withdrawn(_) => 409,
+        SpawnError::Withdrawn(_) | SpawnError::Stopping(_) => 409,
         SpawnError::Ledger(_) | SpawnError::Registry(_) if e.is_limit() => 400,
         SpawnError::Ledger(_) | SpawnError::Registry(_) | SpawnError::Storage(_) => 500,
     }

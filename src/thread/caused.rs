@@ -5,9 +5,12 @@
 //! whose actor has ended still finds the work it left running. A cancelled root is remembered:
 //! work of its tree that enters afterwards (a deferred child that was starting, a schedule
 //! that was due) carries a token already fired, so nothing its tree caused outlives the cancel.
+//! A person's resume of a thread of the tree, once nothing of the cancelled run is left,
+//! opens it again (`reopen`): what the resumed thread causes runs, while a schedule made
+//! before the cancel still does not (`cancelled_since`).
 
 use crate::core::ids::ThreadId;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +20,27 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct Caused {
     by_root: Mutex<HashMap<ThreadId, Entry>>,
     /// Roots told to stop (`Runtime::cancel`); locked before `by_root` where both are.
-    cancelled: Mutex<HashSet<ThreadId>>,
+    cancelled: Mutex<HashMap<ThreadId, Mark>>,
+}
+
+/// A tree's last cancel.
+struct Mark {
+    /// When (as `now_ts`, which orders as text).
+    at: String,
+    /// Opened again since by a resume (`Caused::reopen`).
+    open: bool,
+    /// How many times it was cancelled.
+    cancels: u64,
+}
+
+/// Whether `root`'s tree is stopped now (a poisoned lock says it is).
+fn is_stopped(
+    cancelled: &std::sync::LockResult<std::sync::MutexGuard<'_, HashMap<ThreadId, Mark>>>,
+    root: &ThreadId,
+) -> bool {
+    cancelled
+        .as_ref()
+        .map_or(true, |c| c.get(root).is_some_and(|m| !m.open))
 }
 
 #[derive(Default)]
@@ -41,7 +64,7 @@ impl Caused {
     /// A root already cancelled gives a token already fired.
     pub(crate) fn enter(self: &Arc<Self>, root: &ThreadId) -> CausedGuard {
         let cancelled = self.cancelled.lock();
-        let stopped = cancelled.as_ref().map_or(true, |c| c.contains(root));
+        let stopped = is_stopped(&cancelled, root);
         let token = match self.by_root.lock() {
             Ok(mut m) => {
                 let e = m.entry(root.clone()).or_default();
@@ -49,8 +72,8 @@ impl Caused {
                 if stopped {
                     e.token.cancel();
                 } else if e.token.is_cancelled() {
-                    // Reopened (`reopen`): work of the run that was cancelled keeps the fired
-                    // token it holds; new work gets a token of its own.
+                    // Opened again (`reopen`): work of the cancelled run keeps the fired token
+                    // it holds; new work gets a token of its own.
                     e.token = CancellationToken::new();
                 }
                 e.token.clone()
@@ -86,7 +109,14 @@ impl Caused {
     pub(crate) fn cancel(&self, root: &ThreadId) {
         let mut cancelled = self.cancelled.lock();
         if let Ok(c) = cancelled.as_mut() {
-            c.insert(root.clone());
+            let m = c.entry(root.clone()).or_insert(Mark {
+                at: String::new(),
+                open: false,
+                cancels: 0,
+            });
+            m.at = crate::core::ids::now_ts();
+            m.open = false;
+            m.cancels += 1;
         }
         if let Ok(m) = self.by_root.lock() {
             if let Some(e) = m.get(root) {
@@ -95,18 +125,43 @@ impl Caused {
         }
     }
 
+    /// How many times the tree of `root` was cancelled (read before [`Self::reopen`]).
+    pub(crate) fn cancels(&self, root: &ThreadId) -> u64 {
+        self.cancelled
+            .lock()
+            .map_or(0, |c| c.get(root).map_or(0, |m| m.cancels))
+    }
+
     /// The tree of `root` runs again: a person resumed one of its threads after its cancel,
-    /// once nothing of the cancelled run is left running (`Runtime::resume`). What the resumed
-    /// thread causes starts; work of the cancelled run still under way keeps its fired token.
-    pub(crate) fn reopen(&self, root: &ThreadId) {
-        if let Ok(mut c) = self.cancelled.lock() {
-            c.remove(root);
+    /// once nothing of the cancelled run is left (`Runtime::resume`). What the resumed thread
+    /// causes starts; work of the cancelled run still under way keeps its fired token. False
+    /// (and still stopped) when the tree was cancelled again since `cancels` was read.
+    pub(crate) fn reopen(&self, root: &ThreadId, cancels: u64) -> bool {
+        let Ok(mut c) = self.cancelled.lock() else {
+            return false;
+        };
+        match c.get_mut(root) {
+            Some(m) if m.cancels == cancels => {
+                m.open = true;
+                true
+            }
+            Some(_) => false,
+            None => true,
         }
     }
 
     /// Whether the tree of `root` was told to stop (a poisoned lock says it was).
     pub(crate) fn stopped(&self, root: &ThreadId) -> bool {
-        self.cancelled.lock().map_or(true, |c| c.contains(root))
+        is_stopped(&self.cancelled.lock(), root)
+    }
+
+    /// Whether the tree of `root` was cancelled at or after `ts` (a `now_ts` time): work it
+    /// arranged by then (a schedule) belongs to the run that was cancelled, even once a resume
+    /// has opened the tree again.
+    pub(crate) fn cancelled_since(&self, root: &ThreadId, ts: &str) -> bool {
+        self.cancelled
+            .lock()
+            .map_or(true, |c| c.get(root).is_some_and(|m| m.at.as_str() >= ts))
     }
 }
 
@@ -161,6 +216,7 @@ mod tests {
             ThreadId::parse("o-1").unwrap(),
         );
         let before = caused.enter(&root);
+        let before_cancel = crate::core::ids::now_ts();
         caused.cancel(&root);
         assert!(before.token.is_cancelled());
         drop(before);
@@ -171,8 +227,13 @@ mod tests {
         let theirs = caused.enter(&other);
         assert!(!theirs.token.is_cancelled());
         assert!(!caused.stopped(&other));
-        caused.reopen(&root);
+        let cancels = caused.cancels(&root);
+        assert!(caused.reopen(&root, cancels));
         assert!(!caused.stopped(&root));
+        assert!(
+            caused.cancelled_since(&root, &before_cancel),
+            "a schedule made before"
+        );
         let resumed = caused.enter(&root);
         assert!(!resumed.token.is_cancelled(), "entered after a reopen");
         assert!(

@@ -61,5 +61,6 @@ pub use report::ThreadReport;
 pub(crate) use spans::TARGET as SPAN_TARGET;
 pub use spawn::SpawnError;
 pub(crate) use spawn::{
-    give_back, spawn, ClientBounds, Continuation, Deferred, Origin, Seed, SpawnRequest,
+    give_back, spawn, stays_in_tree, ClientBounds, Continuation, Deferred, Origin, Seed,
+    SpawnRequest,
 };

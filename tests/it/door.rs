@@ -788,6 +788,10 @@ h:
         hs(&fx)
     );
     let kid = weft::ThreadId::parse(&fx.id_of("k")).unwrap();
+    let refused = fx.events(kid.as_str()).into_iter().any(|e| {
+        e["type"] == "hook_failed" && e["error"].as_str().unwrap_or("").contains("was cancelled")
+    });
+    assert!(refused, "k's own hook, as it was cancelled, is refused");
     let again = rt.resume(&kid, "again", Default::default()).await.unwrap();
     let again_id = again.id().clone();
     let report = again.wait().await.unwrap();
@@ -810,5 +814,111 @@ h:
     );
     let (violations, open) = rt.audit().await;
     assert!(violations.is_empty() && open == 0, "{violations:?} {open}");
+    rt.shutdown();
+}
+
+/// A schedule the cancelled run made stays unrun when a resume opens its tree again: an effect
+/// of the tree still waiting to start as the cancel came (here: put back to `pending` in
+/// store.db, as one a process had claimed just before the cancel) is refused once claimed,
+/// although the resumed thread's own work runs. The resume of a root's child is what opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_does_not_run_a_schedule_its_cancelled_run_made() {
+    let r = directive(
+        "limits: { spend: 1.0 }\npermissions: [ schedule, tool.stamp, \"thread.spawn.*\" ]",
+        "Root.",
+    );
+    let k = directive(
+        "permissions: [ schedule, tool.stamp, \"thread.spawn.x\" ]",
+        "Kid.",
+    );
+    let x = directive("", "X.");
+    let script = r#"r:
+  - tool_calls: [ { name: spawn_thread, input: { directive: k } } ]
+  - text: r done
+k:
+  - tool_calls:
+      - { name: schedule, input: { directive: x, delay: "1s", limits: { spend: 0.001 } } }
+      - { name: schedule, input: { tool: stamp, delay: "1s" } }
+  - text: k slow
+    delay: 30s
+  - text: k again
+x:
+  - text: x done
+"#;
+    let fx = Fixture::new(&[("r", &r), ("k", &k), ("x", &x)], script, "");
+    std::fs::create_dir_all(fx.root().join("tools")).unwrap();
+    std::fs::write(
+        fx.root().join("tools/stamp.yaml"),
+        "name: stamp\nargv: [sh, -c, 'echo stamped > stamped.txt']\ncwd: files\ninput_schema: { type: object }\n",
+    )
+    .unwrap();
+    let (rt, handle, _) = fx.start("r").await;
+    let effects = || -> Vec<(String, String)> {
+        let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
+        let mut q = db.prepare("SELECT id, status FROM effects").unwrap();
+        q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    crate::support::wait_until("k to schedule x and stamp", || effects().len() == 2).await;
+    assert!(rt.cancel(handle.id(), "test: stop the tree"));
+    handle.wait().await.unwrap();
+    crate::support::wait_until("the tree to end", || unfinished(&fx).is_empty()).await;
+    crate::support::wait_until("the effects cancelled", || {
+        effects().iter().all(|(_, s)| s == "cancelled")
+    })
+    .await;
+    // As if claimed just before the cancel, and not started yet.
+    rusqlite::Connection::open(fx.root().join(".weft/state/store.db"))
+        .unwrap()
+        .execute(
+            "UPDATE effects SET status='pending', due_at='2000-01-01T00:00:00.000Z'",
+            [],
+        )
+        .unwrap();
+    let kid = weft::ThreadId::parse(&fx.id_of("k")).unwrap();
+    let again = rt.resume(&kid, "again", Default::default()).await.unwrap();
+    let report = again.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    crate::support::wait_until("the old schedules to be judged", || {
+        effects()
+            .iter()
+            .all(|(_, s)| s != "pending" && s != "running")
+    })
+    .await;
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
+    let mut q = db
+        .prepare("SELECT kind, status, result FROM effects")
+        .unwrap();
+    let judged: Vec<(String, String, String)> = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (kind, status, result) in &judged {
+        assert!(
+            status == "failed" && result.contains("was cancelled: not run"),
+            "the cancelled run's scheduled {kind}: {status}: {result}"
+        );
+    }
+    let stamped = fx
+        .root()
+        .join(".weft/threads")
+        .join(kid.as_str())
+        .join("files/stamped.txt");
+    assert!(!stamped.exists(), "the cancelled run's scheduled tool ran");
+    let xs: Vec<_> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.directive == "x")
+        .collect();
+    assert!(
+        xs.iter().all(|r| r.turns == 0 && r.own_spend_nanos == 0),
+        "the cancelled run's schedule ran after the resume: {:?}",
+        xs.iter()
+            .map(|r| (r.status.as_str(), r.turns))
+            .collect::<Vec<_>>()
+    );
     rt.shutdown();
 }

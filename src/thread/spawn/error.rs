@@ -35,6 +35,10 @@ pub enum SpawnError {
     /// Withdrawn before it started: whoever asked for it was cancelled meanwhile.
     #[error("withdrawn: {0}")]
     Withdrawn(String),
+    /// A resume into a tree still stopping after its cancel: asking again once the tree has
+    /// ended succeeds.
+    #[error("{0}")]
+    Stopping(String),
 }
 
 impl SpawnError {

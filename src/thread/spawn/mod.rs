@@ -14,6 +14,7 @@ mod request;
 mod stages;
 
 pub use error::SpawnError;
+pub(crate) use plan::stays_in_tree;
 pub(crate) use request::{
     ClientBounds, Continuation, Deferred, Origin, ParentLink, Seed, SpawnRequest,
 };

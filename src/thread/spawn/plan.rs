@@ -376,9 +376,20 @@ impl Chain {
 /// it is registered with the tree's root and its account opens under that parent (closed
 /// accounts opened again from ledger.db), so every ancestor's cap still bounds the chain.
 fn continued_parent(ctx: &Ctx, c: &Continuation) -> Result<Option<ThreadId>, SpawnError> {
-    match (&c.of.parent_id, &c.of.chain_root) {
+    tree_parent(ctx, &c.of)
+}
+
+/// Whether a continuation of `of` stays in `of`'s tree (its chain ran as a child), so that it
+/// runs under `of.root_id`; a continuation of a chain that ran as a root is a root of its own.
+pub(crate) fn stays_in_tree(ctx: &Ctx, of: &ThreadDoc) -> Result<bool, SpawnError> {
+    Ok(tree_parent(ctx, of)?.is_some())
+}
+
+/// The parent of the first thread of `of`'s chain, if that thread ran as a child.
+fn tree_parent(ctx: &Ctx, of: &ThreadDoc) -> Result<Option<ThreadId>, SpawnError> {
+    match (&of.parent_id, &of.chain_root) {
         (Some(p), _) => Ok(Some(p.clone())),
-        (None, Some(first)) if *first != c.of.id => {
+        (None, Some(first)) if *first != of.id => {
             let doc = ThreadDoc::read_verified(ctx.store.records(), first, &ctx.trust)
                 .map_err(|e| SpawnError::Untrusted(e.to_string()))?;
             Ok(doc.parent_id)
