@@ -55,14 +55,11 @@ impl ThreadHandle {
         &self.id
     }
 
-    /// Cancels the thread and its subtree. False when it has already ended.
+    /// Cancels the thread (a root) and its subtree, with the work its tree caused, as
+    /// [`super::Runtime::cancel`] does (after a handoff, the continuation that took over).
+    /// False when it has already ended and nothing it caused runs.
     pub fn cancel(&self, reason: &str) -> bool {
-        // After a handoff the chain goes on in a continuation: cancel reaches that.
-        let (id, actor) = self
-            .ctx
-            .current_actor(&self.id)
-            .unwrap_or_else(|| (self.id.clone(), self.actor.clone()));
-        self.ctx.send_cancel(&id, &actor, reason)
+        super::cancel::thread(&self.ctx, &self.id, reason)
     }
 
     /// The thread's status while it runs; None once it has ended (its report then comes from

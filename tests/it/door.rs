@@ -922,3 +922,46 @@ x:
     );
     rt.shutdown();
 }
+
+/// A root's handle cancels as `Runtime::cancel` does: the tree with the work it caused — here
+/// its pending scheduled directive, cancelled with its budget back in the tree's account.
+/// (Before, `ThreadHandle::cancel` reached the actors only, and the schedule stayed pending.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roots_handle_cancels_what_its_tree_caused() {
+    let t = directive(
+        "limits: { spend: 0.01 }\npermissions: [ schedule, \"thread.spawn.x\" ]",
+        "Root.",
+    );
+    let x = directive("", "X.");
+    let script = r#"t:
+  - tool_calls: [ { name: schedule, input: { directive: x, delay: "1h", limits: { spend: 0.004 } } } ]
+  - text: t slow
+    delay: 30s
+x:
+  - text: x done
+"#;
+    let fx = Fixture::new(&[("t", &t), ("x", &x)], script, "");
+    let (rt, handle, root) = fx.start("t").await;
+    let status = || -> Vec<String> {
+        let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
+        let mut q = db.prepare("SELECT status FROM effects").unwrap();
+        q.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    crate::support::wait_until("t to schedule x", || status().len() == 1).await;
+    assert!(handle.cancel("test: stop"));
+    let report = handle.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
+    crate::support::wait_until("the schedule cancelled with its tree", || {
+        status() == ["cancelled"]
+    })
+    .await;
+    let (violations, open) = rt.audit().await;
+    assert!(
+        violations.is_empty() && open == 0,
+        "{violations:?} {open} ({root})"
+    );
+    rt.shutdown();
+}
