@@ -18,15 +18,9 @@ pub(super) fn thread(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) -> bool {
         return ctx.withdraw_start(id);
     }
     // The trees are marked stopped before any actor hears of it, so nothing they cause
-    // meanwhile starts: `id`'s, and the continuation's that took over from it (a root's
-    // continuation is a root of its own).
-    let mut trees = vec![id.clone()];
-    trees.extend(
-        actor
-            .as_ref()
-            .map(|(to, _)| to.clone())
-            .filter(|to| to != id),
-    );
+    // meanwhile starts: `id`'s, and those of the continuations that took over from it (each
+    // link of a root's chain is a root of its own).
+    let trees = ctx.chain_of(id);
     for t in &trees {
         ctx.caused.cancel(t);
     }

@@ -126,10 +126,11 @@ fn in_scope(ctx: &Ctx, scope: Option<&std::collections::HashSet<ThreadId>>, e: &
         .is_some_and(|d| roots.contains(&d.root_id))
 }
 
-/// Why effect `e` of the tree of `root` is not run: the tree is stopped, or was cancelled
-/// after `e` was scheduled (a resume opened it again since, but `e` was its cancelled run's).
+/// Why effect `e` of the tree of `root` is not run: the tree is stopped, or the thread that
+/// scheduled it was of a run of the tree that was cancelled (a resume opened it again since).
 fn cancelled_before(ctx: &Ctx, root: &ThreadId, e: &Effect) -> Option<String> {
-    (ctx.stopped(root) || ctx.caused.cancelled_since(root, &e.created_at))
+    let by = ThreadId::parse(&e.thread).ok();
+    (ctx.stopped(root) || by.is_some_and(|t| ctx.caused.refuses(root, &t)))
         .then(|| format!("the tree of {root} was cancelled: not run"))
 }
 

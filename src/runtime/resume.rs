@@ -67,18 +67,21 @@ impl Runtime {
     /// A resume after its tree's cancel is a new order: the tree may cause work again (its
     /// hooks' spawns, its schedules) once nothing of the cancelled run is left here — a thread
     /// still stopping or starting, or work it caused still under way — for that work would
-    /// start too. Waits for that up to the cancel's grace and 5 s more.
+    /// start too. Waits for that up to the cancel's grace and 5 s more. The threads of the
+    /// cancelled run are remembered: what they scheduled stays refused (`Caused::refuses`).
     async fn reopen_tree(&self, id: &ThreadId, root: &ThreadId) -> Result<(), SpawnError> {
         let cancels = self.ctx.caused.cancels(root);
         let patience = self.ctx.config.cancel_grace + std::time::Duration::from_secs(5);
         let until = std::time::Instant::now() + patience;
-        loop {
+        let mut pause = std::time::Duration::from_millis(20);
+        let run = loop {
             // Another resume may have opened it meanwhile.
             if !self.ctx.stopped(root) {
                 return Ok(());
             }
-            let Some(left) = self.left_of_cancelled_run(root).await? else {
-                break;
+            let rows = self.tree_rows(root).await?;
+            let Some(left) = self.left_of_cancelled_run(root, &rows) else {
+                break rows.into_iter().map(|r| r.id).collect();
             };
             if std::time::Instant::now() >= until {
                 return Err(SpawnError::Stopping(format!(
@@ -88,9 +91,10 @@ impl Runtime {
                     patience.as_secs()
                 )));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        if !self.ctx.caused.reopen(root, cancels) {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(250));
+        };
+        if !self.ctx.caused.reopen(root, cancels, run) {
             return Err(SpawnError::Stopping(format!(
                 "cannot resume {id}: its tree {root} was cancelled again while the resume \
                  waited for it to end"
@@ -99,26 +103,36 @@ impl Runtime {
         Ok(())
     }
 
-    /// What of the cancelled run of `root`'s tree is still here, if anything: work it caused
-    /// (a hook's command, a deferred child starting), or a thread not ended whose actor runs
-    /// or is starting in this process.
-    async fn left_of_cancelled_run(&self, root: &ThreadId) -> Result<Option<String>, SpawnError> {
-        if self.ctx.caused.live(root) {
-            return Ok(Some("work it caused is still stopping".into()));
-        }
-        let rows = ractor::call!(self.ctx.registry, |reply| RegistryMsg::Tree {
+    /// Every registry row of the tree of `root`.
+    async fn tree_rows(
+        &self,
+        root: &ThreadId,
+    ) -> Result<Vec<crate::registry::ThreadRow>, SpawnError> {
+        ractor::call!(self.ctx.registry, |reply| RegistryMsg::Tree {
             root: root.clone(),
             reply
         })
         .map_err(|e| SpawnError::Storage(e.to_string()))?
-        .map_err(|e| SpawnError::Storage(e.to_string()))?;
+        .map_err(|e| SpawnError::Storage(e.to_string()))
+    }
+
+    /// What of the cancelled run of `root`'s tree (its rows `rows`) is still here, if
+    /// anything: work it caused (a hook's command, a deferred child starting), or a thread not
+    /// ended whose actor runs or is starting in this process.
+    fn left_of_cancelled_run(
+        &self,
+        root: &ThreadId,
+        rows: &[crate::registry::ThreadRow],
+    ) -> Option<String> {
+        if self.ctx.caused.live(root) {
+            return Some("work it caused is still stopping".into());
+        }
         let starting = |id: &ThreadId| self.ctx.in_spawn.lock().map_or(true, |s| s.contains(id));
-        Ok(rows
-            .iter()
+        rows.iter()
             .find(|r| {
                 !r.status.is_terminal()
                     && (ractor::registry::where_is(r.id.to_string()).is_some() || starting(&r.id))
             })
-            .map(|r| format!("thread {} is {}", r.id, r.status.as_str())))
+            .map(|r| format!("thread {} is {}", r.id, r.status.as_str()))
     }
 }

@@ -6,8 +6,8 @@
 //! work of its tree that enters afterwards (a deferred child that was starting, a schedule
 //! that was due) carries a token already fired, so nothing its tree caused outlives the cancel.
 //! A person's resume of a thread of the tree, once nothing of the cancelled run is left,
-//! opens it again (`reopen`): what the resumed thread causes runs, while a schedule made
-//! before the cancel still does not (`cancelled_since`).
+//! opens it again (`reopen`): what the resumed thread causes runs, while what a thread of the
+//! cancelled run scheduled still does not (`refuses`), whenever it was written.
 
 use crate::core::ids::ThreadId;
 use std::collections::HashMap;
@@ -24,13 +24,14 @@ pub(crate) struct Caused {
 }
 
 /// A tree's last cancel.
+#[derive(Default)]
 struct Mark {
-    /// When (as `now_ts`, which orders as text).
-    at: String,
     /// Opened again since by a resume (`Caused::reopen`).
     open: bool,
     /// How many times it was cancelled.
     cancels: u64,
+    /// Once opened: the threads of the run that was cancelled.
+    run: std::collections::HashSet<ThreadId>,
 }
 
 /// Whether `root`'s tree is stopped now (a poisoned lock says it is).
@@ -109,12 +110,7 @@ impl Caused {
     pub(crate) fn cancel(&self, root: &ThreadId) {
         let mut cancelled = self.cancelled.lock();
         if let Ok(c) = cancelled.as_mut() {
-            let m = c.entry(root.clone()).or_insert(Mark {
-                at: String::new(),
-                open: false,
-                cancels: 0,
-            });
-            m.at = crate::core::ids::now_ts();
+            let m = c.entry(root.clone()).or_default();
             m.open = false;
             m.cancels += 1;
         }
@@ -133,16 +129,23 @@ impl Caused {
     }
 
     /// The tree of `root` runs again: a person resumed one of its threads after its cancel,
-    /// once nothing of the cancelled run is left (`Runtime::resume`). What the resumed thread
-    /// causes starts; work of the cancelled run still under way keeps its fired token. False
-    /// (and still stopped) when the tree was cancelled again since `cancels` was read.
-    pub(crate) fn reopen(&self, root: &ThreadId, cancels: u64) -> bool {
+    /// once nothing of the cancelled run — the threads `run` — is left (`Runtime::resume`).
+    /// What the resumed thread causes starts; work of the cancelled run still under way keeps
+    /// its fired token. False (and still stopped) when the tree was cancelled again since
+    /// `cancels` was read.
+    pub(crate) fn reopen(
+        &self,
+        root: &ThreadId,
+        cancels: u64,
+        run: std::collections::HashSet<ThreadId>,
+    ) -> bool {
         let Ok(mut c) = self.cancelled.lock() else {
             return false;
         };
         match c.get_mut(root) {
             Some(m) if m.cancels == cancels => {
                 m.open = true;
+                m.run = run;
                 true
             }
             Some(_) => false,
@@ -155,13 +158,13 @@ impl Caused {
         is_stopped(&self.cancelled.lock(), root)
     }
 
-    /// Whether the tree of `root` was cancelled at or after `ts` (a `now_ts` time): work it
-    /// arranged by then (a schedule) belongs to the run that was cancelled, even once a resume
-    /// has opened the tree again.
-    pub(crate) fn cancelled_since(&self, root: &ThreadId, ts: &str) -> bool {
-        self.cancelled
-            .lock()
-            .map_or(true, |c| c.get(root).is_some_and(|m| m.at.as_str() >= ts))
+    /// Whether work that thread `by` of the tree of `root` arranged (a schedule) is refused:
+    /// the tree is stopped, or `by` was of a run of it that was cancelled (a resume has opened
+    /// the tree again since, for its own work only).
+    pub(crate) fn refuses(&self, root: &ThreadId, by: &ThreadId) -> bool {
+        self.cancelled.lock().map_or(true, |c| {
+            c.get(root).is_some_and(|m| !m.open || m.run.contains(by))
+        })
     }
 }
 
@@ -216,7 +219,6 @@ mod tests {
             ThreadId::parse("o-1").unwrap(),
         );
         let before = caused.enter(&root);
-        let before_cancel = crate::core::ids::now_ts();
         caused.cancel(&root);
         assert!(before.token.is_cancelled());
         drop(before);
@@ -228,12 +230,11 @@ mod tests {
         assert!(!theirs.token.is_cancelled());
         assert!(!caused.stopped(&other));
         let cancels = caused.cancels(&root);
-        assert!(caused.reopen(&root, cancels));
+        assert!(caused.refuses(&root, &root) && caused.refuses(&root, &other));
+        assert!(caused.reopen(&root, cancels, [root.clone()].into()));
         assert!(!caused.stopped(&root));
-        assert!(
-            caused.cancelled_since(&root, &before_cancel),
-            "a schedule made before"
-        );
+        assert!(caused.refuses(&root, &root), "the cancelled run's schedule");
+        assert!(!caused.refuses(&root, &other), "the resumed run's");
         let resumed = caused.enter(&root);
         assert!(!resumed.token.is_cancelled(), "entered after a reopen");
         assert!(
@@ -245,5 +246,10 @@ mod tests {
             resumed.token.is_cancelled(),
             "the tree's next cancel reaches it"
         );
+        assert!(
+            !caused.reopen(&root, cancels, Default::default()),
+            "cancelled again since"
+        );
+        assert!(caused.stopped(&root) && caused.refuses(&root, &other));
     }
 }

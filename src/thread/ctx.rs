@@ -315,7 +315,7 @@ pub(crate) struct Ctx {
     pub cancels: std::sync::Mutex<std::collections::HashMap<ThreadId, String>>,
     /// Threads whose actor's start may wait (on an MCP server), and the token that withdraws
     /// it: fired by their own cancel ([`Ctx::send_cancel`]) or by what withdraws their spawn.
-    pub starting: std::sync::Mutex<std::collections::HashMap<ThreadId, CancellationToken>>,
+    pub starting: std::sync::Mutex<std::collections::HashMap<ThreadId, (u64, CancellationToken)>>,
     /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
     pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).
@@ -374,7 +374,7 @@ impl Ctx {
             .starting
             .lock()
             .ok()
-            .and_then(|s| s.get(thread).cloned());
+            .and_then(|s| s.get(thread).map(|(_, t)| t.clone()));
         start.map(|t| t.cancel()).is_some()
     }
 
@@ -404,6 +404,21 @@ impl Ctx {
         };
         let cell = ractor::registry::where_is(last.to_string())?;
         Some((last, cell.into()))
+    }
+
+    /// `id` and every thread that took over from it in this process, in order (bounded as
+    /// [`last_in_chain`]): each link of a root's chain is a root of its own.
+    pub(crate) fn chain_of(&self, id: &ThreadId) -> Vec<ThreadId> {
+        let mut chain = vec![id.clone()];
+        if let Ok(m) = self.successors.lock() {
+            while let Some(next) = chain.last().and_then(|t| m.get(t)) {
+                if chain.len() >= 10_000 {
+                    break;
+                }
+                chain.push(next.clone());
+            }
+        }
+        chain
     }
 
     /// `thread`'s actor stopped, and it is of a continuation chain: once the chain's last
@@ -563,6 +578,9 @@ fn last_in_chain(
 pub(crate) struct Starting {
     ctx: Arc<Ctx>,
     id: ThreadId,
+    /// Which start of `id` this is: a thread's own start may still be ending as the thread
+    /// already starts its continuation under the same id, and each leaves only its own entry.
+    serial: u64,
     pub(crate) token: CancellationToken,
     ran: bool,
 }
@@ -571,9 +589,11 @@ impl Starting {
     /// Registered under `id`: from now on a cancel of `id` withdraws it, and one already noted
     /// for `id` (a thread that is handing off) withdraws it at once.
     pub(crate) fn new(ctx: &Arc<Ctx>, id: &ThreadId, outer: Option<&CancellationToken>) -> Self {
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let token = outer.map_or_else(CancellationToken::new, CancellationToken::child_token);
         if let Ok(mut s) = ctx.starting.lock() {
-            s.insert(id.clone(), token.clone());
+            s.insert(id.clone(), (serial, token.clone()));
         }
         // Looked at after the registration: a cancel noted meanwhile finds it (`send_cancel`
         // notes before it withdraws).
@@ -583,6 +603,7 @@ impl Starting {
         Starting {
             ctx: ctx.clone(),
             id: id.clone(),
+            serial,
             token,
             ran: false,
         }
@@ -597,7 +618,9 @@ impl Starting {
 impl Drop for Starting {
     fn drop(&mut self) {
         if let Ok(mut s) = self.ctx.starting.lock() {
-            s.remove(&self.id);
+            if s.get(&self.id).is_some_and(|(n, _)| *n == self.serial) {
+                s.remove(&self.id);
+            }
         }
         if !self.ran {
             self.ctx.forget_cancel(&self.id);

@@ -819,8 +819,9 @@ h:
 
 /// A schedule the cancelled run made stays unrun when a resume opens its tree again: an effect
 /// of the tree still waiting to start as the cancel came (here: put back to `pending` in
-/// store.db, as one a process had claimed just before the cancel) is refused once claimed,
-/// although the resumed thread's own work runs. The resume of a root's child is what opens it.
+/// store.db, as one a process had claimed just before the cancel, or written as the cancel
+/// came) is refused once claimed, while the resumed thread's own schedule runs. The resume of
+/// a root's child is what opens the tree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_does_not_run_a_schedule_its_cancelled_run_made() {
     let r = directive(
@@ -837,10 +838,11 @@ async fn a_resume_does_not_run_a_schedule_its_cancelled_run_made() {
   - text: r done
 k:
   - tool_calls:
-      - { name: schedule, input: { directive: x, delay: "1s", limits: { spend: 0.001 } } }
-      - { name: schedule, input: { tool: stamp, delay: "1s" } }
+      - { name: schedule, input: { directive: x, delay: "1h", limits: { spend: 0.001 } } }
+      - { name: schedule, input: { tool: stamp, inputs: { word: old }, delay: "1h" } }
   - text: k slow
     delay: 30s
+  - tool_calls: [ { name: schedule, input: { tool: stamp, inputs: { word: new }, delay: 0 } } ]
   - text: k again
 x:
   - text: x done
@@ -849,7 +851,7 @@ x:
     std::fs::create_dir_all(fx.root().join("tools")).unwrap();
     std::fs::write(
         fx.root().join("tools/stamp.yaml"),
-        "name: stamp\nargv: [sh, -c, 'echo stamped > stamped.txt']\ncwd: files\ninput_schema: { type: object }\n",
+        "name: stamp\nargv: [sh, -c, 'echo stamped > \"$1.txt\"', sh, \"{input.word}\"]\ncwd: files\ninput_schema: { type: object, properties: { word: { type: string } } }\n",
     )
     .unwrap();
     let (rt, handle, _) = fx.start("r").await;
@@ -879,20 +881,23 @@ x:
         .unwrap();
     let kid = weft::ThreadId::parse(&fx.id_of("k")).unwrap();
     let again = rt.resume(&kid, "again", Default::default()).await.unwrap();
-    let report = again.wait().await.unwrap();
+    let again_id = again.id().clone();
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), again.wait())
+        .await
+        .expect("the resumed thread ends")
+        .unwrap();
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
-    crate::support::wait_until("the old schedules to be judged", || {
-        effects()
-            .iter()
-            .all(|(_, s)| s != "pending" && s != "running")
+    crate::support::wait_until("every schedule to be run or refused", || {
+        let e = effects();
+        e.len() == 3 && e.iter().all(|(_, s)| s != "pending" && s != "running")
     })
     .await;
     let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
     let mut q = db
-        .prepare("SELECT kind, status, result FROM effects")
+        .prepare("SELECT kind, status, result FROM effects WHERE thread=?1")
         .unwrap();
     let judged: Vec<(String, String, String)> = q
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_map([kid.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .map(Result::unwrap)
         .collect();
@@ -902,12 +907,22 @@ x:
             "the cancelled run's scheduled {kind}: {status}: {result}"
         );
     }
-    let stamped = fx
-        .root()
-        .join(".weft/threads")
-        .join(kid.as_str())
-        .join("files/stamped.txt");
-    assert!(!stamped.exists(), "the cancelled run's scheduled tool ran");
+    assert_eq!(judged.len(), 2, "{judged:?}");
+    let files = |t: &weft::ThreadId| {
+        fx.root()
+            .join(".weft/threads")
+            .join(t.as_str())
+            .join("files")
+    };
+    assert!(
+        !files(&kid).join("old.txt").exists(),
+        "the cancelled run's scheduled tool ran"
+    );
+    assert!(
+        files(&again_id).join("new.txt").exists(),
+        "the resumed thread's own schedule ran: {:?}",
+        effects()
+    );
     let xs: Vec<_> = fx
         .rows()
         .into_iter()
