@@ -142,6 +142,15 @@ impl Recorded {
     }
 }
 
+impl Recorded {
+    /// Whether any process of the group is still there.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
+    pub(crate) fn alive(&self) -> bool {
+        rustix::process::Pid::from_raw(self.pgid)
+            .is_some_and(|pid| rustix::process::test_kill_process_group(pid).is_ok())
+    }
+}
+
 impl Drop for Recorded {
     fn drop(&mut self) {
         if self.pgid <= 0 {

@@ -354,6 +354,41 @@ async fn a_servers_whole_process_group_ends_with_the_runtime() {
     assert!(records.is_empty(), "records left: {records:?}");
 }
 
+/// What a server leaves of its group when it exits at the end of its stdin is asked to end
+/// (SIGTERM) before it is killed, as the MCP stdio shutdown asks: the helper's TERM trap runs.
+/// (Before, it was killed at once, so a helper could not clean up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_server_leaves_of_its_group_gets_sigterm_before_sigkill() {
+    let Some(js) = everything() else { return };
+    let marks = tempfile::tempdir().unwrap();
+    let termed = marks.path().join("termed");
+    let tag = format!("weft-left-termed-{}", std::process::id());
+    let helper = format!(
+        "trap 'touch {}; exit 0' TERM; while :; do sleep 1; done",
+        termed.display()
+    );
+    let sh = format!(
+        "sh -c {} {tag} & exec node {} stdio group",
+        json!(helper),
+        js.display()
+    );
+    let (_fx, rt) = echo_through(&sh).await;
+    let left = std::path::Path::new(&tag).to_path_buf();
+    assert!(
+        crate::support::server_runs(&left),
+        "the server's helper runs"
+    );
+    rt.close().await;
+    wait_until("the server's group to end", || {
+        !crate::support::server_runs(&left)
+    })
+    .await;
+    assert!(
+        termed.exists(),
+        "the helper was killed without a SIGTERM first"
+    );
+}
+
 /// A server that ignores the end of its stdin and SIGTERM still ends with the runtime's close,
 /// within the MCP stdio shutdown's bound (3 s for the end of stdin, 2 s after SIGTERM, then
 /// SIGKILL to its group): `Runtime::close` never waits on a server for long.

@@ -76,7 +76,8 @@ impl Process {
 }
 
 /// [`Process::ended`] of its parts: what is left of the group is killed first, then the
-/// leader (`kill_on_drop`).
+/// leader (`kill_on_drop`). A group whose leader exited in time but left processes behind gets
+/// SIGTERM and [`TERM_GRACE`] too before they are killed.
 async fn end_after_grace(
     group: Option<crate::tools::groups::Recorded>,
     mut child: Option<tokio::process::Child>,
@@ -93,6 +94,13 @@ async fn end_after_grace(
                 g.terminate();
             }
             let _ = tokio::time::timeout(TERM_GRACE, c.wait()).await;
+        } else if let Some(g) = group.as_ref().filter(|g| g.alive()) {
+            // The leader ended in time; what it left of its group is asked too, then killed.
+            g.terminate();
+            let until = tokio::time::Instant::now() + TERM_GRACE;
+            while g.alive() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
     drop(group);
