@@ -13,6 +13,16 @@ fn tree_spend(fx: &Fixture) -> i64 {
     fx.rows().iter().map(|r| r.own_spend_nanos).sum()
 }
 
+/// The status of every scheduled effect of the project, read from store.db.
+fn effect_states(fx: &Fixture) -> Vec<String> {
+    let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
+    let mut q = db.prepare("SELECT status FROM effects").unwrap();
+    q.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 fn unfinished(fx: &Fixture) -> Vec<String> {
     fx.rows()
         .into_iter()
@@ -855,20 +865,13 @@ x:
     )
     .unwrap();
     let (rt, handle, _) = fx.start("r").await;
-    let effects = || -> Vec<(String, String)> {
-        let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
-        let mut q = db.prepare("SELECT id, status FROM effects").unwrap();
-        q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    };
+    let effects = || effect_states(&fx);
     crate::support::wait_until("k to schedule x and stamp", || effects().len() == 2).await;
     assert!(rt.cancel(handle.id(), "test: stop the tree"));
     handle.wait().await.unwrap();
     crate::support::wait_until("the tree to end", || unfinished(&fx).is_empty()).await;
     crate::support::wait_until("the effects cancelled", || {
-        effects().iter().all(|(_, s)| s == "cancelled")
+        effects().iter().all(|s| s == "cancelled")
     })
     .await;
     // As if claimed just before the cancel, and not started yet.
@@ -889,7 +892,7 @@ x:
     assert_eq!(report.status, weft::Status::Completed, "{report:?}");
     crate::support::wait_until("every schedule to be run or refused", || {
         let e = effects();
-        e.len() == 3 && e.iter().all(|(_, s)| s != "pending" && s != "running")
+        e.len() == 3 && e.iter().all(|s| s != "pending" && s != "running")
     })
     .await;
     let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
@@ -957,14 +960,7 @@ x:
 "#;
     let fx = Fixture::new(&[("t", &t), ("x", &x)], script, "");
     let (rt, handle, root) = fx.start("t").await;
-    let status = || -> Vec<String> {
-        let db = rusqlite::Connection::open(fx.root().join(".weft/state/store.db")).unwrap();
-        let mut q = db.prepare("SELECT status FROM effects").unwrap();
-        q.query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect()
-    };
+    let status = || effect_states(&fx);
     crate::support::wait_until("t to schedule x", || status().len() == 1).await;
     assert!(handle.cancel("test: stop"));
     let report = handle.wait().await.unwrap();

@@ -332,12 +332,25 @@ async fn env_values_reach_an_mcp_server_and_its_secrets_come_back_redacted() {
 async fn a_servers_whole_process_group_ends_with_the_runtime() {
     let Some(js) = everything() else { return };
     let tag = format!("weft-left-behind-{}", std::process::id());
+    let fx = closed_with_helper(&js, "while :; do sleep 1; done", &tag).await;
+    let procs = fx.root().join(".weft/state/procs");
+    let records: Vec<_> = std::fs::read_dir(&procs)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(records.is_empty(), "records left: {records:?}");
+}
+
+/// A server-everything started by `sh -c` with `helper` (a shell script, its process tagged
+/// `tag`) running beside it in its group: once a call has answered, the runtime is closed and
+/// the helper must end with it. Returns the project.
+async fn closed_with_helper(js: &std::path::Path, helper: &str, tag: &str) -> Fixture {
     let sh = format!(
-        "sh -c 'while :; do sleep 1; done' {tag} & exec node {} stdio group",
+        "sh -c {} {tag} & exec node {} stdio group",
+        json!(helper),
         js.display()
     );
     let (fx, rt) = echo_through(&sh).await;
-    let left = std::path::Path::new(&tag).to_path_buf();
+    let left = std::path::Path::new(tag).to_path_buf();
     assert!(
         crate::support::server_runs(&left),
         "the server's helper runs"
@@ -347,11 +360,7 @@ async fn a_servers_whole_process_group_ends_with_the_runtime() {
         !crate::support::server_runs(&left)
     })
     .await;
-    let procs = fx.root().join(".weft/state/procs");
-    let records: Vec<_> = std::fs::read_dir(&procs)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert!(records.is_empty(), "records left: {records:?}");
+    fx
 }
 
 /// What a server leaves of its group when it exits at the end of its stdin is asked to end
@@ -367,22 +376,7 @@ async fn what_a_server_leaves_of_its_group_gets_sigterm_before_sigkill() {
         "trap 'touch {}; exit 0' TERM; while :; do sleep 1; done",
         termed.display()
     );
-    let sh = format!(
-        "sh -c {} {tag} & exec node {} stdio group",
-        json!(helper),
-        js.display()
-    );
-    let (_fx, rt) = echo_through(&sh).await;
-    let left = std::path::Path::new(&tag).to_path_buf();
-    assert!(
-        crate::support::server_runs(&left),
-        "the server's helper runs"
-    );
-    rt.close().await;
-    wait_until("the server's group to end", || {
-        !crate::support::server_runs(&left)
-    })
-    .await;
+    closed_with_helper(&js, &helper, &tag).await;
     assert!(
         termed.exists(),
         "the helper was killed without a SIGTERM first"
