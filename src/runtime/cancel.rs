@@ -28,7 +28,8 @@ pub(super) fn thread(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) -> bool {
         .as_ref()
         .is_none_or(|(to, a)| ctx.send_cancel(to, a, reason));
     let (ctx2, reason) = (ctx.clone(), reason.to_string());
-    let task = tokio::spawn(async move {
+    // On the runtime's own tokio runtime: a caller may be outside it (a signal handler's thread).
+    let task = ctx.tokio.spawn(async move {
         for t in trees {
             caused_work(&ctx2, &t, &reason).await;
         }

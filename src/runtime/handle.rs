@@ -56,7 +56,7 @@ impl ThreadHandle {
     }
 
     /// Cancels the thread (a root) and its subtree, with the work its tree caused, as
-    /// [`super::Runtime::cancel`] does (after a handoff, the continuation that took over).
+    /// `Runtime::cancel` does (after a handoff, the continuation that took over).
     /// False when it has already ended and nothing it caused runs.
     pub fn cancel(&self, reason: &str) -> bool {
         super::cancel::thread(&self.ctx, &self.id, reason)

@@ -179,6 +179,7 @@ impl RuntimeBuilder {
             successors: Default::default(),
             cancels: Default::default(),
             starting: Default::default(),
+            tokio: tokio::runtime::Handle::current(),
             usage_log: Default::default(),
             events,
             wants_lines: Default::default(),
@@ -573,7 +574,8 @@ impl Runtime {
     /// [`Runtime::shutdown`], waiting (10 s at most each) until their last changes are stored
     /// and the ledger's journal is folded into ledger.db and removed, and until every thread
     /// that ended is in the search index. The MCP servers it started are closed first (each
-    /// gets 3 s to exit on the end of its stdin, then its process group is killed).
+    /// gets 3 s to exit on the end of its stdin, its process group then SIGTERM and 2 s, and
+    /// what is left is killed).
     pub async fn close(self) {
         self.ctx.mcp.shutdown().await;
         let store = self.ctx.store.clone();

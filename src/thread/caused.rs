@@ -143,6 +143,8 @@ impl Caused {
             return false;
         };
         match c.get_mut(root) {
+            // Another resume opened it first: its run is not the cancelled one.
+            Some(m) if m.open => true,
             Some(m) if m.cancels == cancels => {
                 m.open = true;
                 m.run = run;

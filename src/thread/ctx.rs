@@ -316,6 +316,9 @@ pub(crate) struct Ctx {
     /// Threads whose actor's start may wait (on an MCP server), and the token that withdraws
     /// it: fired by their own cancel ([`Ctx::send_cancel`]) or by what withdraws their spawn.
     pub starting: std::sync::Mutex<std::collections::HashMap<ThreadId, (u64, CancellationToken)>>,
+    /// The tokio runtime the runtime was opened in: work started from a caller outside it (a
+    /// cancel from a signal handler's thread) runs there.
+    pub tokio: tokio::runtime::Handle,
     /// `.weft/usage.jsonl`, opened (append) on the first usage record and kept.
     pub usage_log: std::sync::Mutex<Option<std::fs::File>>,
     /// Hook commands under way (`Runtime::drain_hooks` waits for them before a process exits).

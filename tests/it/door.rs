@@ -941,8 +941,9 @@ x:
     rt.shutdown();
 }
 
-/// A root's handle cancels as `Runtime::cancel` does: the tree with the work it caused — here
-/// its pending scheduled directive, cancelled with its budget back in the tree's account.
+/// A root's handle cancels as `Runtime::cancel` does, from any thread: the tree with the work
+/// it caused — here its pending scheduled directive, cancelled with its budget back in the
+/// tree's account.
 /// (Before, `ThreadHandle::cancel` reached the actors only, and the schedule stayed pending.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roots_handle_cancels_what_its_tree_caused() {
@@ -962,7 +963,9 @@ x:
     let (rt, handle, root) = fx.start("t").await;
     let status = || effect_states(&fx);
     crate::support::wait_until("t to schedule x", || status().len() == 1).await;
-    assert!(handle.cancel("test: stop"));
+    // From a thread outside any tokio runtime, as a signal handler's would be.
+    let sent = std::thread::scope(|s| s.spawn(|| handle.cancel("test: stop")).join());
+    assert!(sent.expect("the cancel does not panic outside a tokio runtime"));
     let report = handle.wait().await.unwrap();
     assert_eq!(report.status, weft::Status::Cancelled, "{report:?}");
     crate::support::wait_until("the schedule cancelled with its tree", || {

@@ -75,9 +75,9 @@ impl Process {
     }
 }
 
-/// [`Process::ended`] of its parts: what is left of the group is killed first, then the
-/// leader (`kill_on_drop`). A group whose leader exited in time but left processes behind gets
-/// SIGTERM and [`TERM_GRACE`] too before they are killed.
+/// [`Process::ended`] of its parts: the leader gets `EXIT_GRACE` to exit on the end of its
+/// stdin; then, if it has not or if it left processes behind, the whole group gets SIGTERM and
+/// [`TERM_GRACE`] to end; what is left is killed first, then the leader (`kill_on_drop`).
 async fn end_after_grace(
     group: Option<crate::tools::groups::Recorded>,
     mut child: Option<tokio::process::Child>,
@@ -89,18 +89,23 @@ async fn end_after_grace(
         } else {
             Duration::ZERO
         };
-        if tokio::time::timeout(grace, c.wait()).await.is_err() {
-            if let Some(g) = &group {
+        let exited = tokio::time::timeout(grace, c.wait()).await.is_ok();
+        match group.as_ref().filter(|g| !exited || g.alive()) {
+            Some(g) => {
                 g.terminate();
+                let until = tokio::time::Instant::now() + TERM_GRACE;
+                // The leader reaped as it exits (a zombie leader would keep the group there).
+                let ended = |c: &mut tokio::process::Child| {
+                    matches!(c.try_wait(), Ok(Some(_))) && !g.alive()
+                };
+                while !ended(c) && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
-            let _ = tokio::time::timeout(TERM_GRACE, c.wait()).await;
-        } else if let Some(g) = group.as_ref().filter(|g| g.alive()) {
-            // The leader ended in time; what it left of its group is asked too, then killed.
-            g.terminate();
-            let until = tokio::time::Instant::now() + TERM_GRACE;
-            while g.alive() && tokio::time::Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            None if !exited => {
+                let _ = tokio::time::timeout(TERM_GRACE, c.wait()).await;
             }
+            None => {}
         }
     }
     drop(group);
