@@ -13,14 +13,20 @@ use std::sync::Arc;
 /// subtree through its actors' cascade, and the work its tree caused.
 pub(super) fn thread(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) -> bool {
     let actor = ctx.current_actor(id);
-    if actor.is_none() && !ctx.caused.live(id) {
-        // A start under way before its actor has its name: withdrawn (it may wait).
-        return ctx.withdraw_start(id);
+    // `id`'s tree and those of the continuations that took over from it (each link of a
+    // root's chain is a root of its own).
+    let mut trees = ctx.chain_of(id);
+    if actor.is_none() {
+        // A chain that ended: its links here are gone with its last actor.
+        let last = trees.last().unwrap_or(id).clone();
+        trees.extend(handed_off_after(ctx, &last));
+        if !trees.iter().any(|t| ctx.caused.live(t)) {
+            // A start under way before its actor has its name: withdrawn (it may wait).
+            return ctx.withdraw_start(id);
+        }
     }
     // The trees are marked stopped before any actor hears of it, so nothing they cause
-    // meanwhile starts: `id`'s, and those of the continuations that took over from it (each
-    // link of a root's chain is a root of its own).
-    let trees = ctx.chain_of(id);
+    // meanwhile starts.
     for t in &trees {
         ctx.caused.cancel(t);
     }
@@ -36,6 +42,26 @@ pub(super) fn thread(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) -> bool {
     });
     ctx.track(task);
     sent
+}
+
+/// The threads that took over from `last` by handoffs, as their thread.json files record them
+/// (`continued` and `continued_by`; a resume's continuation, a person's new order, is not one).
+fn handed_off_after(ctx: &Ctx, last: &ThreadId) -> Vec<ThreadId> {
+    let mut links = Vec::new();
+    let mut at = last.clone();
+    while links.len() < 1_000 {
+        let Ok(doc) = ctx.verified_doc(&at) else {
+            break;
+        };
+        match (doc.status, doc.continued_by) {
+            (crate::core::status::Status::Continued, Some(next)) => {
+                links.push(next.clone());
+                at = next;
+            }
+            _ => break,
+        }
+    }
+    links
 }
 
 /// Stops the work the tree of `id` caused, when `id` is its tree's root, once the caller has

@@ -161,7 +161,7 @@ async fn a_hooks_command_dies_with_its_trees_cancel() {
     }
     let mark = marker();
     let hooks = format!(
-        "hooks:\n  - {{ id: slow, event: after_complete, action: {{ run: {{ argv: [sh, -c, 'sleep {mark} & sleep {mark}; wait'], timeout: 10m }} }} }}\n"
+        "hooks:\n  - {{ id: slow, event: after_complete, condition: {{ path: status, op: eq, value: completed }}, action: {{ run: {{ argv: [sh, -c, 'sleep {mark} & sleep {mark}; wait'], timeout: 10m }} }} }}\n"
     );
     let t = directive("", "Quick.");
     let fx = Fixture::new(&[("t", &t)], "t:\n  - text: done\n", "");
@@ -196,6 +196,42 @@ async fn a_scheduled_tool_dies_with_its_trees_cancel() {
     assert!(
         rt.cancel(&root, "stop"),
         "the ended root's caused work is reachable"
+    );
+    until_gone(&mark).await;
+    rt.drain_hooks().await;
+    rt.shutdown();
+}
+
+/// A cancel of a root whose chain handed off and ended reaches what the last link caused:
+/// `r` hands off at its turns limit to `r2` (a root of its own), whose `after_complete` hook's
+/// command still runs after the chain ended; `Runtime::cancel(r)` kills it. (Before, the
+/// chain's links were gone with its last actor and the cancel found nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_handed_off_root_reaches_what_its_continuation_caused() {
+    if !can_look() {
+        return;
+    }
+    let mark = marker();
+    let hooks = format!(
+        "hooks:\n  - {{ id: go_on, event: limit, condition: {{ path: limit_code, op: eq, value: turns }}, action: {{ control: handoff }} }}\n  - {{ id: slow, event: after_complete, condition: {{ path: status, op: eq, value: completed }}, action: {{ run: {{ argv: [sh, -c, 'sleep {mark} & sleep {mark}; wait'], timeout: 10m }} }} }}\n"
+    );
+    let t = directive("limits: { turns: 1 }", "Work.");
+    let script = "t:\n  - tool_calls: [ { name: thread_status, input: { id: nobody-1 } } ]\n  - text: done\n";
+    let fx = Fixture::new(&[("t", &t)], script, "");
+    std::fs::write(fx.root().join(".weft/hooks.yaml"), hooks).unwrap();
+    let rt = fx.runtime().await;
+    let h = rt
+        .start("t", Default::default(), Default::default())
+        .await
+        .unwrap();
+    let first = h.id().clone();
+    let report = h.wait().await.unwrap();
+    assert_eq!(report.status, weft::Status::Completed, "{report:?}");
+    assert_ne!(report.thread_id, first, "the chain handed off");
+    until_sleeping(&mark, 2).await;
+    assert!(
+        rt.cancel(&first, "stop"),
+        "the chain's caused work is reachable through its first thread"
     );
     until_gone(&mark).await;
     rt.drain_hooks().await;
