@@ -66,11 +66,11 @@ fn handed_off_after(ctx: &Ctx, last: &ThreadId) -> Vec<ThreadId> {
 
 /// Stops the work the tree of `id` caused, when `id` is its tree's root, once the caller has
 /// marked the tree stopped (`Caused::cancel`: its token fired, so what enters later is
-/// stopped). The in-memory steps need not know whether it is: every record of caused work is keyed by its tree's root, so
-/// for any other thread they find nothing (a subtree's cancel reaches all of it through its
-/// actors' cascade). The registry is asked only when some effect is pending (below), which
-/// spares a root's cancel a round trip and a read, and stops a tree whose root's row is not
-/// committed yet as well.
+/// stopped). The in-memory steps need not know whether it is: every record of caused work is
+/// keyed by its tree's root, so for any other thread they find nothing (a subtree's cancel
+/// reaches all of it through its actors' cascade). The registry is asked only when some effect
+/// is pending (below), which spares a root's cancel a round trip and a read, and stops a tree
+/// whose root's row is not committed yet as well.
 pub(super) async fn caused_work(ctx: &Arc<Ctx>, id: &ThreadId, reason: &str) {
     // The deferred threads of the tree this process runs: not in their parent actor's
     // children (even while that parent runs), so its cascade does not reach them. (Every other

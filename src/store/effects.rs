@@ -35,8 +35,6 @@ pub struct Effect {
     pub inputs: Value,
     /// When it is due (RFC 3339).
     pub due_at: String,
-    /// When it was scheduled (RFC 3339, as `due_at`).
-    pub created_at: String,
     /// pending, running, done, failed, cancelled.
     pub status: String,
     /// What it gave: the thread started, the tool's output, or why it failed.
@@ -49,8 +47,7 @@ pub struct Effect {
     pub child: Option<String>,
 }
 
-const COLS: &str =
-    "id, thread, kind, target, inputs, due_at, status, result, claimed_by, limits, created_at";
+const COLS: &str = "id, thread, kind, target, inputs, due_at, status, result, claimed_by, limits";
 
 fn effect_of(r: &Row) -> Result<Effect, SqlError> {
     let kind = r.text(2)?;
@@ -73,7 +70,6 @@ fn effect_of(r: &Row) -> Result<Effect, SqlError> {
         claimed_by: r.opt_int(8)?.and_then(|p| u32::try_from(p).ok()),
         // The `limits` column holds `{"child": id}` (it once held the scheduler's limits).
         child: json(9)?["child"].as_str().map(str::to_string),
-        created_at: r.text(10)?,
     })
 }
 

@@ -412,16 +412,10 @@ impl Ctx {
     /// `id` and every thread that took over from it in this process, in order (bounded as
     /// [`last_in_chain`]): each link of a root's chain is a root of its own.
     pub(crate) fn chain_of(&self, id: &ThreadId) -> Vec<ThreadId> {
-        let mut chain = vec![id.clone()];
-        if let Ok(m) = self.successors.lock() {
-            while let Some(next) = chain.last().and_then(|t| m.get(t)) {
-                if chain.len() >= 10_000 {
-                    break;
-                }
-                chain.push(next.clone());
-            }
+        match self.successors.lock() {
+            Ok(m) => chain_in(&m, id).into_iter().cloned().collect(),
+            Err(_) => vec![id.clone()],
         }
-        chain
     }
 
     /// `thread`'s actor stopped, and it is of a continuation chain: once the chain's last
@@ -563,14 +557,26 @@ fn last_in_chain(
     successors: &std::collections::HashMap<ThreadId, ThreadId>,
     id: &ThreadId,
 ) -> ThreadId {
-    let mut last = id;
-    for _ in 0..10_000 {
-        match successors.get(last) {
-            Some(next) => last = next,
-            None => break,
+    chain_in(successors, id)
+        .last()
+        .copied()
+        .unwrap_or(id)
+        .clone()
+}
+
+/// `id` and the threads that took over from it in `successors`, in order (at most 10,001).
+fn chain_in<'a>(
+    successors: &'a std::collections::HashMap<ThreadId, ThreadId>,
+    id: &'a ThreadId,
+) -> Vec<&'a ThreadId> {
+    let mut chain = vec![id];
+    while let Some(next) = chain.last().and_then(|t| successors.get(*t)) {
+        if chain.len() > 10_000 {
+            break;
         }
+        chain.push(next);
     }
-    last.clone()
+    chain
 }
 
 /// A start under way that may wait (on an MCP server): its token in `Ctx::starting` — a child
