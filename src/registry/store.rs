@@ -2,7 +2,7 @@
 
 use super::admission::{admit_child, admit_sql, admitted_values, register_in};
 use super::columns::{read_row, COLS};
-use super::updates::{row_values, Held};
+use super::updates::{row_values, Held, Statistics};
 use super::{st, Admission, RegistryError, ThreadFilter, ThreadRow};
 use crate::core::ids::ThreadId;
 use crate::core::status::Status;
@@ -21,6 +21,8 @@ pub struct Store {
     /// Row updates of the open batch on Postgres, written before anything reads or registers
     /// and before the commit ([`Store::db`]).
     held: Held,
+    /// When the server analyzes `threads` (Postgres).
+    stats: Statistics,
 }
 
 /// The registry's schema, step by step (see `sql/migrate.rs`).
@@ -66,6 +68,7 @@ impl Store {
             deciding: Vec::new(),
             refused: Vec::new(),
             held: Held::default(),
+            stats: Statistics::default(),
         })
     }
 
@@ -115,6 +118,7 @@ impl Store {
             deciding: Vec::new(),
             refused: Vec::new(),
             held: Held::default(),
+            stats: Statistics::default(),
         })
     }
 
@@ -139,6 +143,7 @@ impl Store {
     /// known ([`Store::take_refused`]).
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
         let done = self.db_mut().commit().map_err(st);
+        self.stats.refresh(&self.db);
         let counts = self.db.take_counts();
         for (ticket, child, admit) in std::mem::take(&mut self.deciding) {
             if done.is_ok() && counts.get(&ticket) != Some(&1) {
@@ -178,6 +183,7 @@ impl Store {
         row: &ThreadRow,
         admit: Option<&Admission>,
     ) -> Result<(), RegistryError> {
+        self.stats.registered();
         // Inside the batch on Postgres without a savepoint: the writes are queued for the
         // commit, and a failed one fails the batch. On SQLite a savepoint, so a failed write
         // leaves nothing of this registration.
@@ -194,8 +200,11 @@ impl Store {
             }
             return register_in(self.db(), row, admit);
         }
-        self.db_mut()
-            .atomic(Lock::Registry, |db| register_in(db, row, admit))
+        let done = self
+            .db_mut()
+            .atomic(Lock::Registry, |db| register_in(db, row, admit));
+        self.stats.refresh(&self.db);
+        done
     }
 
     /// Writes status, cost and result fields of an existing row (never leaves a terminal state).

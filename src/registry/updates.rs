@@ -1,9 +1,11 @@
 //! A batch's row updates on Postgres, held until the batch next reads or registers or
 //! commits, then queued in statements of many rows: a statement costs the server about as
-//! much as a row, and a row update was the most frequent statement of a tree.
+//! much as a row, and a row update was the most frequent statement of a tree. And the
+//! server's statistics of `threads`, which those statements' plans are made from, kept up to
+//! date as a tree grows the table.
 
 use super::ThreadRow;
-use crate::sql::{Db, Value};
+use crate::sql::{Db, Engine, Value};
 use std::cell::RefCell;
 use std::collections::HashSet;
 
@@ -27,10 +29,6 @@ impl Held {
             "held outside a batch"
         );
         let held = std::mem::take(&mut *self.0.borrow_mut());
-        if held.is_empty() {
-            return;
-        }
-        let _ = db.execute_later(KEYED_PLANS, &[]);
         let mut rest = held.as_slice();
         while !rest.is_empty() {
             let mut seen = HashSet::new();
@@ -42,23 +40,8 @@ impl Held {
             let _ = db.rows_later(13, &values, update_sql);
             rest = &rest[run..];
         }
-        let _ = db.execute_later(USUAL_PLANS, &[]);
     }
 }
-
-/// For the update statements that follow, in this transaction only: the rows are found by
-/// their key, one index probe each. The server keeps a statement's plan for the connection,
-/// and nothing analyzes `threads` while a tree grows it in seconds: a plan made while the
-/// table was small (a hash join over a scan of the whole table) stayed as it grew, ~1 ms a
-/// statement at 11,111 rows against ~0.2 ms by the key; the 10×4 tree on Postgres went from
-/// 6.89 to 5.99 s (mean of four alternating runs of `bench postgres`).
-const KEYED_PLANS: &str = "SELECT set_config('enable_hashjoin', 'off', true),
-    set_config('enable_mergejoin', 'off', true), set_config('enable_material', 'off', true)";
-
-/// The planner's choices back for what the transaction runs next (the registry's own
-/// statements; a server set up with one of these off has it on for the rest of the batch).
-const USUAL_PLANS: &str = "SELECT set_config('enable_hashjoin', 'on', true),
-    set_config('enable_mergejoin', 'on', true), set_config('enable_material', 'on', true)";
 
 /// The 13 values of `row`'s update, in [`update_sql`]'s order (and `UPDATE_ROW`'s).
 pub(super) fn row_values(row: &ThreadRow) -> [Value; 13] {
@@ -113,4 +96,49 @@ fn update_sql(n: usize) -> String {
            AND t.status<>'cancelled' AND t.status<>'continued'",
     );
     sql
+}
+
+/// The registrations after which `threads` is analyzed first (then at each doubling).
+const FIRST_ANALYZE: u64 = 256;
+
+/// When this store has the server analyze `threads` (Postgres). The server keeps a prepared
+/// statement's plan for its connection, made from the statistics of the moment, and nothing
+/// else analyzes a table that a tree grows in seconds (autovacuum looks a minute later): a plan
+/// made while the table was a few rows — a whole-table scan, fine then — stayed as the table
+/// grew, and the batch updates above each read all of `threads` (~1 ms a statement at 11,111
+/// rows against ~0.2 ms by the key). Analyzing after 256 registrations of this store, then at
+/// each doubling, has every connection's plans on the table made again from its size now.
+pub(super) struct Statistics {
+    registered: u64,
+    next: u64,
+}
+
+impl Default for Statistics {
+    fn default() -> Self {
+        Statistics {
+            registered: 0,
+            next: FIRST_ANALYZE,
+        }
+    }
+}
+
+impl Statistics {
+    /// One more row registered.
+    pub(super) fn registered(&mut self) {
+        self.registered += 1;
+    }
+
+    /// Analyzes `threads` when this store's registrations have doubled since it last did; only
+    /// outside a transaction (its own, a few milliseconds, holding no lock of weft's). A role
+    /// that does not own the table gets a warning from the server and the plans stay as they
+    /// are.
+    pub(super) fn refresh(&mut self, db: &Db) {
+        if db.engine() != Engine::Postgres || db.in_tx() || self.registered < self.next {
+            return;
+        }
+        self.next = self.registered.saturating_mul(2);
+        if let Err(e) = db.batch("ANALYZE threads") {
+            tracing::debug!("registry: ANALYZE threads: {e}");
+        }
+    }
 }
