@@ -143,7 +143,9 @@ impl Store {
     /// known ([`Store::take_refused`]).
     pub fn commit_batch(&mut self) -> Result<(), RegistryError> {
         let done = self.db_mut().commit().map_err(st);
-        self.stats.refresh(&self.db);
+        if done.is_ok() {
+            self.stats.refresh(&self.db);
+        }
         let counts = self.db.take_counts();
         for (ticket, child, admit) in std::mem::take(&mut self.deciding) {
             if done.is_ok() && counts.get(&ticket) != Some(&1) {
@@ -203,7 +205,9 @@ impl Store {
         let done = self
             .db_mut()
             .atomic(Lock::Registry, |db| register_in(db, row, admit));
-        self.stats.refresh(&self.db);
+        if done.is_ok() {
+            self.stats.refresh(&self.db);
+        }
         done
     }
 

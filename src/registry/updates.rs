@@ -104,7 +104,8 @@ const FIRST_ANALYZE: u64 = 256;
 /// When this store has the server analyze `threads` (Postgres). The server keeps a prepared
 /// statement's plan for its connection, made from the statistics of the moment, and nothing
 /// else analyzes a table that a tree grows in seconds (autovacuum looks a minute later): a plan
-/// made while the table was a few rows — a whole-table scan, fine then — stayed as the table
+/// made while the table was a few rows — never analyzed, or vacuumed or analyzed small
+/// (`weft gc`'s `VACUUM`, autovacuum) — a whole-table scan, fine then, stayed as the table
 /// grew, and the batch updates above each read all of `threads` (~1 ms a statement at 11,111
 /// rows against ~0.2 ms by the key). Analyzing after 256 registrations of this store, then at
 /// each doubling, has every connection's plans on the table made again from its size now.
